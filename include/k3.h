@@ -1,0 +1,398 @@
+/*
+ * k3kernels: latency-critical decode kernels for Kimi-K3-class models.
+ *
+ * One header, plain C11. Every function returns a k3_status (or a value that cannot fail);
+ * the library never aborts and never prints unless a logger is installed.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Usage: a BF16 decode projection, y[M, N] = x[M, K] . W[N, K]^T, planned once, run many times.
+ *
+ *   #include <k3.h>
+ *
+ *   k3_ctx_options opt;
+ *   k3_ctx_options_init(&opt);
+ *   opt.backend = K3_BACKEND_CUDA;            // or K3_BACKEND_CPU (always available)
+ *   k3_ctx *ctx = NULL;
+ *   if (k3_ctx_create(&opt, &ctx) != K3_STATUS_SUCCESS) {
+ *       // ctx may be NULL here; the reason is in the returned status
+ *       return 1;
+ *   }
+ *
+ *   k3_linear_desc d;
+ *   k3_linear_desc_init(&d, 1536, 7168);      // N, K: the local weight shape
+ *   k3_linear_plan *plan = NULL;
+ *   if (k3_linear_plan_create(ctx, &d, &plan) != K3_STATUS_SUCCESS)
+ *       fprintf(stderr, "plan: %s\n", k3_ctx_last_error(ctx));
+ *
+ *   size_t ws_bytes = 0;
+ *   k3_linear_workspace_size(plan, &ws_bytes); // allocate once, reuse for every call
+ *   // x, w, y (and ws) are device pointers on a CUDA context, host pointers on a CPU one.
+ *   k3_status st = k3_linear_run(plan, 4, x, w, NULL, y, ws, ws_bytes, stream);
+ *   if (st != K3_STATUS_SUCCESS)
+ *       fprintf(stderr, "run: %s: %s\n", k3_status_string(st), k3_ctx_last_error(ctx));
+ *
+ *   k3_linear_plan_destroy(plan);
+ *   k3_ctx_destroy(ctx);
+ * ---------------------------------------------------------------------------------------------
+ *
+ * Conventions
+ * - Matrices are row-major. Weights are [N, K] with K contiguous; y = x W^T.
+ * - BF16 values are passed as uint16_t bit patterns (or void* buffers of them).
+ * - `stream` is a cudaStream_t passed as void* (NULL = the legacy default stream); it is ignored by the CPU
+ *   backend. Run calls allocate nothing, never synchronize, and make no data-dependent host decisions, so they
+ *   may be captured into CUDA graphs.
+ * - Plans validate shapes, strides, alignment and dtypes once; run calls check only what can change per call.
+ * - Enums are append-only; sized integer types appear in every signature.
+ * - A context is not thread-safe; use one per thread (they are cheap on the CPU backend).
+ */
+#ifndef K3_H
+#define K3_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define K3_API __declspec(dllexport)
+#else
+#define K3_API __attribute__((visibility("default")))
+#endif
+
+/* ------------------------------------------------------------------ version ---------------- */
+#define K3_VERSION_MAJOR 0
+#define K3_VERSION_MINOR 1
+#define K3_VERSION_PATCH 0
+/* "MAJOR.MINOR.PATCH", static storage. */
+K3_API const char *k3_version(void);
+
+/* ------------------------------------------------------------------ status ----------------- */
+typedef enum k3_status {
+    K3_STATUS_SUCCESS = 0,
+    K3_STATUS_INVALID_ARGUMENT = 1, /* a NULL pointer, a bad shape, stride, alignment, dtype or option */
+    K3_STATUS_UNSUPPORTED = 2,      /* valid, but this build/backend/device does not implement it */
+    K3_STATUS_OUT_OF_MEMORY = 3,    /* a host or device allocation at create/plan time failed */
+    K3_STATUS_NOT_AVAILABLE = 4,    /* backend not compiled in, or no such device */
+    K3_STATUS_CUDA_ERROR = 5,       /* a CUDA runtime call or kernel launch failed */
+    K3_STATUS_CUBLAS_ERROR = 6,     /* a cuBLASLt call failed */
+    K3_STATUS_IO_ERROR = 7,         /* a file could not be opened, read or written */
+    K3_STATUS_FORMAT_ERROR = 8,     /* a malformed file (safetensors, table) */
+    K3_STATUS_KEY_MISMATCH = 9,     /* a tuned table whose device key does not match this device */
+    K3_STATUS_INTERNAL_ERROR = 10,  /* a bug in the library: please report it */
+} k3_status;
+
+/* A short constant description of a status ("invalid argument"). Never NULL. */
+K3_API const char *k3_status_string(k3_status status);
+
+/* ------------------------------------------------------------------ context ---------------- */
+typedef enum k3_backend {
+    K3_BACKEND_CPU = 0,  /* the reference backend: plain C, fp32/fp64 accumulation */
+    K3_BACKEND_CUDA = 1, /* NVIDIA GPU kernels (when built with CUDA) */
+    K3_BACKEND_AUTO = 2, /* CUDA when a device is present and the build has it, else CPU */
+} k3_backend;
+
+typedef enum k3_log_level {
+    K3_LOG_ERROR = 0,
+    K3_LOG_WARN = 1,
+    K3_LOG_INFO = 2,
+    K3_LOG_DEBUG = 3,
+} k3_log_level;
+
+/* Receives every message at or below the context's log level. `msg` is valid only during the call. */
+typedef void (*k3_log_fn)(void *user, k3_log_level level, const char *msg);
+
+typedef struct k3_ctx k3_ctx;
+
+typedef struct k3_ctx_options {
+    k3_backend backend;    /* default K3_BACKEND_AUTO */
+    int32_t device;        /* CUDA device ordinal, default 0 */
+    /* Simulated compute capability (CPU backend only): when sim_major > 0 the context's architecture facts,
+     * and so every plan's table choice, are those of that capability. Used by tests and `k3 plan --arch`. */
+    int32_t sim_major;
+    int32_t sim_minor;
+    k3_log_fn log_fn;      /* optional; NULL = silent */
+    void *log_user;
+    k3_log_level log_level; /* default K3_LOG_WARN */
+} k3_ctx_options;
+
+/* Fills defaults. The environment variable K3_LOG_LEVEL (0..3), when set, seeds log_level here (and only here). */
+K3_API void k3_ctx_options_init(k3_ctx_options *opt);
+/* Creates a context. On failure *out is NULL and nothing leaks. */
+K3_API k3_status k3_ctx_create(const k3_ctx_options *opt, k3_ctx **out);
+/* NULL is accepted. */
+K3_API void k3_ctx_destroy(k3_ctx *ctx);
+/* The message of the last failing call on this context ("" when none). Valid until the next call. */
+K3_API const char *k3_ctx_last_error(const k3_ctx *ctx);
+K3_API k3_backend k3_ctx_backend(const k3_ctx *ctx);
+
+/* ------------------------------------------------------------------ architecture facts ----- */
+typedef enum k3_table_id {
+    K3_TABLE_NONE = 0, /* no tuned table: every GEMM uses the fallback */
+    K3_TABLE_SM90 = 1,
+    K3_TABLE_SM100 = 2,
+    K3_TABLE_SM103 = 3,
+} k3_table_id;
+
+typedef struct k3_arch_info {
+    int32_t cc_major;             /* compute capability, 0.0 on a CPU context without simulation */
+    int32_t cc_minor;
+    int32_t sm_version;           /* 10 * major + minor: 90, 100, 103, 107, 120 ... */
+    int32_t simulated;            /* 1 when the capability was given, not read from a device */
+    int32_t has_mixed_bf16_fma;   /* fma.rn.f32.bf16 (bf16 operands, fp32 accumulate): SM100+ */
+    int32_t has_fp4_mma;          /* native block-scaled FP4 tensor-core MMA: SM100+ */
+    int32_t has_vendor_qkvg;      /* a vendor (FlashInfer cute-dsl) BF16 QKVG backend would exist: 10.0, 10.3 */
+    k3_table_id table;            /* which projection table applies */
+    int32_t cuda_backend_usable;  /* 1 when this context can run CUDA kernels */
+    int32_t sm_count;             /* multiprocessors (real devices only, else 0) */
+    int64_t l2_bytes;             /* L2 size (real devices only, else 0) */
+    int32_t driver_version;       /* cudaDriverGetVersion (real devices only, else 0) */
+    int32_t runtime_version;      /* cudaRuntimeGetVersion (real devices only, else 0) */
+    char device_name[128];        /* "NVIDIA H200", "cpu", or "simulated sm_107" */
+} k3_arch_info;
+
+/* The facts of the context's device (or simulated capability). */
+K3_API k3_status k3_ctx_arch(const k3_ctx *ctx, k3_arch_info *out);
+/* The facts a device of capability major.minor would have (pure function, no device needed). */
+K3_API k3_status k3_arch_from_capability(int32_t major, int32_t minor, k3_arch_info *out);
+/* "none", "sm90", "sm100", "sm103". */
+K3_API const char *k3_table_name(k3_table_id table);
+
+/* ------------------------------------------------------------------ number formats --------- */
+/* Scalar codecs (round-to-nearest-even; NaN stays NaN; e4m3 and e2m1 saturate to their max). */
+K3_API uint16_t k3_bf16_from_f32(float x);
+K3_API float k3_bf16_to_f32(uint16_t b);
+K3_API uint8_t k3_e4m3_from_f32(float x);
+K3_API float k3_e4m3_to_f32(uint8_t c);
+K3_API uint8_t k3_e2m1_from_f32(float x); /* a 4-bit code in the low nibble */
+K3_API float k3_e2m1_to_f32(uint8_t c);   /* reads the low nibble */
+K3_API float k3_ue8m0_to_f32(uint8_t c);  /* 2^(c-127); 0xFF = NaN */
+
+typedef enum k3_fp4_format {
+    K3_FP4_NVFP4 = 0, /* blocks of 16, e4m3 block scales, one fp32 global scale per matrix */
+    K3_FP4_MXFP4 = 1, /* blocks of 32, ue8m0 block scales, no global scale */
+} k3_fp4_format;
+
+typedef enum k3_scale_layout {
+    K3_SCALE_LINEAR = 0,      /* scale (r, b) at r * (K / block) + b */
+    K3_SCALE_SWIZZLED = 1,    /* CUTLASS/FlashInfer 128x4: rows padded to 128, scale columns to 4 */
+} k3_scale_layout;
+
+/* Bytes of one matrix's block scales ([rows, cols] weight) in the given layout (swizzled includes padding). */
+K3_API k3_status k3_fp4_scale_bytes(k3_fp4_format fmt, k3_scale_layout layout, int64_t rows, int64_t cols,
+                                    size_t *out_bytes);
+/*
+ * Quantizes `batch` matrices of [rows, cols] fp32 (contiguous) to packed E2M1 ([rows, cols/2] bytes each,
+ * element 2j in the low nibble) plus block scales (k3_fp4_scale_bytes each).
+ * NVFP4: per matrix gs = 448 * 6 / amax; `global_scale_inv` [batch] receives 1 / gs (ModelOpt weight_scale_2);
+ * an all-zero matrix gets gs = 1. MXFP4: `global_scale_inv` must be NULL.
+ * cols must be a multiple of the block size (16 or 32). Runs on the host.
+ */
+K3_API k3_status k3_fp4_quantize(k3_fp4_format fmt, k3_scale_layout layout, int64_t batch, int64_t rows,
+                                 int64_t cols, const float *x, uint8_t *packed, uint8_t *scales,
+                                 float *global_scale_inv);
+/* The inverse: x ~= q * scale * global_scale_inv (NVFP4) or q * 2^(s-127) (MXFP4). */
+K3_API k3_status k3_fp4_dequantize(k3_fp4_format fmt, k3_scale_layout layout, int64_t batch, int64_t rows,
+                                   int64_t cols, const uint8_t *packed, const uint8_t *scales,
+                                   const float *global_scale_inv, float *x);
+
+/* ------------------------------------------------------------------ activations ------------ */
+typedef enum k3_act_kind {
+    K3_ACT_SILU = 0,                   /* [gate, up]: silu(min(g, L)) * clamp(u, -L, L); no clamp when limit <= 0 */
+    K3_ACT_SWIGLUOAI = 1,              /* interleaved g = x[0::2], u = x[1::2]: (u' + beta) * g' * sigmoid(alpha g') */
+    K3_ACT_SWIGLUOAI_UNINTERLEAVE = 2, /* [gate, up], same math as SWIGLUOAI; requires a limit */
+    K3_ACT_RELU2_NO_MUL = 3,           /* not gated: relu(x)^2 */
+    K3_ACT_SITU = 4,                   /* [gate, up]: beta tanh(g/beta) sigmoid(g) * (lb tanh(u/lb) or u) */
+} k3_act_kind;
+
+typedef struct k3_act_desc {
+    k3_act_kind kind;
+    float alpha;            /* SWIGLUOAI sigmoid scale, default 1.702 */
+    float beta;             /* SWIGLUOAI offset added to up (the "+1"), default 1.0 */
+    float limit;            /* clamp limit; <= 0 means none. SWIGLUOAI default 7.0 */
+    float situ_beta;        /* SITU: required, finite, > 0 (K3: 4.0). <= 0 means unset */
+    float situ_linear_beta; /* SITU: optional, finite, > 0 when set (K3: 25.0). <= 0 means unset */
+} k3_act_desc;
+
+/* Defaults for a kind (SITU gets no betas: set them, or use k3_act_desc_k3). */
+K3_API void k3_act_desc_init(k3_act_desc *d, k3_act_kind kind);
+/* Kimi-K3's activation: SITU, beta 4.0, linear_beta 25.0. */
+K3_API void k3_act_desc_k3(k3_act_desc *d);
+/* Checks a descriptor; on failure writes a message such as "SITU activation requires activation_situ_beta"
+ * into msg (if non-NULL) and returns K3_STATUS_INVALID_ARGUMENT. Plans call this once. */
+K3_API k3_status k3_act_desc_validate(const k3_act_desc *d, char *msg, size_t msg_size);
+/* "situ", "silu", "swigluoai", "swigluoai_uninterleave", "relu2". */
+K3_API const char *k3_act_name(k3_act_kind kind);
+
+/* ------------------------------------------------------------------ BF16 linear (GEMM) ----- */
+typedef enum k3_kernel {
+    K3_KERNEL_AUTO = 0,     /* the plan's table decides per M */
+    K3_KERNEL_FALLBACK = 1, /* cuBLASLt on CUDA, the reference loop on the CPU */
+    K3_KERNEL_SKINNY = 2,   /* CUDA-core skinny kernel */
+    K3_KERNEL_MMA = 3,      /* tensor-core small-M kernel */
+} k3_kernel;
+
+typedef enum k3_accum {
+    K3_ACCUM_FP32 = 0,
+    K3_ACCUM_FP64 = 1, /* CPU backend only: the test oracle */
+} k3_accum;
+
+typedef struct k3_linear_desc {
+    int64_t n, k;            /* weight [n, k], k contiguous */
+    int64_t max_m;           /* the largest token count run calls will pass; default 16 */
+    int64_t x_stride;        /* elements between rows of x; 0 = k */
+    int64_t y_stride;        /* elements between rows of y (and of the residual); 0 = n */
+    k3_accum accum;          /* default FP32 */
+    k3_kernel force_kernel;  /* default AUTO; anything else forces that kernel for every M (tests, benchmarks) */
+    const char *force_config;/* with SKINNY/MMA: a configuration name as in the tables ("b256_o4_u2"), or NULL */
+} k3_linear_desc;
+
+typedef struct k3_linear_plan k3_linear_plan;
+
+K3_API void k3_linear_desc_init(k3_linear_desc *d, int64_t n, int64_t k);
+K3_API k3_status k3_linear_plan_create(k3_ctx *ctx, const k3_linear_desc *d, k3_linear_plan **out);
+K3_API void k3_linear_plan_destroy(k3_linear_plan *plan);
+/* Bytes of workspace a run call needs (0 is a valid answer; then ws may be NULL). */
+K3_API k3_status k3_linear_workspace_size(const k3_linear_plan *plan, size_t *out_bytes);
+/* Which kernel and configuration the plan runs for m tokens, e.g. "skinny b256_o4_u2" or "cublaslt algo 3". */
+K3_API k3_status k3_linear_plan_kernel(const k3_linear_plan *plan, int64_t m, char *buf, size_t buf_size);
+/*
+ * y[m, n] = x[m, k] . w[n, k]^T (+ residual[m, n]), BF16 in and out, fp32 accumulation (fp64 when asked on CPU),
+ * the residual added in fp32 before the single BF16 rounding. residual may be NULL; it may alias y.
+ * 1 <= m <= max_m.
+ */
+K3_API k3_status k3_linear_run(k3_linear_plan *plan, int64_t m, const void *x, const void *w,
+                               const void *residual, void *y, void *ws, size_t ws_bytes, void *stream);
+
+/* ------------------------------------------------------------------ router ----------------- */
+typedef enum k3_router_kind {
+    K3_ROUTER_SIGMOID_NOAUX_TC = 0, /* Kimi-K3 / DeepSeek-V3: sigmoid, + correction bias for the choice */
+    K3_ROUTER_SOFTMAX = 1,          /* softmax over logits, top-k, renormalize */
+} k3_router_kind;
+
+typedef enum k3_dtype {
+    K3_DTYPE_BF16 = 0,
+    K3_DTYPE_F32 = 1,
+} k3_dtype;
+
+typedef struct k3_router_desc {
+    k3_router_kind kind;
+    int32_t num_experts;      /* E, 1..4096 */
+    int32_t top_k;            /* 1..min(E, 32) */
+    int64_t hidden;           /* H: width of x and of the gate weight rows */
+    k3_dtype gate_dtype;      /* dtype of the gate weight [E, H] (x is always BF16) */
+    int32_t renormalize;      /* default 1 */
+    float scaling_factor;     /* routed_scaling_factor, default 1.0 */
+    int64_t max_tokens;       /* default 16 */
+} k3_router_desc;
+
+typedef struct k3_router_plan k3_router_plan;
+
+/* K3 defaults: sigmoid noaux_tc, E 896, top-k 16, H 7168, BF16 gate, renormalize, scale 1.0. */
+K3_API void k3_router_desc_init(k3_router_desc *d);
+K3_API k3_status k3_router_plan_create(k3_ctx *ctx, const k3_router_desc *d, k3_router_plan **out);
+K3_API void k3_router_plan_destroy(k3_router_plan *plan);
+K3_API k3_status k3_router_workspace_size(const k3_router_plan *plan, size_t *out_bytes);
+/*
+ * logits = fp32(x) . fp32(gate)^T; returns topk_ids [m, top_k] int32 (descending choice; ties to the lower id)
+ * and topk_weights [m, top_k] f32. bias [E] f32 is used only by SIGMOID_NOAUX_TC and may be NULL there.
+ */
+K3_API k3_status k3_router_run(k3_router_plan *plan, int64_t m, const void *x, const void *gate, const float *bias,
+                               int32_t *topk_ids, float *topk_weights, void *ws, size_t ws_bytes, void *stream);
+
+/* ------------------------------------------------------------------ routed experts (MoE) --- */
+typedef enum k3_weight_format {
+    K3_WEIGHT_BF16 = 0,
+    K3_WEIGHT_NVFP4 = 1,
+    K3_WEIGHT_MXFP4 = 2,
+} k3_weight_format;
+
+typedef enum k3_moe_mode {
+    K3_MOE_W4A16 = 0, /* activations stay BF16 */
+    K3_MOE_W4A4 = 1,  /* activations quantized to NVFP4 (emulated) at GEMM1 and GEMM2 inputs; NVFP4 weights only */
+} k3_moe_mode;
+
+typedef struct k3_moe_desc {
+    int32_t num_experts;   /* E (local experts) */
+    int32_t top_k;
+    int64_t hidden;        /* L: the expert input/output width (the latent width in K3) */
+    int64_t inter;         /* I: per-expert intermediate (W13 is [2I, L], W2 is [L, I]) */
+    k3_weight_format format;
+    k3_scale_layout scale_layout;   /* layout of the FP4 block scales, default LINEAR */
+    int32_t w13_separate_scale_2;   /* NVFP4: 1 = w13_scale_2 is [E, 2] (gate, up), 0 = [E] shared */
+    k3_moe_mode mode;
+    k3_act_desc act;
+    int64_t max_tokens;    /* default 16 */
+} k3_moe_desc;
+
+/* The tensors of the routed experts; every pointer is device memory on CUDA, host on CPU. */
+typedef struct k3_moe_weights {
+    const void *w13;            /* BF16 [E, 2I, L] or packed FP4 [E, 2I, L/2] */
+    const void *w13_scale;      /* FP4 block scales: e4m3 (NVFP4) or ue8m0 (MXFP4), per expert */
+    const float *w13_scale_2;   /* NVFP4 global dequant scale (1/gs): [E] or [E, 2] */
+    const float *w13_input_scale; /* W4A4: [E] (activation gs = 1 / input_scale) */
+    const void *w2;             /* BF16 [E, L, I] or packed FP4 [E, L, I/2] */
+    const void *w2_scale;
+    const float *w2_scale_2;    /* [E] */
+    const float *w2_input_scale;/* W4A4: [E] */
+} k3_moe_weights;
+
+typedef struct k3_moe_plan k3_moe_plan;
+
+/* K3 TP8 defaults: E 896, top-k 16, L 3584, I 384, NVFP4 linear scales, shared scale_2, W4A16, SITU 4/25. */
+K3_API void k3_moe_desc_init(k3_moe_desc *d);
+K3_API k3_status k3_moe_plan_create(k3_ctx *ctx, const k3_moe_desc *d, k3_moe_plan **out);
+K3_API void k3_moe_plan_destroy(k3_moe_plan *plan);
+K3_API k3_status k3_moe_workspace_size(const k3_moe_plan *plan, size_t *out_bytes);
+/*
+ * out[m, L] = bf16( sum_j topk_weights[t, j] * W2_e(act(bf16(W13_e x_t))) ), e = topk_ids[t, j], fp32 sum.
+ * x [m, L] BF16; topk_ids [m, top_k] int32 in [0, E); topk_weights [m, top_k] f32.
+ * out_f32 (optional, may be NULL): the same sum before its BF16 rounding, [m, L] f32.
+ */
+K3_API k3_status k3_moe_run(k3_moe_plan *plan, int64_t m, const void *x, const int32_t *topk_ids,
+                            const float *topk_weights, const k3_moe_weights *w, void *out, float *out_f32,
+                            void *ws, size_t ws_bytes, void *stream);
+
+/* ------------------------------------------------------------------ latent MoE block ------- */
+typedef struct k3_latent_moe_desc {
+    int64_t hidden;          /* H, 7168 */
+    k3_router_desc router;   /* router.hidden must equal hidden */
+    k3_moe_desc experts;     /* experts.hidden is the latent width L (3584) */
+    int64_t shared_inter;    /* Is: merged shared-expert intermediate (K3 TP8: 768); 0 = no shared experts */
+    k3_act_desc shared_act;  /* default SITU 4/25 */
+    float rms_eps;           /* 1e-5 */
+    int64_t max_tokens;      /* default 16 */
+} k3_latent_moe_desc;
+
+typedef struct k3_latent_moe_weights {
+    const void *gate;                /* router gate [E, H], router.gate_dtype */
+    const float *bias;               /* e_score_correction_bias [E] or NULL */
+    const void *down_proj;           /* BF16 [L, H] */
+    k3_moe_weights experts;
+    const void *norm;                /* BF16 [L] */
+    const void *up_proj;             /* BF16 [H, L] */
+    const void *shared_gate_up;      /* BF16 [2 Is, H] ([gate; up]) */
+    const void *shared_down;         /* BF16 [H, Is] */
+} k3_latent_moe_weights;
+
+typedef struct k3_latent_moe_plan k3_latent_moe_plan;
+
+/* K3 TP8 block: H 7168, the K3 router and experts, Is 768, SITU 4/25, eps 1e-5. */
+K3_API void k3_latent_moe_desc_init(k3_latent_moe_desc *d);
+K3_API k3_status k3_latent_moe_plan_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_latent_moe_plan **out);
+K3_API void k3_latent_moe_plan_destroy(k3_latent_moe_plan *plan);
+K3_API k3_status k3_latent_moe_workspace_size(const k3_latent_moe_plan *plan, size_t *out_bytes);
+/*
+ * y[m, H] = shared(x) + bf16(RMSNorm(u) . up_proj^T) (+ residual), u = sum_j p_j E_j(bf16(x . down_proj^T)).
+ * topk_ids / topk_weights (optional, may be NULL) receive the routing.
+ */
+K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const void *x,
+                                   const k3_latent_moe_weights *w, const void *residual, void *y,
+                                   int32_t *topk_ids, float *topk_weights, void *ws, size_t ws_bytes,
+                                   void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* K3_H */

@@ -1,0 +1,40 @@
+/* The k3 command-line tool: one file per command (tools/cmd_<name>.c), shared helpers in tools/cli_util.c. */
+#ifndef K3_TOOLS_CLI_H
+#define K3_TOOLS_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "k3.h"
+
+/* Exit codes of every command. */
+enum { K3_EXIT_OK = 0, K3_EXIT_FAIL = 1, K3_EXIT_USAGE = 2 };
+
+typedef struct k3_cli_command {
+    const char *name;
+    const char *summary;                 /* one line for `k3 --help` */
+    int (*run)(int argc, char **argv);   /* argv[0] is the command name */
+} k3_cli_command;
+
+int k3_cmd_info(int argc, char **argv);
+int k3_cmd_quant(int argc, char **argv);   /* also serves `dequant` (argv[0] says which) */
+int k3_cmd_run(int argc, char **argv);
+int k3_cmd_demo(int argc, char **argv);
+int k3_cmd_plan(int argc, char **argv);
+int k3_cmd_bench(int argc, char **argv);
+int k3_cmd_tune(int argc, char **argv);
+
+/* ---- helpers (tools/cli_util.c) ---- */
+/* 1 when argv[i] is "-h" or "--help" for any i >= 1. */
+int k3_cli_wants_help(int argc, char **argv);
+/* Returns the value following option `name` at argv[*i] (advancing *i), or NULL after printing an error. */
+const char *k3_cli_value(int argc, char **argv, int *i, const char *name);
+/* Strict number parsers: the whole string must parse; print an error naming `what` and return 0 on failure. */
+int k3_cli_parse_i64(const char *s, const char *what, int64_t *out);
+int k3_cli_parse_f32(const char *s, const char *what, float *out);
+/* Parses "1,2,4" or "1-16" or "1-4,8,16" into out[] (at most cap), returns the count, 0 on error. */
+int k3_cli_parse_list(const char *s, const char *what, int64_t *out, int cap);
+/* Creates a context for "cpu", "cuda" or "auto"; prints the failure and returns NULL on error. */
+k3_ctx *k3_cli_ctx(const char *device);
+
+#endif

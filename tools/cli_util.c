@@ -1,0 +1,96 @@
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+int k3_cli_wants_help(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return 1;
+    return 0;
+}
+
+const char *k3_cli_value(int argc, char **argv, int *i, const char *name) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "k3: option %s needs a value\n", name);
+        return NULL;
+    }
+    *i += 1;
+    return argv[*i];
+}
+
+int k3_cli_parse_i64(const char *s, const char *what, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end != '\0') {
+        fprintf(stderr, "k3: %s: '%s' is not an integer\n", what, s);
+        return 0;
+    }
+    *out = (int64_t)v;
+    return 1;
+}
+
+int k3_cli_parse_f32(const char *s, const char *what, float *out) {
+    char *end = NULL;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end != '\0' || !isfinite(v)) {
+        fprintf(stderr, "k3: %s: '%s' is not a finite number\n", what, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int k3_cli_parse_list(const char *s, const char *what, int64_t *out, int cap) {
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end = NULL;
+        long long a = strtoll(p, &end, 10), b;
+        if (end == p) goto bad;
+        b = a;
+        if (*end == '-') {
+            const char *q = end + 1;
+            b = strtoll(q, &end, 10);
+            if (end == q || b < a) goto bad;
+        }
+        for (long long v = a; v <= b; v++) {
+            if (n >= cap) {
+                fprintf(stderr, "k3: %s: more than %d values\n", what, cap);
+                return 0;
+            }
+            out[n++] = (int64_t)v;
+        }
+        if (*end == ',') end++;
+        else if (*end != '\0') goto bad;
+        p = end;
+    }
+    if (n == 0) goto bad;
+    return n;
+bad:
+    fprintf(stderr, "k3: %s: '%s' is not a list like 1,2,4 or 1-16\n", what, s);
+    return 0;
+}
+
+k3_ctx *k3_cli_ctx(const char *device) {
+    k3_ctx_options opt;
+    k3_ctx_options_init(&opt);
+    if (!device || !strcmp(device, "auto")) opt.backend = K3_BACKEND_AUTO;
+    else if (!strcmp(device, "cpu")) opt.backend = K3_BACKEND_CPU;
+    else if (!strcmp(device, "cuda")) opt.backend = K3_BACKEND_CUDA;
+    else {
+        fprintf(stderr, "k3: --device must be cpu, cuda or auto (got '%s')\n", device);
+        return NULL;
+    }
+    k3_ctx *ctx = NULL;
+    k3_status st = k3_ctx_create(&opt, &ctx);
+    if (st != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3: cannot create a %s context: %s%s\n", device ? device : "auto", k3_status_string(st),
+                st == K3_STATUS_NOT_AVAILABLE ? " (no CUDA device, or a build without CUDA)" : "");
+        return NULL;
+    }
+    return ctx;
+}
