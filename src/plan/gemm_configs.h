@@ -1,0 +1,35 @@
+/* The registry of compiled GEMM kernel configurations: data shared by the plan (validation, tables, the
+ * tuner's candidate list) and the CUDA kernels (which instantiate exactly these). Usable without CUDA. */
+#ifndef K3_PLAN_GEMM_CONFIGS_H
+#define K3_PLAN_GEMM_CONFIGS_H
+
+#include "k3.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct k3_gemm_config {
+    k3_kernel kernel;       /* K3_KERNEL_SKINNY or K3_KERNEL_MMA */
+    const char *name;       /* unique within its kernel, as written in tables: "b256_o4_u2" */
+    int32_t threads;        /* threads per block */
+    int32_t rows_per_block; /* weight rows (outputs) per block */
+    int32_t k_unroll;       /* skinny: 16-byte loads in flight per thread; mma: cp.async pipeline stages */
+    int32_t k_split;        /* mma: K split over the block's warps; skinny: 1 */
+    int32_t max_m;          /* the largest token count it supports */
+    int32_t k_align;        /* K (and x's row stride) must be a multiple of this many elements */
+    int32_t static_k;       /* 0 = any K that is a multiple of k_align; else K must equal this */
+} k3_gemm_config;
+
+/* Every compiled configuration; *count receives the number. The order is stable. */
+const k3_gemm_config *k3_gemm_configs(int32_t *count);
+/* The configuration of `kernel` called `name`, or NULL. */
+const k3_gemm_config *k3_gemm_config_find(k3_kernel kernel, const char *name);
+/* 1 when cfg can run y[m, n] = x[m, k] w[n, k]^T for every m <= max_m with these strides, else 0 and a reason. */
+int32_t k3_gemm_config_supports(const k3_gemm_config *cfg, int64_t n, int64_t k, int64_t max_m, int64_t x_stride,
+                                const char **why);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
