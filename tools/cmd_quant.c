@@ -1,8 +1,542 @@
-/* TEMPORARY scaffold, replaced by its issue's implementation. */
+/* k3 quant / k3 dequant: NVFP4 and MXFP4 conversion of safetensors files (ModelOpt-style tensor names). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cli.h"
+#include "core/formats.h"
+#include "core/safetensors.h"
+
+#define META_FORMAT "k3.quant.format"
+#define META_LAYOUT "k3.quant.scale_layout"
+#define MAX_NAMED 256
+
+static void quant_help(void) {
+    printf(
+        "usage: k3 quant nvfp4|mxfp4 --input IN.safetensors --output OUT.safetensors\n"
+        "                [--tensor NAME ...] [--scale-layout linear|swizzled]\n\n"
+        "Quantizes every BF16, F16 or F32 tensor of rank >= 2 (or only the ones named with --tensor, which may be\n"
+        "repeated) to packed FP4. A tensor of shape [B..., R, C] is treated as prod(B) matrices of [R, C] (leading\n"
+        "dimensions are a batch, e.g. experts); C must be a multiple of the block size (16 for nvfp4, 32 for\n"
+        "mxfp4). Unnamed tensors whose C is not are kept unchanged with a note on stderr; a named tensor that is\n"
+        "missing or cannot be quantized is an error. Every other tensor is copied unchanged.\n\n"
+        "Output tensors for an input tensor NAME (ModelOpt naming):\n"
+        "  NAME          U8 [B..., R, C/2]   E2M1 codes, element 2j in the low nibble, 2j+1 in the high nibble\n"
+        "  NAME_scale    block scales: F8_E4M3 (nvfp4) or U8 UE8M0 exponents (mxfp4)\n"
+        "                  linear:   [B..., R, C/16 or C/32], scale (r, b) at r * (C/block) + b\n"
+        "                  swizzled: [B..., S] flat bytes per matrix in the CUTLASS/FlashInfer 128x4 layout\n"
+        "                            (rows padded to 128, scale columns to 4, padding bytes 0); S includes padding\n"
+        "  NAME_scale_2  F32 [B...] (a scalar for a 2-D tensor): nvfp4 only, 1/gs per matrix (weight_scale_2)\n\n"
+        "Rules: nvfp4: gs = 2688 / amax(matrix) (1 for an all-zero matrix), block scale sf = e4m3(gs*amax/6),\n"
+        "q = e2m1(x*gs/sf); dequant x = q * sf * scale_2. mxfp4 (OCP MX): scale 2^(floor(log2(amax)) - 2) stored\n"
+        "as the biased exponent byte (clamped to 0..254), q = e2m1(x / scale). Zero blocks get scale 0 and zero\n"
+        "codes. Rounding is to nearest even everywhere; NaN or Inf in an input tensor is an error.\n"
+        "The format and layout are recorded in __metadata__ (" META_FORMAT ", " META_LAYOUT ") for k3 dequant;\n"
+        "existing metadata is kept.\n\n"
+        "  --input PATH          safetensors file to read\n"
+        "  --output PATH         safetensors file to write (may be the input: it is read whole first)\n"
+        "  --tensor NAME         quantize only this tensor (repeatable)\n"
+        "  --scale-layout L      linear (default) or swizzled\n\n"
+        "exit status: 0 success, 1 failure (unreadable or malformed file, bad tensor), 2 usage error\n");
+}
+
+static void dequant_help(void) {
+    printf("usage: k3 dequant --input IN.safetensors --output OUT.safetensors [--dtype f32|bf16]\n\n"
+           "The inverse of k3 quant. Every U8 tensor NAME of shape [B..., R, P] that has a NAME_scale companion\n"
+           "(F8_E4M3 scales -> nvfp4, which also needs an F32 NAME_scale_2; U8 scales -> mxfp4) is expanded to\n"
+           "[B..., R, 2P] in the chosen dtype; NAME_scale and NAME_scale_2 are dropped. The scale layout follows\n"
+           "from NAME_scale's shape ([B..., R, 2P/block] = linear, [B..., S] = swizzled) and must agree with the\n"
+           "file's " META_FORMAT " / " META_LAYOUT " metadata when present (those keys are\n"
+           "removed from the output; other metadata is kept). NAME_scale_2 may hold one value per matrix or a\n"
+           "single shared one. Every other tensor is copied unchanged.\n"
+           "Values: nvfp4 x = q * e4m3(scale) * scale_2; mxfp4 x = q * 2^(scale - 127); a BF16 output is the\n"
+           "round-to-nearest-even of that fp32 value.\n\n"
+           "  --input PATH     safetensors file to read\n"
+           "  --output PATH    safetensors file to write\n"
+           "  --dtype D        f32 (default) or bf16\n\n"
+           "exit status: 0 success, 1 failure (unreadable or malformed file, inconsistent tensors), 2 usage error\n");
+}
+
+static int64_t prod(const int64_t *d, int32_t n) {
+    int64_t p = 1;
+    for (int32_t i = 0; i < n; i++) p *= d[i];
+    return p;
+}
+
+static int is_float_dtype(k3_st_dtype t) { return t == K3_ST_BF16 || t == K3_ST_F16 || t == K3_ST_F32; }
+
+/* Why tensor t cannot be quantized with block size blk, or NULL when it can. */
+static const char *unquantizable(const k3_st_tensor *t, int64_t blk, char *why, size_t why_size) {
+    if (!is_float_dtype(t->dtype)) {
+        snprintf(why, why_size, "dtype %s is not BF16, F16 or F32", k3_st_dtype_name(t->dtype));
+        return why;
+    }
+    if (t->ndim < 2) {
+        snprintf(why, why_size, "rank %d is below 2", (int)t->ndim);
+        return why;
+    }
+    int64_t cols = t->shape[t->ndim - 1];
+    if (cols == 0 || cols % blk != 0 || prod(t->shape, t->ndim) == 0) {
+        snprintf(why, why_size, "last dimension %lld is not a positive multiple of %lld (or the tensor is empty)",
+                 (long long)cols, (long long)blk);
+        return why;
+    }
+    return NULL;
+}
+
+/* The tensor's values as fp32 (*owned set when a conversion buffer was allocated). */
+static const float *as_f32(const k3_st_tensor *t, int64_t n, float **owned) {
+    *owned = NULL;
+    if (t->dtype == K3_ST_F32) return (const float *)t->data;
+    float *buf = malloc((size_t)n * sizeof *buf);
+    if (!buf) return NULL;
+    const uint16_t *h = (const uint16_t *)t->data;
+    if (t->dtype == K3_ST_BF16)
+        for (int64_t i = 0; i < n; i++) buf[i] = k3_bf16_bits_to_f32(h[i]);
+    else
+        for (int64_t i = 0; i < n; i++) buf[i] = k3_f16_bits_to_f32(h[i]);
+    *owned = buf;
+    return buf;
+}
+
+/* Appends "_scale" / "_scale_2" to name. */
+static char *suffixed(const char *name, const char *suffix) {
+    size_t a = strlen(name), b = strlen(suffix);
+    char *s = malloc(a + b + 1);
+    if (s) {
+        memcpy(s, name, a);
+        memcpy(s + a, suffix, b + 1);
+    }
+    return s;
+}
+
+static int copy_tensor(k3_st_writer *w, const k3_st_tensor *t, const char *cmd) {
+    char err[512];
+    if (k3_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, err, sizeof err) != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3 %s: %s\n", cmd, err);
+        return 0;
+    }
+    return 1;
+}
+
+/* Quantizes tensor t into NAME, NAME_scale (and NAME_scale_2) of the writer. */
+static int quantize_tensor(k3_st_writer *w, const k3_st_tensor *t, k3_fp4_format fmt, k3_scale_layout layout) {
+    const int64_t blk = fmt == K3_FP4_NVFP4 ? K3_NVFP4_BLOCK : K3_MXFP4_BLOCK;
+    const int32_t nb = t->ndim - 2;
+    const int64_t rows = t->shape[nb], cols = t->shape[nb + 1], batch = prod(t->shape, nb);
+    const int64_t n = batch * rows * cols;
+    int ok = 0;
+    char err[512];
+    size_t sbytes = 0;
+    float *owned = NULL, *gsi = NULL;
+    uint8_t *packed = NULL, *scales = NULL;
+    char *sname = suffixed(t->name, "_scale"), *s2name = suffixed(t->name, "_scale_2");
+    if (k3_fp4_scale_bytes(fmt, layout, rows, cols, &sbytes) != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3 quant: %s: shape [%lld, %lld] is too large\n", t->name, (long long)rows,
+                (long long)cols);
+        goto out;
+    }
+    const float *x = as_f32(t, n, &owned);
+    packed = malloc((size_t)(n / 2));
+    scales = malloc(sbytes * (size_t)batch);
+    gsi = malloc((size_t)batch * sizeof *gsi);
+    if (!x || !packed || !scales || !gsi || !sname || !s2name) {
+        fprintf(stderr, "k3 quant: %s: out of memory\n", t->name);
+        goto out;
+    }
+    k3_status st = k3_fp4_quantize(fmt, layout, batch, rows, cols, x, packed, scales,
+                                   fmt == K3_FP4_NVFP4 ? gsi : NULL);
+    if (st != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3 quant: %s: cannot quantize (%s: does it contain NaN or Inf?)\n", t->name,
+                k3_status_string(st));
+        goto out;
+    }
+    int64_t shape[K3_ST_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    shape[nb + 1] = cols / 2;
+    if (k3_st_writer_add(w, t->name, K3_ST_U8, t->ndim, shape, packed, err, sizeof err) != K3_STATUS_SUCCESS)
+        goto werr;
+    int32_t sdim = t->ndim;
+    if (layout == K3_SCALE_LINEAR) {
+        shape[nb + 1] = cols / blk;
+    } else {
+        shape[nb] = (int64_t)sbytes;
+        sdim = t->ndim - 1;
+    }
+    if (k3_st_writer_add(w, sname, fmt == K3_FP4_NVFP4 ? K3_ST_F8_E4M3 : K3_ST_U8, sdim, shape, scales, err,
+                         sizeof err) != K3_STATUS_SUCCESS)
+        goto werr;
+    if (fmt == K3_FP4_NVFP4 &&
+        k3_st_writer_add(w, s2name, K3_ST_F32, nb, t->shape, gsi, err, sizeof err) != K3_STATUS_SUCCESS)
+        goto werr;
+    ok = 1;
+    goto out;
+werr:
+    fprintf(stderr, "k3 quant: %s\n", err);
+out:
+    free(owned);
+    free(packed);
+    free(scales);
+    free(gsi);
+    free(sname);
+    free(s2name);
+    return ok;
+}
+
+static int save(k3_st_writer *w, const char *path, const char *cmd) {
+    char err[512];
+    if (k3_st_writer_save(w, path, err, sizeof err) != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3 %s: %s\n", cmd, err);
+        return 0;
+    }
+    return 1;
+}
+
+static k3_st_file *open_input(const char *path, const char *cmd) {
+    char err[512];
+    k3_st_file *f = NULL;
+    if (k3_st_open(path, &f, err, sizeof err) != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3 %s: %s\n", cmd, err);
+        return NULL;
+    }
+    return f;
+}
+
+static int quant_main(int argc, char **argv) {
+    const char *fmt_s = NULL, *in = NULL, *out = NULL, *layout_s = "linear";
+    const char *named[MAX_NAMED];
+    int n_named = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--input")) {
+            if (!(in = k3_cli_value(argc, argv, &i, a))) return K3_EXIT_USAGE;
+        } else if (!strcmp(a, "--output")) {
+            if (!(out = k3_cli_value(argc, argv, &i, a))) return K3_EXIT_USAGE;
+        } else if (!strcmp(a, "--scale-layout")) {
+            if (!(layout_s = k3_cli_value(argc, argv, &i, a))) return K3_EXIT_USAGE;
+        } else if (!strcmp(a, "--tensor")) {
+            const char *v = k3_cli_value(argc, argv, &i, a);
+            if (!v) return K3_EXIT_USAGE;
+            if (n_named >= MAX_NAMED) {
+                fprintf(stderr, "k3 quant: at most %d --tensor options\n", MAX_NAMED);
+                return K3_EXIT_USAGE;
+            }
+            named[n_named++] = v;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "k3 quant: unknown option '%s' (see k3 quant --help)\n", a);
+            return K3_EXIT_USAGE;
+        } else if (!fmt_s) {
+            fmt_s = a;
+        } else {
+            fprintf(stderr, "k3 quant: unexpected argument '%s' (see k3 quant --help)\n", a);
+            return K3_EXIT_USAGE;
+        }
+    }
+    if (!fmt_s || (strcmp(fmt_s, "nvfp4") && strcmp(fmt_s, "mxfp4"))) {
+        fprintf(stderr, "k3 quant: the first argument must be nvfp4 or mxfp4%s%s%s (see k3 quant --help)\n",
+                fmt_s ? " (got '" : "", fmt_s ? fmt_s : "", fmt_s ? "')" : "");
+        return K3_EXIT_USAGE;
+    }
+    if (!in || !out) {
+        fprintf(stderr, "k3 quant: --input and --output are required (see k3 quant --help)\n");
+        return K3_EXIT_USAGE;
+    }
+    k3_scale_layout layout;
+    if (!strcmp(layout_s, "linear")) layout = K3_SCALE_LINEAR;
+    else if (!strcmp(layout_s, "swizzled")) layout = K3_SCALE_SWIZZLED;
+    else {
+        fprintf(stderr, "k3 quant: --scale-layout must be linear or swizzled (got '%s')\n", layout_s);
+        return K3_EXIT_USAGE;
+    }
+    const k3_fp4_format fmt = !strcmp(fmt_s, "nvfp4") ? K3_FP4_NVFP4 : K3_FP4_MXFP4;
+    const int64_t blk = fmt == K3_FP4_NVFP4 ? K3_NVFP4_BLOCK : K3_MXFP4_BLOCK;
+
+    k3_st_file *f = open_input(in, "quant");
+    if (!f) return K3_EXIT_FAIL;
+    int rc = K3_EXIT_FAIL;
+    k3_st_writer *w = NULL;
+    char why[160], err[512];
+    for (int k = 0; k < n_named; k++) {
+        const k3_st_tensor *t = k3_st_find(f, named[k]);
+        if (!t) {
+            fprintf(stderr, "k3 quant: --tensor %s: no such tensor in %s\n", named[k], in);
+            goto done;
+        }
+        if (unquantizable(t, blk, why, sizeof why)) {
+            fprintf(stderr, "k3 quant: --tensor %s: cannot quantize to %s: %s\n", named[k], fmt_s, why);
+            goto done;
+        }
+    }
+    if (k3_st_writer_create(&w) != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3 quant: out of memory\n");
+        goto done;
+    }
+    for (int32_t i = 0; i < k3_st_metadata_count(f); i++) {
+        const char *key, *val;
+        k3_st_metadata_at(f, i, &key, &val);
+        if (k3_st_writer_set_metadata(w, key, val, err, sizeof err) != K3_STATUS_SUCCESS) goto werr;
+    }
+    if (k3_st_writer_set_metadata(w, META_FORMAT, fmt_s, err, sizeof err) != K3_STATUS_SUCCESS ||
+        k3_st_writer_set_metadata(w, META_LAYOUT, layout_s, err, sizeof err) != K3_STATUS_SUCCESS)
+        goto werr;
+    int quantized = 0;
+    for (int32_t i = 0; i < k3_st_count(f); i++) {
+        const k3_st_tensor *t = k3_st_at(f, i);
+        int want = 0;
+        if (n_named) {
+            for (int k = 0; k < n_named; k++) want |= !strcmp(named[k], t->name);
+        } else if (is_float_dtype(t->dtype) && t->ndim >= 2) {
+            want = 1;
+            if (unquantizable(t, blk, why, sizeof why)) {
+                fprintf(stderr, "k3 quant: note: keeping %s unquantized: %s\n", t->name, why);
+                want = 0;
+            }
+        }
+        if (!want) {
+            if (!copy_tensor(w, t, "quant")) goto done;
+            continue;
+        }
+        /* refuse to shadow an existing tensor with a companion name */
+        const char *sfx[2] = {"_scale", "_scale_2"};
+        for (int k = 0; k < (fmt == K3_FP4_NVFP4 ? 2 : 1); k++) {
+            char *cn = suffixed(t->name, sfx[k]);
+            int clash = cn && k3_st_find(f, cn) != NULL;
+            if (clash) fprintf(stderr, "k3 quant: %s: the input already has a tensor named %s\n", t->name, cn);
+            free(cn);
+            if (clash) goto done;
+        }
+        if (!quantize_tensor(w, t, fmt, layout)) goto done;
+        quantized++;
+    }
+    if (!save(w, out, "quant")) goto done;
+    fprintf(stderr, "k3 quant: %d tensor%s quantized to %s (%s scales), %d copied -> %s\n", quantized,
+            quantized == 1 ? "" : "s", fmt_s, layout_s, (int)k3_st_count(f) - quantized, out);
+    rc = K3_EXIT_OK;
+    goto done;
+werr:
+    fprintf(stderr, "k3 quant: %s\n", err);
+done:
+    k3_st_writer_destroy(w);
+    k3_st_close(f);
+    return rc;
+}
+
+/* How a quantized tensor of the input is laid out (the dequant side). */
+typedef struct qinfo {
+    k3_fp4_format fmt;
+    k3_scale_layout layout;
+    int64_t batch, rows, cols;
+    const k3_st_tensor *scale, *scale_2;
+} qinfo;
+
+/* Decides whether t is a quantized tensor; returns 1 (info filled), 0 (not one), -1 (inconsistent: message). */
+static int quantized_info(const k3_st_file *f, const k3_st_tensor *t, const char *meta_fmt,
+                          const char *meta_layout, qinfo *q) {
+    if (t->dtype != K3_ST_U8 || t->ndim < 2) return 0;
+    char *sn = suffixed(t->name, "_scale"), *s2n = suffixed(t->name, "_scale_2");
+    if (!sn || !s2n) {
+        free(sn);
+        free(s2n);
+        fprintf(stderr, "k3 dequant: out of memory\n");
+        return -1;
+    }
+    q->scale = k3_st_find(f, sn);
+    q->scale_2 = k3_st_find(f, s2n);
+    free(sn);
+    free(s2n);
+    if (!q->scale) return 0;
+    if (q->scale->dtype != K3_ST_F8_E4M3 && q->scale->dtype != K3_ST_U8) return 0;
+    q->fmt = q->scale->dtype == K3_ST_F8_E4M3 ? K3_FP4_NVFP4 : K3_FP4_MXFP4;
+    const char *fs = q->fmt == K3_FP4_NVFP4 ? "nvfp4" : "mxfp4";
+    if (meta_fmt && strcmp(meta_fmt, fs)) {
+        fprintf(stderr, "k3 dequant: %s: its scale dtype %s means %s but the file's " META_FORMAT " is '%s'\n",
+                t->name, k3_st_dtype_name(q->scale->dtype), fs, meta_fmt);
+        return -1;
+    }
+    const int32_t nb = t->ndim - 2;
+    const int64_t blk = q->fmt == K3_FP4_NVFP4 ? K3_NVFP4_BLOCK : K3_MXFP4_BLOCK;
+    q->batch = prod(t->shape, nb);
+    q->rows = t->shape[nb];
+    q->cols = t->shape[nb + 1] * 2;
+    size_t lin = 0, swz = 0;
+    if (q->batch < 1 || k3_fp4_scale_bytes(q->fmt, K3_SCALE_LINEAR, q->rows, q->cols, &lin) != K3_STATUS_SUCCESS ||
+        k3_fp4_scale_bytes(q->fmt, K3_SCALE_SWIZZLED, q->rows, q->cols, &swz) != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3 dequant: %s: shape cannot hold %s data ([..., %lld, %lld] packed; columns must be a "
+                        "multiple of %lld)\n",
+                t->name, fs, (long long)q->rows, (long long)(q->cols / 2), (long long)blk);
+        return -1;
+    }
+    const k3_st_tensor *s = q->scale;
+    int lead_ok = s->ndim >= nb && memcmp(s->shape, t->shape, (size_t)nb * sizeof(int64_t)) == 0;
+    if (lead_ok && s->ndim == t->ndim && s->shape[nb] == q->rows && s->shape[nb + 1] == q->cols / blk)
+        q->layout = K3_SCALE_LINEAR;
+    else if (lead_ok && s->ndim == nb + 1 && s->shape[nb] == (int64_t)swz)
+        q->layout = K3_SCALE_SWIZZLED;
+    else {
+        fprintf(stderr, "k3 dequant: %s: %s's shape fits neither the linear [..., %lld, %lld] nor the swizzled "
+                        "[..., %zu] %s scale layout\n",
+                t->name, s->name, (long long)q->rows, (long long)(q->cols / blk), swz, fs);
+        return -1;
+    }
+    (void)lin;
+    const char *ls = q->layout == K3_SCALE_LINEAR ? "linear" : "swizzled";
+    if (meta_layout && strcmp(meta_layout, ls)) {
+        fprintf(stderr, "k3 dequant: %s: %s's shape is the %s layout but the file's " META_LAYOUT " is '%s'\n",
+                t->name, s->name, ls, meta_layout);
+        return -1;
+    }
+    if (q->fmt == K3_FP4_NVFP4) {
+        if (!q->scale_2 || q->scale_2->dtype != K3_ST_F32) {
+            fprintf(stderr, "k3 dequant: %s: nvfp4 needs an F32 %s_scale_2 tensor\n", t->name, t->name);
+            return -1;
+        }
+        int64_t n2 = prod(q->scale_2->shape, q->scale_2->ndim);
+        if (n2 != 1 && n2 != q->batch) {
+            fprintf(stderr, "k3 dequant: %s: %s has %lld values; want 1 or %lld (one per matrix)\n", t->name,
+                    q->scale_2->name, (long long)n2, (long long)q->batch);
+            return -1;
+        }
+    } else {
+        q->scale_2 = NULL;
+    }
+    return 1;
+}
+
+static int dequantize_tensor(k3_st_writer *w, const k3_st_tensor *t, const qinfo *q, int bf16) {
+    const int64_t n = q->batch * q->rows * q->cols;
+    int ok = 0;
+    char err[512];
+    float *x = malloc((size_t)n * sizeof *x), *gsi = NULL;
+    uint16_t *h = bf16 ? malloc((size_t)n * sizeof *h) : NULL;
+    if (q->fmt == K3_FP4_NVFP4) gsi = malloc((size_t)q->batch * sizeof *gsi);
+    if (!x || (bf16 && !h) || (q->fmt == K3_FP4_NVFP4 && !gsi)) {
+        fprintf(stderr, "k3 dequant: %s: out of memory\n", t->name);
+        goto out;
+    }
+    if (gsi) {
+        const float *s2 = (const float *)q->scale_2->data;
+        int shared = prod(q->scale_2->shape, q->scale_2->ndim) == 1;
+        for (int64_t b = 0; b < q->batch; b++) gsi[b] = s2[shared ? 0 : b];
+    }
+    k3_status st = k3_fp4_dequantize(q->fmt, q->layout, q->batch, q->rows, q->cols, (const uint8_t *)t->data,
+                                     (const uint8_t *)q->scale->data, gsi, x);
+    if (st != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3 dequant: %s: %s\n", t->name, k3_status_string(st));
+        goto out;
+    }
+    int64_t shape[K3_ST_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    shape[t->ndim - 1] = q->cols;
+    if (bf16)
+        for (int64_t i = 0; i < n; i++) h[i] = k3_f32_to_bf16_bits(x[i]);
+    if (k3_st_writer_add(w, t->name, bf16 ? K3_ST_BF16 : K3_ST_F32, t->ndim, shape, bf16 ? (void *)h : (void *)x,
+                         err, sizeof err) != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3 dequant: %s\n", err);
+        goto out;
+    }
+    ok = 1;
+out:
+    free(x);
+    free(h);
+    free(gsi);
+    return ok;
+}
+
+static int dequant_main(int argc, char **argv) {
+    const char *in = NULL, *out = NULL, *dtype = "f32";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--input")) {
+            if (!(in = k3_cli_value(argc, argv, &i, a))) return K3_EXIT_USAGE;
+        } else if (!strcmp(a, "--output")) {
+            if (!(out = k3_cli_value(argc, argv, &i, a))) return K3_EXIT_USAGE;
+        } else if (!strcmp(a, "--dtype")) {
+            if (!(dtype = k3_cli_value(argc, argv, &i, a))) return K3_EXIT_USAGE;
+        } else {
+            fprintf(stderr, "k3 dequant: unexpected argument '%s' (see k3 dequant --help)\n", a);
+            return K3_EXIT_USAGE;
+        }
+    }
+    if (!in || !out) {
+        fprintf(stderr, "k3 dequant: --input and --output are required (see k3 dequant --help)\n");
+        return K3_EXIT_USAGE;
+    }
+    if (strcmp(dtype, "f32") && strcmp(dtype, "bf16")) {
+        fprintf(stderr, "k3 dequant: --dtype must be f32 or bf16 (got '%s')\n", dtype);
+        return K3_EXIT_USAGE;
+    }
+    k3_st_file *f = open_input(in, "dequant");
+    if (!f) return K3_EXIT_FAIL;
+    int rc = K3_EXIT_FAIL, expanded = 0;
+    char err[512];
+    unsigned char *role = NULL; /* per tensor: 1 = packed FP4, 2 = a scale companion */
+    k3_st_writer *w = NULL;
+    const char *mf = k3_st_metadata_get(f, META_FORMAT), *ml = k3_st_metadata_get(f, META_LAYOUT);
+    if (k3_st_writer_create(&w) != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3 dequant: out of memory\n");
+        goto done;
+    }
+    for (int32_t i = 0; i < k3_st_metadata_count(f); i++) {
+        const char *key, *val;
+        k3_st_metadata_at(f, i, &key, &val);
+        if (!strncmp(key, "k3.quant.", 9)) continue;
+        if (k3_st_writer_set_metadata(w, key, val, err, sizeof err) != K3_STATUS_SUCCESS) {
+            fprintf(stderr, "k3 dequant: %s\n", err);
+            goto done;
+        }
+    }
+    /* first find every quantized tensor and mark its companions, then write in file order */
+    const int32_t count = k3_st_count(f);
+    const k3_st_tensor *base = k3_st_at(f, 0); /* k3_st_at indexes one array */
+    role = calloc((size_t)(count ? count : 1), 1);
+    if (!role) {
+        fprintf(stderr, "k3 dequant: out of memory\n");
+        goto done;
+    }
+    for (int32_t i = 0; i < count; i++) {
+        qinfo q;
+        int r = quantized_info(f, k3_st_at(f, i), mf, ml, &q);
+        if (r < 0) goto done;
+        if (r == 0) continue;
+        role[i] |= 1;
+        role[q.scale - base] |= 2;
+        if (q.scale_2) role[q.scale_2 - base] |= 2;
+    }
+    for (int32_t i = 0; i < count; i++) {
+        const k3_st_tensor *t = k3_st_at(f, i);
+        if (role[i] == 3) { /* both a quantized tensor and another's scale: ambiguous */
+            fprintf(stderr, "k3 dequant: %s is both a packed tensor and a scale of another one\n", t->name);
+            goto done;
+        }
+        if (role[i] == 1) {
+            qinfo q;
+            quantized_info(f, t, mf, ml, &q);
+            if (!dequantize_tensor(w, t, &q, !strcmp(dtype, "bf16"))) goto done;
+            expanded++;
+        } else if (role[i] == 0) {
+            if (!copy_tensor(w, t, "dequant")) goto done;
+        }
+    }
+    if (mf && expanded == 0) {
+        fprintf(stderr, "k3 dequant: %s says " META_FORMAT "=%s but holds no NAME + NAME_scale pair\n", in, mf);
+        goto done;
+    }
+    if (!save(w, out, "dequant")) goto done;
+    fprintf(stderr, "k3 dequant: %d tensor%s expanded to %s -> %s\n", expanded, expanded == 1 ? "" : "s", dtype,
+            out);
+    rc = K3_EXIT_OK;
+done:
+    free(role);
+    k3_st_writer_destroy(w);
+    k3_st_close(f);
+    return rc;
+}
 
 int k3_cmd_quant(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "k3 %s: not implemented yet\n", argv[0]);
-    return K3_EXIT_FAIL;
+    int de = !strcmp(argv[0], "dequant");
+    if (k3_cli_wants_help(argc, argv)) {
+        if (de) dequant_help();
+        else quant_help();
+        return K3_EXIT_OK;
+    }
+    return de ? dequant_main(argc, argv) : quant_main(argc, argv);
 }
