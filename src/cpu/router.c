@@ -1,0 +1,132 @@
+/*
+ * The CPU router (K3-MODEL.md 4.1): fp32 logits, then sigmoid noaux_tc or softmax, top-k, weights.
+ *
+ * Determinism choices:
+ * - logits: fp32 products summed in K3_RT_LANES fixed partial sums combined in a fixed tree order;
+ * - top-k: a stable insertion selection over ids in ascending order, so equal keys keep the lower id first;
+ * - NaN: a NaN logit (or a NaN choice from a NaN bias) is the lowest possible key (-inf), so it is picked only
+ *   after every other expert, lowest id first; its weight is 0 (sigmoid) or its probability is 0 (softmax).
+ */
+#include "cpu/cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/act.h"
+#include "core/bf16.h"
+
+#define K3_RT_LANES 16
+
+static inline float rt_reduce(float *t) {
+    for (int w = K3_RT_LANES / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) t[l] += t[l + w];
+    return t[0];
+}
+
+static float rt_dot_bf16(const uint16_t *x, const uint16_t *g, int64_t h) {
+    float acc[K3_RT_LANES] = {0};
+    const int64_t hv = h - h % K3_RT_LANES;
+    for (int64_t k = 0; k < hv; k += K3_RT_LANES)
+        for (int l = 0; l < K3_RT_LANES; l++) acc[l] += k3_bf16_bits_to_f32(x[k + l]) * k3_bf16_bits_to_f32(g[k + l]);
+    for (int64_t k = hv; k < h; k++) acc[k - hv] += k3_bf16_bits_to_f32(x[k]) * k3_bf16_bits_to_f32(g[k]);
+    return rt_reduce(acc);
+}
+
+static float rt_dot_f32(const uint16_t *x, const float *g, int64_t h) {
+    float acc[K3_RT_LANES] = {0};
+    const int64_t hv = h - h % K3_RT_LANES;
+    for (int64_t k = 0; k < hv; k += K3_RT_LANES)
+        for (int l = 0; l < K3_RT_LANES; l++) acc[l] += k3_bf16_bits_to_f32(x[k + l]) * g[k + l];
+    for (int64_t k = hv; k < h; k++) acc[k - hv] += k3_bf16_bits_to_f32(x[k]) * g[k];
+    return rt_reduce(acc);
+}
+
+/* Keeps the k largest keys seen so far in ids/vals, sorted descending; a new key must be strictly larger to
+ * pass an equal one, and ids arrive in ascending order, so ties resolve to the lower id. */
+static inline void rt_offer(int32_t e, float key, int32_t k, int32_t *cnt, int32_t *ids, float *vals) {
+    if (*cnt == k && !(key > vals[k - 1])) return;
+    int32_t pos = *cnt < k ? *cnt : k - 1;
+    while (pos > 0 && key > vals[pos - 1]) {
+        vals[pos] = vals[pos - 1];
+        ids[pos] = ids[pos - 1];
+        pos--;
+    }
+    vals[pos] = key;
+    ids[pos] = e;
+    if (*cnt < k) (*cnt)++;
+}
+
+static void rt_token_sigmoid(const k3_router_desc *d, const float *logits, const float *bias, int32_t *ids,
+                             float *w) {
+    const int32_t E = d->num_experts, k = d->top_k;
+    float vals[32];
+    int32_t cnt = 0;
+    for (int32_t e = 0; e < E; e++) {
+        float key = k3_act_sigmoid(logits[e]) + (bias ? bias[e] : 0.0f);
+        if (isnan(key)) key = -INFINITY;
+        rt_offer(e, key, k, &cnt, ids, vals);
+    }
+    float sum = 0.0f;
+    for (int32_t j = 0; j < k; j++) {
+        const float l = logits[ids[j]];
+        w[j] = isnan(l) ? 0.0f : k3_act_sigmoid(l); /* the unbiased score */
+        sum += w[j];
+    }
+    if (d->renormalize) {
+        const float den = sum + 1e-20f;
+        for (int32_t j = 0; j < k; j++) w[j] = w[j] / den * d->scaling_factor;
+    } else {
+        for (int32_t j = 0; j < k; j++) w[j] *= d->scaling_factor;
+    }
+}
+
+/* probs overwrites logits (the scratch row). */
+static void rt_token_softmax(const k3_router_desc *d, float *logits, int32_t *ids, float *w) {
+    const int32_t E = d->num_experts, k = d->top_k;
+    float mx = -INFINITY;
+    for (int32_t e = 0; e < E; e++) {
+        if (isnan(logits[e])) logits[e] = -INFINITY;
+        if (logits[e] > mx) mx = logits[e];
+    }
+    float sum = 0.0f;
+    for (int32_t e = 0; e < E; e++) {
+        /* the maximum itself gets exactly 1, so an infinite maximum (or a row of -inf) stays well defined */
+        const float p = logits[e] == mx ? 1.0f : expf(logits[e] - mx);
+        logits[e] = p;
+        sum += p;
+    }
+    const float inv = 1.0f / sum; /* sum >= 1: the maximum contributes 1 */
+    float vals[32];
+    int32_t cnt = 0;
+    for (int32_t e = 0; e < E; e++) {
+        logits[e] *= inv;
+        rt_offer(e, logits[e], k, &cnt, ids, vals);
+    }
+    float tsum = 0.0f;
+    for (int32_t j = 0; j < k; j++) {
+        w[j] = vals[j];
+        tsum += w[j];
+    }
+    const float scale = d->renormalize ? d->scaling_factor / tsum : d->scaling_factor; /* tsum >= the max > 0 */
+    for (int32_t j = 0; j < k; j++) w[j] *= scale;
+}
+
+void k3_cpu_router(const k3_router_desc *d, int64_t m, const uint16_t *x, const void *gate, const float *bias,
+                   int32_t *topk_ids, float *topk_weights, float *scratch) {
+    const int64_t h = d->hidden;
+    const int32_t E = d->num_experts, k = d->top_k;
+    for (int64_t t = 0; t < m; t++) {
+        const uint16_t *xt = x + t * h;
+        if (d->gate_dtype == K3_DTYPE_F32) {
+            const float *g = (const float *)gate;
+            for (int32_t e = 0; e < E; e++) scratch[e] = rt_dot_f32(xt, g + (int64_t)e * h, h);
+        } else {
+            const uint16_t *g = (const uint16_t *)gate;
+            for (int32_t e = 0; e < E; e++) scratch[e] = rt_dot_bf16(xt, g + (int64_t)e * h, h);
+        }
+        if (d->kind == K3_ROUTER_SOFTMAX)
+            rt_token_softmax(d, scratch, topk_ids + t * k, topk_weights + t * k);
+        else
+            rt_token_sigmoid(d, scratch, bias, topk_ids + t * k, topk_weights + t * k);
+    }
+}
