@@ -160,7 +160,10 @@ K3_API k3_status k3_arch_from_capability(int32_t major, int32_t minor, k3_arch_i
 K3_API const char *k3_table_name(k3_table_id table);
 
 /* ------------------------------------------------------------------ number formats --------- */
-/* Scalar codecs (round-to-nearest-even; NaN stays NaN; e4m3 and e2m1 saturate to their max). */
+/* Scalar codecs (round-to-nearest-even; NaN stays NaN; e4m3 and e2m1 saturate to their max).
+ * e4m3 is OCP E4M3FN (bias 7, subnormals, max 448, 0x7F/0xFF = NaN, infinities saturate to +-448).
+ * The sign of zero is kept: -0.0, and negatives that round to zero, encode as 0x80 (e4m3) / 0x8 (e2m1).
+ * E2M1 has no NaN: k3_e2m1_from_f32(NaN) gives +-0 (k3_fp4_quantize rejects non-finite input instead). */
 K3_API uint16_t k3_bf16_from_f32(float x);
 K3_API float k3_bf16_to_f32(uint16_t b);
 K3_API uint8_t k3_e4m3_from_f32(float x);
@@ -179,15 +182,21 @@ typedef enum k3_scale_layout {
     K3_SCALE_SWIZZLED = 1,    /* CUTLASS/FlashInfer 128x4: rows padded to 128, scale columns to 4 */
 } k3_scale_layout;
 
-/* Bytes of one matrix's block scales ([rows, cols] weight) in the given layout (swizzled includes padding). */
+/* Bytes of one matrix's block scales ([rows, cols] weight) in the given layout (swizzled includes padding;
+ * swizzled byte of (r, b) = ((r/128) * (Kp/4) + b/4) * 512 + (r%32) * 16 + ((r%128)/32) * 4 + b%4, Kp = the
+ * scale-column count rounded up to 4). */
 K3_API k3_status k3_fp4_scale_bytes(k3_fp4_format fmt, k3_scale_layout layout, int64_t rows, int64_t cols,
                                     size_t *out_bytes);
 /*
  * Quantizes `batch` matrices of [rows, cols] fp32 (contiguous) to packed E2M1 ([rows, cols/2] bytes each,
  * element 2j in the low nibble) plus block scales (k3_fp4_scale_bytes each).
  * NVFP4: per matrix gs = 448 * 6 / amax; `global_scale_inv` [batch] receives 1 / gs (ModelOpt weight_scale_2);
- * an all-zero matrix gets gs = 1. MXFP4: `global_scale_inv` must be NULL.
- * cols must be a multiple of the block size (16 or 32). Runs on the host.
+ * an all-zero matrix gets gs = 1; block scale sf = e4m3((gs * amax_block) / 6), q = e2m1((x * gs) / sf).
+ * MXFP4: `global_scale_inv` must be NULL; the OCP MX rule: block scale 2^(floor(log2(amax_block)) - 2), its
+ * biased exponent clamped to 0..254, q = e2m1(x / scale) (elements up to 8 * scale saturate to 6).
+ * A zero block gets scale byte 0 and all-zero codes; swizzled padding bytes are 0.
+ * cols must be a multiple of the block size (16 or 32). NaN or Inf in x -> K3_STATUS_INVALID_ARGUMENT (FP4
+ * cannot represent them), checked before anything is written. Runs on the host.
  */
 K3_API k3_status k3_fp4_quantize(k3_fp4_format fmt, k3_scale_layout layout, int64_t batch, int64_t rows,
                                  int64_t cols, const float *x, uint8_t *packed, uint8_t *scales,
@@ -220,7 +229,8 @@ K3_API void k3_act_desc_init(k3_act_desc *d, k3_act_kind kind);
 /* Kimi-K3's activation: SITU, beta 4.0, linear_beta 25.0. */
 K3_API void k3_act_desc_k3(k3_act_desc *d);
 /* Checks a descriptor; on failure writes a message such as "SITU activation requires activation_situ_beta"
- * into msg (if non-NULL) and returns K3_STATUS_INVALID_ARGUMENT. Plans call this once. */
+ * into msg (if non-NULL) and returns K3_STATUS_INVALID_ARGUMENT. Plans call this once. Besides the rules above,
+ * situ betas on a non-SITU kind are refused (SiTU is its own kind here, not SiLU plus a beta). */
 K3_API k3_status k3_act_desc_validate(const k3_act_desc *d, char *msg, size_t msg_size);
 /* "situ", "silu", "swigluoai", "swigluoai_uninterleave", "relu2". */
 K3_API const char *k3_act_name(k3_act_kind kind);
@@ -240,12 +250,16 @@ typedef enum k3_accum {
 
 typedef struct k3_linear_desc {
     int64_t n, k;            /* weight [n, k], k contiguous */
-    int64_t max_m;           /* the largest token count run calls will pass; default 16 */
+    int64_t max_m;           /* the largest token count run calls will pass: 1..32, default 16 */
     int64_t x_stride;        /* elements between rows of x; 0 = k */
     int64_t y_stride;        /* elements between rows of y (and of the residual); 0 = n */
     k3_accum accum;          /* default FP32 */
     k3_kernel force_kernel;  /* default AUTO; anything else forces that kernel for every M (tests, benchmarks) */
-    const char *force_config;/* with SKINNY/MMA: a configuration name as in the tables ("b256_o4_u2"), or NULL */
+    const char *force_config;/* with SKINNY/MMA: a configuration name as in the tables ("b256_o4_u2"), or NULL
+                              * (the table's choice when it is that kernel, else the kernel's first configuration
+                              * that can run the shape); with FALLBACK: "hI" = the I-th algorithm of cuBLASLt's
+                              * heuristic (default h0). A forced choice that cannot run (n, k, max_m, x_stride)
+                              * is refused with INVALID_ARGUMENT saying why. */
 } k3_linear_desc;
 
 typedef struct k3_linear_plan k3_linear_plan;
@@ -264,6 +278,15 @@ K3_API k3_status k3_linear_plan_kernel(const k3_linear_plan *plan, int64_t m, ch
  */
 K3_API k3_status k3_linear_run(k3_linear_plan *plan, int64_t m, const void *x, const void *w,
                                const void *residual, void *y, void *ws, size_t ws_bytes, void *stream);
+/*
+ * Loads a GEMM table file (the format of the tables/ folder, written by `k3 tune`) into the context; plans created
+ * afterwards use it instead of the embedded table of the context's architecture. A table whose header names a
+ * device is refused with K3_STATUS_KEY_MISMATCH (the message names the differing fields: gpu, sm_count,
+ * capability, arch) unless force != 0; driver, runtime and library differences are only logged (WARN). A table
+ * without a gpu field is keyed by architecture only. Malformed files give K3_STATUS_FORMAT_ERROR with the line
+ * number. path NULL returns to the embedded table. Existing plans are unaffected.
+ */
+K3_API k3_status k3_ctx_load_table(k3_ctx *ctx, const char *path, int32_t force);
 
 /* ------------------------------------------------------------------ router ----------------- */
 typedef enum k3_router_kind {
@@ -296,7 +319,13 @@ K3_API void k3_router_plan_destroy(k3_router_plan *plan);
 K3_API k3_status k3_router_workspace_size(const k3_router_plan *plan, size_t *out_bytes);
 /*
  * logits = fp32(x) . fp32(gate)^T; returns topk_ids [m, top_k] int32 (descending choice; ties to the lower id)
- * and topk_weights [m, top_k] f32. bias [E] f32 is used only by SIGMOID_NOAUX_TC and may be NULL there.
+ * and topk_weights [m, top_k] f32. bias [E] f32 is used only by SIGMOID_NOAUX_TC and may be NULL there (a
+ * SOFTMAX plan refuses a non-NULL bias).
+ * SIGMOID_NOAUX_TC: s = sigmoid(logit), choice = s + bias, weights = s[ids] / (sum s[ids] + 1e-20) * scaling_factor
+ * (s[ids] * scaling_factor without renormalize). SOFTMAX: p = softmax(logits), top-k by p, weights = p[ids] /
+ * sum p[ids] * scaling_factor (p[ids] * scaling_factor without renormalize).
+ * A NaN logit (or choice) ranks below every other expert (NaN experts come last, lowest id first) with weight 0.
+ * CPU contexts only for now: on a CUDA context plan_create returns K3_STATUS_UNSUPPORTED (GPU router: issue 6).
  */
 K3_API k3_status k3_router_run(k3_router_plan *plan, int64_t m, const void *x, const void *gate, const float *bias,
                                int32_t *topk_ids, float *topk_weights, void *ws, size_t ws_bytes, void *stream);
@@ -328,7 +357,8 @@ typedef struct k3_moe_desc {
 
 /* The tensors of the routed experts; every pointer is device memory on CUDA, host on CPU. */
 typedef struct k3_moe_weights {
-    const void *w13;            /* BF16 [E, 2I, L] or packed FP4 [E, 2I, L/2] */
+    const void *w13;            /* BF16 [E, 2I, L] or packed FP4 [E, 2I, L/2]; rows [gate; up] (SWIGLUOAI:
+                                   interleaved); RELU2_NO_MUL: I rows */
     const void *w13_scale;      /* FP4 block scales: e4m3 (NVFP4) or ue8m0 (MXFP4), per expert */
     const float *w13_scale_2;   /* NVFP4 global dequant scale (1/gs): [E] or [E, 2] */
     const float *w13_input_scale; /* W4A4: [E] (activation gs = 1 / input_scale) */
@@ -349,6 +379,10 @@ K3_API k3_status k3_moe_workspace_size(const k3_moe_plan *plan, size_t *out_byte
  * out[m, L] = bf16( sum_j topk_weights[t, j] * W2_e(act(bf16(W13_e x_t))) ), e = topk_ids[t, j], fp32 sum.
  * x [m, L] BF16; topk_ids [m, top_k] int32 in [0, E); topk_weights [m, top_k] f32.
  * out_f32 (optional, may be NULL): the same sum before its BF16 rounding, [m, L] f32.
+ * The activation output is rounded to BF16 (W4A16) or NVFP4 quantize-dequantized with gs = 1/w2_input_scale
+ * (W4A4, where x is too, per row, with gs = 1/w13_input_scale); expert outputs are summed unrounded. A row of
+ * out does not depend on the other tokens of the batch. An id outside [0, E) is K3_STATUS_INVALID_ARGUMENT
+ * naming the token and slot. CUDA contexts: plan creation returns K3_STATUS_UNSUPPORTED until issue 6.
  */
 K3_API k3_status k3_moe_run(k3_moe_plan *plan, int64_t m, const void *x, const int32_t *topk_ids,
                             const float *topk_weights, const k3_moe_weights *w, void *out, float *out_f32,
@@ -362,7 +396,7 @@ typedef struct k3_latent_moe_desc {
     int64_t shared_inter;    /* Is: merged shared-expert intermediate (K3 TP8: 768); 0 = no shared experts */
     k3_act_desc shared_act;  /* default SITU 4/25 */
     float rms_eps;           /* 1e-5 */
-    int64_t max_tokens;      /* default 16 */
+    int64_t max_tokens;      /* default 16; governs the block (router.max_tokens and experts.max_tokens are ignored) */
 } k3_latent_moe_desc;
 
 typedef struct k3_latent_moe_weights {
@@ -385,12 +419,48 @@ K3_API void k3_latent_moe_plan_destroy(k3_latent_moe_plan *plan);
 K3_API k3_status k3_latent_moe_workspace_size(const k3_latent_moe_plan *plan, size_t *out_bytes);
 /*
  * y[m, H] = shared(x) + bf16(RMSNorm(u) . up_proj^T) (+ residual), u = sum_j p_j E_j(bf16(x . down_proj^T)).
- * topk_ids / topk_weights (optional, may be NULL) receive the routing.
+ * topk_ids / topk_weights (optional, may be NULL) receive the routing. u stays fp32; RMSNorm(u) =
+ * bf16(bf16(u / sqrt(mean(u^2) + eps)) * norm); shared(x) = bf16(bf16(act(bf16(x . gate_up^T))) . down^T);
+ * y = bf16(up + shared + residual) summed in fp32 (one rounding). residual may be NULL or alias y.
  */
 K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const void *x,
                                    const k3_latent_moe_weights *w, const void *residual, void *y,
                                    int32_t *topk_ids, float *topk_weights, void *ws, size_t ws_bytes,
                                    void *stream);
+
+/* ------------------------------------------------------------------ KDA projection overlap - */
+/*
+ * The KDA input projection of Kimi-K3 (LOW-LATENCY-GEMM.md section 4): from x [m, hidden] and the packed
+ * in_proj weight [packed_rows, hidden] (rows 0..qkvg_rows-1 = q, k, v, g; then f_a (fa_dim rows), beta
+ * (local_heads rows), zero padding) and f_b [qkvg_rows / 4, fa_dim]:
+ *   qkvg [m, qkvg_rows]           = x . W[0:qkvg_rows]^T                      (caller's stream)
+ *   fab  [m, fab_rows]            = x . W[qkvg_rows:packed_rows]^T            (aux stream)
+ *   g1   [m, qkvg_rows / 4]       = fab[:, 0:fa_dim] . f_b^T  (f_a read with row stride fab_rows, aux stream)
+ * with qkvg_rows = 4 * local_heads * head_dim and fab_rows = packed_rows - qkvg_rows. For 1 <= m <=
+ * overlap_max_tokens the aux branch runs concurrently (fork/join by events made at plan time); otherwise all three
+ * run in order on the caller's stream, with bitwise the same results. Capturable into CUDA graphs.
+ */
+typedef struct k3_kda_proj_desc {
+    int64_t hidden;             /* K of the big GEMM, 7168 */
+    int64_t local_heads;        /* KDA heads on this rank: 12 at TP8 (24 at TP4, 6 at TP16) */
+    int64_t head_dim;           /* 128 */
+    int64_t fa_dim;             /* f_a width, 128 */
+    int64_t packed_rows;        /* rows of the packed weight: 6288 at TP8 (12448 at TP4, 3216 at TP16) */
+    int64_t max_tokens;         /* 1..16, default 16 */
+    int64_t overlap_max_tokens; /* overlap for m <= this (0 = never); default 14 */
+} k3_kda_proj_desc;
+
+typedef struct k3_kda_proj_plan k3_kda_proj_plan;
+
+/* Kimi-K3 at TP8: hidden 7168, 12 heads of 128, f_a 128, packed 6288, max 16 tokens, overlap through 14. */
+K3_API void k3_kda_proj_desc_init(k3_kda_proj_desc *d);
+K3_API k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda_proj_plan **out);
+K3_API void k3_kda_proj_plan_destroy(k3_kda_proj_plan *plan);
+K3_API k3_status k3_kda_proj_workspace_size(const k3_kda_proj_plan *plan, size_t *out_bytes);
+/* All pointers 16-byte aligned, rows contiguous (row strides hidden, qkvg_rows, fab_rows, qkvg_rows / 4). */
+K3_API k3_status k3_kda_proj_run(k3_kda_proj_plan *plan, int64_t m, const void *x, const void *w_packed,
+                                 const void *w_fb, void *qkvg, void *fab, void *g1, void *ws, size_t ws_bytes,
+                                 void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,314 @@
-/* TEMPORARY scaffold, replaced by its issue's implementation. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, isatty, gmtime_r */
+/* k3 tune: measures every candidate kernel/configuration and cuBLASLt's top algorithms per (N, K, M) on this
+ * GPU with the benchmark method (gemm_bench.c) and writes the table (src/plan/table.h format). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "cli.h"
+#include "gemm_bench.h"
+#include "gemm_shapes.h"
+#include "plan/table.h"
+
+#define TUNE_MAX_CAND 64
+#define TUNE_KEEP_RATIO 1.05 /* a specialized kernel must beat the best cuBLASLt by >= 5% */
+
+static void tune_help(void) {
+    printf("usage: k3 tune [--shapes k3|tp8|all|N,K[,N,K...]|FILE] [--m 1-16] [--out FILE] [--reps R] [--note TEXT]\n\n"
+           "For every (N, K, M) times every compiled configuration that supports it and cuBLASLt's top %d\n"
+           "heuristic algorithms (CUDA graph replay, cold weights, median; every candidate checked against the CPU\n"
+           "reference first; see `k3 bench gemm --help`), keeps a specialized kernel only where it beats the best\n"
+           "cuBLASLt algorithm by >= 5%% (else writes `cublaslt hI`, the best algorithm), and writes the table\n"
+           "keyed by this device (GPU name, SM count, capability, driver, runtime, library version, date).\n\n"
+           "  --shapes S   k3 = all (default): the TP8 shapes of K3-MODEL.md section 2 plus TP4/TP16; tp8; N,K,...;\n"
+           "               or a file with one \"N K\" per line\n"
+           "  --m LIST     token counts (default 1-16; at most 32)\n"
+           "  --out FILE   where the table goes (default stdout), e.g. tables/sm90.txt\n"
+           "  --reps R     timed replays per candidate (>= 7, default 9)\n"
+           "  --note TEXT  appended to the table's note line\n"
+           "Progress goes to stderr (a bar with ETA on a terminal, one line per point otherwise).\n",
+           K3B_LT_ALGOS);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void fmt_time(double s, char *buf, size_t size) {
+    if (s < 0 || !isfinite(s)) s = 0;
+    if (s > 359999) s = 359999; /* 99:59:59 */
+    int t = (int)(s + 0.5);
+    snprintf(buf, size, "%d:%02d", t / 60 % 10000, t % 60);
+}
+
+typedef struct progress {
+    int tty;
+    long total, done;
+    double t0;
+} progress;
+
+static void progress_draw(const progress *pr, const char *what) {
+    if (!pr->tty) return;
+    const double el = now_s() - pr->t0;
+    const double frac = pr->total ? (double)pr->done / (double)pr->total : 1;
+    const double eta = pr->done ? el / (double)pr->done * (double)(pr->total - pr->done) : 0;
+    char e1[16], e2[16], bar[31];
+    fmt_time(el, e1, sizeof e1);
+    fmt_time(eta, e2, sizeof e2);
+    int fill = (int)(frac * 30);
+    for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+    bar[30] = '\0';
+    fprintf(stderr, "\r[%s] %3.0f%% %ld/%ld %-22.22s elapsed %s ETA %s ", bar, 100 * frac, pr->done, pr->total, what,
+            e1, e2);
+    fflush(stderr);
+}
+
+/* Prints a line above the bar (or a plain line). */
+static void progress_line(const progress *pr, const char *line) {
+    if (pr->tty) fprintf(stderr, "\r%-110s\r", "");
+    fprintf(stderr, "%s\n", line);
+}
+
+static int write_file(const char *path, const char *text) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        fprintf(stderr, "k3 tune: cannot write '%s'\n", tmp);
+        return 0;
+    }
+    size_t len = strlen(text);
+    int ok = fwrite(text, 1, len, f) == len;
+    ok &= fclose(f) == 0;
+    if (!ok || rename(tmp, path) != 0) {
+        fprintf(stderr, "k3 tune: writing '%s' failed\n", path);
+        remove(tmp);
+        return 0;
+    }
+    return 1;
+}
 
 int k3_cmd_tune(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "k3 %s: not implemented yet\n", argv[0]);
-    return K3_EXIT_FAIL;
+    const char *shapes_arg = "k3", *m_arg = "1-16", *out = NULL, *note = NULL;
+    int64_t reps = 9, seed = 20261129;
+    if (k3_cli_wants_help(argc, argv)) {
+        tune_help();
+        return K3_EXIT_OK;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "--shapes")) {
+            if (!(shapes_arg = k3_cli_value(argc, argv, &i, "--shapes"))) return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--m")) {
+            if (!(m_arg = k3_cli_value(argc, argv, &i, "--m"))) return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--out")) {
+            if (!(out = k3_cli_value(argc, argv, &i, "--out"))) return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--note")) {
+            if (!(note = k3_cli_value(argc, argv, &i, "--note"))) return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--reps")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--reps")) || !k3_cli_parse_i64(v, "--reps", &reps))
+                return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--seed")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--seed")) || !k3_cli_parse_i64(v, "--seed", &seed))
+                return K3_EXIT_USAGE;
+        } else {
+            fprintf(stderr, "k3 tune: unknown option '%s' (see k3 tune --help)\n", argv[i]);
+            return K3_EXIT_USAGE;
+        }
+    }
+    if (reps < 7 || reps > 1000) {
+        fprintf(stderr, "k3 tune: --reps must be 7..1000\n");
+        return K3_EXIT_USAGE;
+    }
+    static k3_shape shapes[K3_SHAPES_MAX];
+    const int n_shapes = k3_shapes_parse(shapes_arg, "all", 1, shapes, K3_SHAPES_MAX);
+    if (!n_shapes) return K3_EXIT_USAGE;
+    int64_t ms[K3_TABLE_MAX_M];
+    const int n_m = k3_cli_parse_list(m_arg, "--m", ms, K3_TABLE_MAX_M);
+    if (!n_m) return K3_EXIT_USAGE;
+    int64_t max_m = 0;
+    for (int i = 0; i < n_m; i++) {
+        if (ms[i] < 1 || ms[i] > K3_TABLE_MAX_M) {
+            fprintf(stderr, "k3 tune: --m values must be 1..%d\n", K3_TABLE_MAX_M);
+            return K3_EXIT_USAGE;
+        }
+        if (ms[i] > max_m) max_m = ms[i];
+    }
+
+    k3_ctx_options opt;
+    k3_ctx_options_init(&opt);
+    opt.backend = K3_BACKEND_CUDA;
+    k3_ctx *ctx = NULL;
+    k3_status st = k3_ctx_create(&opt, &ctx);
+    if (st != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3 tune: needs a CUDA GPU and a CUDA build of k3 (%s); nothing was measured\n",
+                k3_status_string(st));
+        return K3_EXIT_FAIL;
+    }
+    k3_arch_info a;
+    k3_ctx_arch(ctx, &a);
+    if (a.table == K3_TABLE_NONE) {
+        fprintf(stderr, "k3 tune: %s (sm_%d) has no table slot (sm90, sm100, sm103); src/arch decides which "
+                        "architectures get tables\n", a.device_name, (int)a.sm_version);
+        k3_ctx_destroy(ctx);
+        return K3_EXIT_FAIL;
+    }
+    k3_table *t = k3_table_create();
+    if (!t) {
+        k3_ctx_destroy(ctx);
+        return K3_EXIT_FAIL;
+    }
+
+    progress pr = {isatty(2), 0, 0, now_s()};
+    for (int si = 0; si < n_shapes; si++)
+        for (int mi = 0; mi < n_m; mi++) {
+            k3b_candidate tmp[TUNE_MAX_CAND];
+            pr.total += k3b_candidates(shapes[si].n, shapes[si].k, ms[mi], 1, tmp, TUNE_MAX_CAND);
+        }
+    fprintf(stderr, "k3 tune: %s (%d SMs, capability %d.%d), %d shapes x %d M, %ld measurements, %d replays each\n",
+            a.device_name, (int)a.sm_count, (int)a.cc_major, (int)a.cc_minor, n_shapes, n_m, pr.total, (int)reps);
+
+    const k3b_options bo = {(int32_t)reps, 2, (uint64_t)seed};
+    int rc = K3_EXIT_OK, kept = 0, points = 0, incorrect = 0;
+    double log_gain = 0;
+    for (int si = 0; si < n_shapes && rc == K3_EXIT_OK; si++) {
+        const int64_t n = shapes[si].n, k = shapes[si].k;
+        k3b_shape *s = NULL;
+        char err[320], line[512], what[48];
+        st = k3b_shape_open(ctx, n, k, max_m, &bo, &s, err, sizeof err);
+        if (st != K3_STATUS_SUCCESS) {
+            snprintf(line, sizeof line, "k3 tune: %lld x %lld: %s", (long long)n, (long long)k, err);
+            progress_line(&pr, line);
+            rc = K3_EXIT_FAIL;
+            break;
+        }
+        for (int mi = 0; mi < n_m && rc == K3_EXIT_OK; mi++) {
+            const int64_t m = ms[mi];
+            k3b_candidate cand[TUNE_MAX_CAND];
+            const int nc = k3b_candidates(n, k, m, 1, cand, TUNE_MAX_CAND);
+            int best_spec = -1, best_lt = -1;
+            double spec_us = 0, lt_us = 0;
+            snprintf(what, sizeof what, "%lldx%lld M=%lld", (long long)n, (long long)k, (long long)m);
+            for (int c = 0; c < nc; c++) {
+                k3_linear_desc d;
+                k3b_result r;
+                k3b_candidate_desc(&cand[c], n, k, &d);
+                progress_draw(&pr, what);
+                k3b_measure(s, &d, m, &r);
+                pr.done++;
+                if (r.status == K3_STATUS_CUDA_ERROR) {
+                    snprintf(line, sizeof line, "k3 tune: %s %s: CUDA error, stopping: %s", what, cand[c].config,
+                             r.message);
+                    progress_line(&pr, line);
+                    rc = K3_EXIT_FAIL;
+                    break;
+                }
+                if (r.status != K3_STATUS_SUCCESS) {
+                    if (cand[c].kernel != K3_KERNEL_FALLBACK || r.status != K3_STATUS_INVALID_ARGUMENT) {
+                        snprintf(line, sizeof line, "k3 tune: %s %s not measured: %s", what, cand[c].config,
+                                 r.message);
+                        progress_line(&pr, line);
+                    }
+                    continue;
+                }
+                if (!r.correct) {
+                    incorrect++;
+                    snprintf(line, sizeof line, "k3 tune: %s %s is INCORRECT (rel-L2 %.2e, %d NaN): excluded", what,
+                             r.kernel, r.rel_l2, (int)r.nan_count);
+                    progress_line(&pr, line);
+                    continue;
+                }
+                if (cand[c].kernel == K3_KERNEL_FALLBACK) {
+                    if (best_lt < 0 || r.us < lt_us) best_lt = c, lt_us = r.us;
+                } else if (best_spec < 0 || r.us < spec_us) {
+                    best_spec = c, spec_us = r.us;
+                }
+            }
+            if (rc != K3_EXIT_OK) break;
+            k3_table_choice choice = {K3_KERNEL_AUTO, NULL, 0};
+            if (best_lt < 0) {
+                snprintf(line, sizeof line, "k3 tune: %s: no cuBLASLt algorithm measured; left to the default", what);
+                progress_line(&pr, line);
+                continue;
+            }
+            points++;
+            if (best_spec >= 0 && lt_us >= TUNE_KEEP_RATIO * spec_us) {
+                choice.kernel = cand[best_spec].kernel;
+                choice.cfg = k3_gemm_config_find(choice.kernel, cand[best_spec].config);
+                kept++;
+                log_gain += log(lt_us / spec_us);
+            } else {
+                choice.kernel = K3_KERNEL_FALLBACK;
+                choice.algo = cand[best_lt].config[1] - '0';
+            }
+            if (k3_table_set(t, n, k, m, choice) != K3_STATUS_SUCCESS) {
+                progress_line(&pr, "k3 tune: internal error recording a choice");
+                rc = K3_EXIT_FAIL;
+                break;
+            }
+            char chosen[96];
+            k3_table_choice_string(choice, chosen, sizeof chosen);
+            snprintf(line, sizeof line, "%-22s best specialized %-22s %8.2f us | best cublaslt %s %8.2f us | -> %s",
+                     what, best_spec >= 0 ? cand[best_spec].config : "-", spec_us, cand[best_lt].config, lt_us, chosen);
+            if (!pr.tty) progress_line(&pr, line);
+        }
+        k3b_shape_close(s);
+        if (pr.tty && rc == K3_EXIT_OK) {
+            snprintf(line, sizeof line, "k3 tune: %lld x %lld done", (long long)n, (long long)k);
+            progress_line(&pr, line);
+        }
+    }
+    const double elapsed = now_s() - pr.t0;
+    char el[16];
+    fmt_time(elapsed, el, sizeof el);
+    if (pr.tty) fprintf(stderr, "\r%-110s\r", "");
+
+    if (rc == K3_EXIT_OK) {
+        /* the device key */
+        snprintf(t->key.arch, sizeof t->key.arch, "%s", k3_table_name(a.table));
+        snprintf(t->key.gpu, sizeof t->key.gpu, "%s", a.device_name);
+        t->key.sm_count = a.sm_count;
+        t->key.cc_major = a.cc_major;
+        t->key.cc_minor = a.cc_minor;
+        t->key.driver = a.driver_version;
+        t->key.runtime = a.runtime_version;
+        snprintf(t->key.library, sizeof t->key.library, "%s", k3_version());
+        time_t now = time(NULL);
+        struct tm tmv;
+        gmtime_r(&now, &tmv);
+        strftime(t->key.date, sizeof t->key.date, "%Y-%m-%d", &tmv);
+        snprintf(t->key.note, sizeof t->key.note,
+                 "k3 tune --shapes %s --m %s --reps %d: a kernel is kept where >= 5%% faster than the best of "
+                 "cuBLASLt's top %d algorithms%s%s",
+                 shapes_arg, m_arg, (int)reps, K3B_LT_ALGOS, note ? "; " : "", note ? note : "");
+        for (char *c = t->key.note; *c; c++)
+            if (*c == '#' || *c == '\n' || *c == '\r') *c = ' '; /* '#' would start a comment */
+        char *text = k3_table_format(t);
+        k3_table *check = NULL;
+        char err[512];
+        if (!text || k3_table_parse(text, out ? out : "stdout", &check, err, sizeof err) != K3_STATUS_SUCCESS) {
+            fprintf(stderr, "k3 tune: the written table does not parse back (%s): not written\n", text ? err : "oom");
+            rc = K3_EXIT_FAIL;
+        } else if (out) {
+            if (!write_file(out, text)) rc = K3_EXIT_FAIL;
+            else fprintf(stderr, "k3 tune: wrote %s\n", out);
+        } else {
+            fputs(text, stdout);
+        }
+        k3_table_destroy(check);
+        free(text);
+        fprintf(stderr,
+                "k3 tune: %d points, a specialized kernel kept at %d (geometric-mean gain there %.2fx), "
+                "%d incorrect candidates excluded; elapsed %s\n",
+                points, kept, kept ? exp(log_gain / kept) : 0, incorrect, el);
+    } else {
+        fprintf(stderr, "k3 tune: failed after %s; no table written\n", el);
+    }
+    k3_table_destroy(t);
+    k3_ctx_destroy(ctx);
+    return rc;
 }

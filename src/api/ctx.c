@@ -1,6 +1,7 @@
 /* Context creation: resolves the backend, reads (or simulates) the architecture facts. */
 #include "arch/arch.h"
 #include "cuda/backend.h"
+#include "plan/table.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +75,7 @@ k3_status k3_ctx_create(const k3_ctx_options *opt, k3_ctx **out) {
 void k3_ctx_destroy(k3_ctx *ctx) {
     if (!ctx) return;
     k3_cuda_state_destroy(ctx->cuda);
+    k3_table_destroy(ctx->table);
     free(ctx);
 }
 

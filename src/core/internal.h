@@ -13,6 +13,7 @@ extern "C" {
 #define K3_ERROR_MAX 1024
 
 struct k3_cuda_state; /* src/cuda/: cuBLASLt handle and friends; NULL on CPU contexts */
+struct k3_table;      /* src/plan/table.h: the GEMM table plans use (loaded, or the embedded one parsed lazily) */
 
 struct k3_ctx {
     k3_backend backend;       /* resolved: CPU or CUDA, never AUTO */
@@ -22,6 +23,7 @@ struct k3_ctx {
     void *log_user;
     k3_log_level log_level;
     struct k3_cuda_state *cuda;
+    struct k3_table *table;   /* NULL until a plan parses the embedded table or k3_ctx_load_table loads one */
     char last_error[K3_ERROR_MAX];
 };
 

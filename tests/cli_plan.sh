@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# k3 plan / k3 bench gemm / k3 tune from the command line: table selection per simulated architecture, JSON,
+# table files (good, malformed, key mismatch), exit codes; bench and tune without a GPU say so and exit 1.
+# usage: bash tests/cli_plan.sh path/to/k3
+set -u
+K3=${1:?usage: cli_plan.sh path/to/k3}
+T=$(mktemp -d "${TMPDIR:-/tmp}/k3_cli_plan.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+expect() { # CODE DESCRIPTION -- command...
+    local want=$1 what=$2
+    shift 3
+    "$@" >"$T/out" 2>"$T/err"
+    local got=$?
+    if [ "$got" = "$want" ]; then ok; else bad "$what: exit $got, want $want ($(head -c 300 "$T/err"))"; fi
+}
+contains() { # FILE TEXT DESCRIPTION
+    if grep -aqF -- "$2" "$1"; then ok; else bad "$3: '$2' not in $(head -c 400 "$1")"; fi
+}
+
+expect 0 "help" -- "$K3" plan --help
+contains "$T/out" "--arch X.Y" "plan help"
+expect 2 "unknown option" -- "$K3" plan --frobnicate
+expect 2 "bad arch" -- "$K3" plan --arch nine
+expect 2 "bad max-m" -- "$K3" plan --arch 9.0 --max-m 33
+
+# the table each simulated architecture gets (src/arch): 10.7 shares sm103's, 12.0 has none
+for row in "9.0 embedded sm90" "10.0 embedded sm100" "10.3 embedded sm103" "10.7 embedded sm103" "12.0 none"; do
+    set -- $row
+    expect 0 "plan --arch $1" -- "$K3" plan --arch "$1" --shapes 1536,7168
+    contains "$T/out" "table $2${3:+ $3}" "arch $1 table"
+    contains "$T/out" "1536 x 7168" "arch $1 shape"
+done
+expect 0 "json" -- "$K3" plan --arch 10.7 --json --shapes tp8
+contains "$T/out" '"table": "embedded sm103"' "json table"
+contains "$T/out" '"n": 20480, "k": 7168' "json lists the tp8 shapes"
+contains "$T/out" '"kernel": "cublaslt"' "json fallback"
+if command -v python3 >/dev/null 2>&1; then
+    if python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$T/out"; then ok; else bad "plan --json is not JSON"; fi
+fi
+expect 0 "configs" -- "$K3" plan --configs
+contains "$T/out" "skinny" "configs lists skinny"
+contains "$T/out" "mma" "configs lists mma"
+
+# a table file: an explicit row, then the same through --table
+cfg=$("$K3" plan --configs | awk '$1 == "skinny" && $9 == 0 { print $2; exit }')
+printf 'arch sm90\n1536 7168 1-4 skinny %s\n1536 7168 5 cublaslt h1\n' "$cfg" >"$T/t.txt"
+expect 0 "plan --table" -- "$K3" plan --arch 9.0 --table "$T/t.txt" --shapes 1536,7168
+contains "$T/out" "1-4     skinny $cfg" "table row resolved"
+contains "$T/out" "5       cublaslt h1" "explicit fallback row"
+contains "$T/out" "6-16    cublaslt h0 [not in table]" "unlisted M"
+printf 'arch sm90\n\n1536 7168 1-4 warp9 x\n' >"$T/bad.txt"
+expect 1 "malformed table" -- "$K3" plan --arch 9.0 --table "$T/bad.txt"
+contains "$T/err" "bad.txt:3: unknown kernel 'warp9'" "malformed message"
+printf 'arch sm90\ngpu NVIDIA H200\nsm_count 132\n' >"$T/keyed.txt"
+expect 1 "key mismatch" -- "$K3" plan --arch 9.0 --table "$T/keyed.txt"
+contains "$T/err" "table key mismatch" "key mismatch status"
+contains "$T/err" "gpu: table 'NVIDIA H200'" "key mismatch names the field"
+expect 0 "forced key" -- "$K3" plan --arch 9.0 --table "$T/keyed.txt" --force
+expect 1 "missing table" -- "$K3" plan --arch 9.0 --table "$T/none.txt"
+
+# bench / tune usage errors never touch a GPU
+expect 2 "bench without a benchmark" -- "$K3" bench
+expect 2 "bench unknown" -- "$K3" bench moon
+expect 0 "bench gemm help" -- "$K3" bench gemm --help
+contains "$T/out" "4.37 TB/s" "bench help explains the ceiling"
+expect 2 "bench reps" -- "$K3" bench gemm --reps 3
+expect 2 "bench json+csv" -- "$K3" bench gemm --json --csv
+expect 2 "bench bad m" -- "$K3" bench gemm --m 0
+expect 2 "bench bad shapes" -- "$K3" bench gemm --shapes 1536
+expect 0 "tune help" -- "$K3" tune --help
+expect 2 "tune bad m" -- "$K3" tune --m 40
+expect 2 "tune bad shapes file" -- "$K3" tune --shapes "$T/no_such_file"
+if ! "$K3" info --json 2>/dev/null | grep -q '"backend": "cuda"'; then
+    expect 1 "bench without a GPU" -- "$K3" bench gemm --shapes 1536,128 --m 1
+    contains "$T/err" "needs a CUDA GPU" "bench says why"
+    expect 1 "tune without a GPU" -- "$K3" tune --shapes 1536,128 --m 1
+    contains "$T/err" "needs a CUDA GPU" "tune says why"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ] && [ "$pass" -gt 0 ]

@@ -1,0 +1,406 @@
+/* The linear plan end to end on the GPU: every (shape, M) row of the context's checked-in table, every
+ * registry configuration on a few shapes, the cuBLASLt fallback, strided x/y, residual (also aliasing y),
+ * CUDA-graph capture and replay, plan/run validation - against an fp64 loop written here (rel-L2 <= 2e-3, no
+ * NaN, outputs poisoned so every element must be written, stride gaps must stay untouched). Exits 77 without a
+ * CUDA device. */
+#include <stdint.h>
+#include <string.h>
+
+#include "k3.h"
+#include "test_util.h"
+
+#ifndef K3_HAVE_CUDA
+int main(void) { K3T_SKIP("built without CUDA"); }
+#else
+
+#include <cuda_runtime.h>
+
+#include "plan/linear_plan.h"
+
+#define SEED 0x6E4A11u
+#define REL_MAX 2e-3
+#define POISON 0xFFFFu /* a BF16 NaN */
+
+static int cuda_ok(cudaError_t e, const char *what) {
+    CHECK(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e));
+    return e == cudaSuccess;
+}
+
+static double bf16_val(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* double -> BF16 value, round to nearest even through float (double rounding is negligible at 2e-3). */
+static double round_bf16(double v) {
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* One shape's data: host x [max_m, xs], w [n, k], residual [max_m, ys], the fp64 sums, device copies. */
+typedef struct shape_data {
+    int64_t n, k, max_m, xs, ys;
+    uint16_t *hx, *hw, *hr, *hy;
+    double *sum; /* [max_m, n] exact-ish x . w^T in fp64 */
+    uint16_t *dx, *dw, *dr, *dy;
+    void *ws;
+    size_t ws_cap;
+} shape_data;
+
+static void shape_free(shape_data *s) {
+    free(s->hx);
+    free(s->hw);
+    free(s->hr);
+    free(s->hy);
+    free(s->sum);
+    cudaFree(s->dx);
+    cudaFree(s->dw);
+    cudaFree(s->dr);
+    cudaFree(s->dy);
+    cudaFree(s->ws);
+    memset(s, 0, sizeof *s);
+}
+
+static int shape_init(shape_data *s, int64_t n, int64_t k, int64_t max_m, int64_t xs, int64_t ys, uint64_t seed) {
+    memset(s, 0, sizeof *s);
+    s->n = n, s->k = k, s->max_m = max_m, s->xs = xs, s->ys = ys;
+    k3t_rng rng = {seed};
+    s->hx = (uint16_t *)malloc((size_t)(max_m * xs) * 2);
+    s->hw = (uint16_t *)malloc((size_t)(n * k) * 2);
+    s->hr = (uint16_t *)malloc((size_t)(max_m * ys) * 2);
+    s->hy = (uint16_t *)malloc((size_t)(max_m * ys) * 2);
+    s->sum = (double *)malloc((size_t)(max_m * n) * sizeof(double));
+    if (!s->hx || !s->hw || !s->hr || !s->hy || !s->sum) {
+        CHECK(0, "out of host memory");
+        return 0;
+    }
+    for (int64_t i = 0; i < max_m * xs; i++) s->hx[i] = k3_bf16_from_f32(k3t_uniform(&rng));
+    for (int64_t i = 0; i < n * k; i++) s->hw[i] = k3_bf16_from_f32(k3t_uniform(&rng));
+    for (int64_t i = 0; i < max_m * ys; i++) s->hr[i] = k3_bf16_from_f32(8.0f * k3t_uniform(&rng));
+    /* fp64 reference: four independent partial sums per dot product (fast enough for lm_head at M = 16) */
+    for (int64_t i = 0; i < max_m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            const uint16_t *xr = s->hx + i * xs, *wr = s->hw + j * k;
+            double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+            int64_t kk = 0;
+            for (; kk + 4 <= k; kk += 4) {
+                a0 += bf16_val(xr[kk]) * bf16_val(wr[kk]);
+                a1 += bf16_val(xr[kk + 1]) * bf16_val(wr[kk + 1]);
+                a2 += bf16_val(xr[kk + 2]) * bf16_val(wr[kk + 2]);
+                a3 += bf16_val(xr[kk + 3]) * bf16_val(wr[kk + 3]);
+            }
+            for (; kk < k; kk++) a0 += bf16_val(xr[kk]) * bf16_val(wr[kk]);
+            s->sum[i * n + j] = (a0 + a1) + (a2 + a3);
+        }
+    int ok = cuda_ok(cudaMalloc((void **)&s->dx, (size_t)(max_m * xs) * 2), "malloc x") &&
+             cuda_ok(cudaMalloc((void **)&s->dw, (size_t)(n * k) * 2), "malloc w") &&
+             cuda_ok(cudaMalloc((void **)&s->dr, (size_t)(max_m * ys) * 2), "malloc r") &&
+             cuda_ok(cudaMalloc((void **)&s->dy, (size_t)(max_m * ys) * 2), "malloc y") &&
+             cuda_ok(cudaMemcpy(s->dx, s->hx, (size_t)(max_m * xs) * 2, cudaMemcpyHostToDevice), "copy x") &&
+             cuda_ok(cudaMemcpy(s->dw, s->hw, (size_t)(n * k) * 2, cudaMemcpyHostToDevice), "copy w") &&
+             cuda_ok(cudaMemcpy(s->dr, s->hr, (size_t)(max_m * ys) * 2, cudaMemcpyHostToDevice), "copy r");
+    return ok;
+}
+
+static int ensure_ws(shape_data *s, k3_linear_plan *p) {
+    size_t need = 0;
+    CHECK(k3_linear_workspace_size(p, &need) == K3_STATUS_SUCCESS, "workspace size");
+    if (need <= s->ws_cap) return 1;
+    cudaFree(s->ws);
+    s->ws = NULL;
+    s->ws_cap = 0;
+    if (!cuda_ok(cudaMalloc(&s->ws, need), "malloc ws")) return 0;
+    s->ws_cap = need;
+    return 1;
+}
+
+/* Compares the device y's first m rows with the reference (residual_mode: 0 none, 1 separate, 2 aliased y);
+ * the stride gap must hold what it held before (poison, or the residual when aliased). */
+static void compare(shape_data *s, int64_t m, int residual_mode, const char *what) {
+    if (!cuda_ok(cudaMemcpy(s->hy, s->dy, (size_t)(m * s->ys) * 2, cudaMemcpyDeviceToHost), "copy y back")) return;
+    double num = 0, den = 0;
+    int nan = 0, gap = 0;
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < s->n; j++) {
+            double e = s->sum[i * s->n + j];
+            if (residual_mode) e += bf16_val(s->hr[i * s->ys + j]);
+            e = round_bf16(e);
+            const double g = bf16_val(s->hy[i * s->ys + j]);
+            if (!isfinite(g)) {
+                nan++;
+                continue;
+            }
+            num += (g - e) * (g - e);
+            den += e * e;
+        }
+        for (int64_t j = s->n; j < s->ys; j++)
+            gap += s->hy[i * s->ys + j] != (residual_mode == 2 ? s->hr[i * s->ys + j] : POISON);
+    }
+    const double rel = sqrt(num / (den > 0 ? den : 1));
+    CHECK(nan == 0 && rel <= REL_MAX, "%s: %lldx%lld m=%lld xs=%lld ys=%lld residual %d: rel-L2 %.3e, %d NaN/unwritten",
+          what, (long long)s->n, (long long)s->k, (long long)m, (long long)s->xs, (long long)s->ys, residual_mode, rel,
+          nan);
+    CHECK(gap == 0, "%s: %d elements in the y stride gap were written", what, gap);
+}
+
+/* Runs plan p at m in the three residual modes and compares each. */
+static void run_and_compare(k3_ctx *ctx, shape_data *s, k3_linear_plan *p, int64_t m, const char *what) {
+    if (!ensure_ws(s, p)) return;
+    const size_t y_bytes = (size_t)(s->max_m * s->ys) * 2;
+    for (int mode = 0; mode < 3; mode++) {
+        if (mode == 2) cuda_ok(cudaMemcpy(s->dy, s->dr, y_bytes, cudaMemcpyDeviceToDevice), "residual into y");
+        else cuda_ok(cudaMemset(s->dy, 0xFF, y_bytes), "poison y");
+        const void *res = mode == 0 ? NULL : mode == 1 ? (const void *)s->dr : (const void *)s->dy;
+        k3_status st = k3_linear_run(p, m, s->dx, s->dw, res, s->dy, s->ws, s->ws_cap, NULL);
+        CHECK(st == K3_STATUS_SUCCESS, "%s run m=%lld: %s", what, (long long)m, k3_ctx_last_error(ctx));
+        if (st != K3_STATUS_SUCCESS) return;
+        if (!cuda_ok(cudaDeviceSynchronize(), what)) return;
+        compare(s, m, mode, what);
+    }
+}
+
+static k3_linear_plan *make_plan(k3_ctx *ctx, const shape_data *s, k3_kernel kernel, const char *config,
+                                 int64_t max_m) {
+    k3_linear_desc d;
+    k3_linear_desc_init(&d, s->n, s->k);
+    d.max_m = max_m;
+    d.x_stride = s->xs;
+    d.y_stride = s->ys;
+    d.force_kernel = kernel;
+    d.force_config = config;
+    k3_linear_plan *p = NULL;
+    k3_status st = k3_linear_plan_create(ctx, &d, &p);
+    CHECK(st == K3_STATUS_SUCCESS, "plan %lldx%lld kernel %d %s: %s", (long long)s->n, (long long)s->k, (int)kernel,
+          config ? config : "-", k3_ctx_last_error(ctx));
+    return p;
+}
+
+/* Graph capture of one call, replayed twice on a poisoned output. */
+static void check_graph(k3_ctx *ctx, shape_data *s, k3_linear_plan *p, int64_t m) {
+    if (!ensure_ws(s, p)) return;
+    cudaStream_t st;
+    if (!cuda_ok(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream")) return;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    if (cuda_ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "begin capture")) {
+        k3_status rs = k3_linear_run(p, m, s->dx, s->dw, s->dr, s->dy, s->ws, s->ws_cap, st);
+        CHECK(rs == K3_STATUS_SUCCESS, "run under capture: %s", k3_ctx_last_error(ctx));
+        cuda_ok(cudaStreamEndCapture(st, &g), "end capture");
+    }
+    if (g && cuda_ok(cudaGraphInstantiate(&ge, g, 0), "instantiate")) {
+        for (int rep = 0; rep < 2; rep++) {
+            cuda_ok(cudaMemsetAsync(s->dy, 0xFF, (size_t)(s->max_m * s->ys) * 2, st), "poison");
+            cuda_ok(cudaGraphLaunch(ge, st), "graph launch");
+            cuda_ok(cudaStreamSynchronize(st), "graph sync");
+            compare(s, m, 1, "graph replay");
+        }
+    }
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    cudaStreamDestroy(st);
+}
+
+/* Every (shape, M) row of the context's table through an AUTO plan, dense and strided. */
+static void test_table_rows(k3_ctx *ctx) {
+    const k3_table *t = NULL;
+    CHECK(k3_linear_ctx_table(ctx, &t) == K3_STATUS_SUCCESS, "context table: %s", k3_ctx_last_error(ctx));
+    if (!t) {
+        printf("no table for this device's architecture: rows skipped (the fallback tests still run)\n");
+        return;
+    }
+    printf("table %s: %d shapes\n", t->source, (int)t->n_rows);
+    int points = 0;
+    for (int32_t i = 0; i < t->n_rows; i++) {
+        const k3_table_row *row = &t->rows[i];
+        int64_t max_m = 0;
+        for (int m = 1; m <= K3_TABLE_MAX_M; m++)
+            if (row->m[m].kernel != K3_KERNEL_AUTO) max_m = m;
+        if (!max_m) continue;
+        for (int strided = 0; strided < 2; strided++) {
+            shape_data s;
+            /* strided: rows of x 64 elements apart beyond k (16-byte rows), y rows 8 beyond n */
+            const int64_t xs = row->k + (strided ? 64 : 0), ys = row->n + (strided ? 8 : 0);
+            if (!shape_init(&s, row->n, row->k, max_m, xs, ys, SEED + (uint64_t)i * 2 + (uint64_t)strided)) {
+                shape_free(&s);
+                return;
+            }
+            k3_linear_plan *p = make_plan(ctx, &s, K3_KERNEL_AUTO, NULL, max_m);
+            for (int64_t m = 1; p && m <= max_m; m++) {
+                if (row->m[m].kernel == K3_KERNEL_AUTO) continue;
+                k3_choice_source src;
+                const k3_table_choice *c = k3_linear_plan_choice(p, m, &src);
+                if (src == K3_CHOICE_TABLE)
+                    CHECK(c->kernel == row->m[m].kernel && c->cfg == row->m[m].cfg, "%lldx%lld m=%lld uses the row",
+                          (long long)row->n, (long long)row->k, (long long)m);
+                char kname[160], what[200];
+                k3_linear_plan_kernel(p, m, kname, sizeof kname);
+                snprintf(what, sizeof what, "table row (%s)", kname);
+                /* strided: every M is checked too (the plan may demote a kernel that cannot read the stride) */
+                run_and_compare(ctx, &s, p, m, what);
+                points++;
+            }
+            if (p && !strided) check_graph(ctx, &s, p, max_m);
+            k3_linear_plan_destroy(p);
+            shape_free(&s);
+        }
+    }
+    printf("table rows checked: %d (shape, M, layout) points\n", points);
+}
+
+/* Every registry configuration on a few shapes, at m = 1 and its largest m. */
+static void test_configs(k3_ctx *ctx) {
+    const int64_t shapes[][2] = {{1536, 7168}, {144, 7168}, {2304, 1536}, {1536, 128}, {1000, 7176}};
+    int32_t count = 0;
+    const k3_gemm_config *all = k3_gemm_configs(&count);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        shape_data s;
+        if (!shape_init(&s, shapes[si][0], shapes[si][1], 16, shapes[si][1], shapes[si][0], SEED + 100 + si)) {
+            shape_free(&s);
+            return;
+        }
+        for (int32_t c = 0; c < count; c++) {
+            const int64_t top = all[c].max_m < 16 ? all[c].max_m : 16;
+            if (!k3_gemm_config_supports(&all[c], s.n, s.k, top, s.k, NULL)) {
+                /* must be refused at plan time, never mis-run */
+                k3_linear_desc d;
+                k3_linear_desc_init(&d, s.n, s.k);
+                d.max_m = top;
+                d.force_kernel = all[c].kernel;
+                d.force_config = all[c].name;
+                k3_linear_plan *p = NULL;
+                CHECK(k3_linear_plan_create(ctx, &d, &p) == K3_STATUS_INVALID_ARGUMENT && !p,
+                      "%s on %lldx%lld refused", all[c].name, (long long)s.n, (long long)s.k);
+                continue;
+            }
+            k3_linear_plan *p = make_plan(ctx, &s, all[c].kernel, all[c].name, top);
+            char what[96];
+            snprintf(what, sizeof what, "config %s", all[c].name);
+            if (p) {
+                run_and_compare(ctx, &s, p, 1, what);
+                if (top > 1) run_and_compare(ctx, &s, p, top, what);
+            }
+            k3_linear_plan_destroy(p);
+        }
+        shape_free(&s);
+    }
+}
+
+/* The cuBLASLt fallback: forced, on unlisted and awkward shapes, every kept heuristic algorithm. */
+static void test_fallback(k3_ctx *ctx) {
+    const int64_t cases[][4] = {/* n, k, xs, ys */
+                                {1536, 7168, 7168, 1536},
+                                {144, 7168, 7168 + 64, 144 + 8},
+                                {1536, 128, 144, 1536}, /* the KDA f_a slice: x rows 144 apart */
+                                {257, 136, 136, 264},
+                                {7168, 1536, 1536, 7168}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        shape_data s;
+        if (!shape_init(&s, cases[ci][0], cases[ci][1], 16, cases[ci][2], cases[ci][3], SEED + 200 + ci)) {
+            shape_free(&s);
+            return;
+        }
+        for (int a = 0; a < 4; a++) {
+            char cfg[4];
+            snprintf(cfg, sizeof cfg, "h%d", a);
+            k3_linear_desc d;
+            k3_linear_desc_init(&d, s.n, s.k);
+            d.x_stride = s.xs;
+            d.y_stride = s.ys;
+            d.force_kernel = K3_KERNEL_FALLBACK;
+            d.force_config = cfg;
+            k3_linear_plan *p = NULL;
+            k3_status st = k3_linear_plan_create(ctx, &d, &p);
+            if (a > 0 && st == K3_STATUS_INVALID_ARGUMENT) continue; /* fewer heuristic algorithms: refused, fine */
+            CHECK(st == K3_STATUS_SUCCESS, "fallback %s plan: %s", cfg, k3_ctx_last_error(ctx));
+            if (!p) continue;
+            char what[64];
+            snprintf(what, sizeof what, "cublaslt %s", cfg);
+            const int64_t ms[] = {1, 3, 8, 16};
+            for (size_t mi = 0; mi < 4; mi++) run_and_compare(ctx, &s, p, ms[mi], what);
+            if (a == 0) {
+                check_graph(ctx, &s, p, 16);
+                size_t need = 0;
+                k3_linear_workspace_size(p, &need);
+                if (need > 0)
+                    CHECK(k3_linear_run(p, 1, s.dx, s.dw, NULL, s.dy, s.ws, need - 1, NULL) ==
+                              K3_STATUS_INVALID_ARGUMENT,
+                          "a workspace smaller than needed is refused");
+            }
+            k3_linear_plan_destroy(p);
+        }
+        shape_free(&s);
+    }
+}
+
+/* M = 1..16 on a K that is not a multiple of the MMA kernel's K chunk: AUTO falls back (or uses a kernel
+ * that supports it) and stays correct; forcing MMA is refused at plan time. */
+static void test_awkward_k(k3_ctx *ctx) {
+    shape_data s;
+    if (!shape_init(&s, 2112, 7176, 16, 7176, 2112, SEED + 300)) {
+        shape_free(&s);
+        return;
+    }
+    k3_linear_plan *p = make_plan(ctx, &s, K3_KERNEL_AUTO, NULL, 16);
+    for (int64_t m = 1; p && m <= 16; m++) run_and_compare(ctx, &s, p, m, "K 7176 auto");
+    k3_linear_plan_destroy(p);
+    k3_linear_desc d;
+    k3_linear_desc_init(&d, s.n, s.k);
+    d.force_kernel = K3_KERNEL_MMA;
+    p = NULL;
+    CHECK(k3_linear_plan_create(ctx, &d, &p) == K3_STATUS_INVALID_ARGUMENT && !p, "forced mma on K 7176 refused: %s",
+          k3_ctx_last_error(ctx));
+    shape_free(&s);
+}
+
+static void test_validation(k3_ctx *ctx) {
+    k3_linear_desc d;
+    k3_linear_desc_init(&d, 1536, 7168);
+    d.accum = K3_ACCUM_FP64;
+    k3_linear_plan *p = NULL;
+    CHECK(k3_linear_plan_create(ctx, &d, &p) == K3_STATUS_INVALID_ARGUMENT && !p, "FP64 refused on CUDA");
+    CHECK(strstr(k3_ctx_last_error(ctx), "FP64") != NULL, "message: %s", k3_ctx_last_error(ctx));
+    shape_data s;
+    if (!shape_init(&s, 256, 512, 4, 512, 256, SEED + 400)) {
+        shape_free(&s);
+        return;
+    }
+    p = make_plan(ctx, &s, K3_KERNEL_AUTO, NULL, 4);
+    if (p && ensure_ws(&s, p)) {
+        CHECK(k3_linear_run(p, 0, s.dx, s.dw, NULL, s.dy, s.ws, s.ws_cap, NULL) == K3_STATUS_INVALID_ARGUMENT, "m 0");
+        CHECK(k3_linear_run(p, 5, s.dx, s.dw, NULL, s.dy, s.ws, s.ws_cap, NULL) == K3_STATUS_INVALID_ARGUMENT, "m 5");
+        CHECK(k3_linear_run(p, 1, s.dx + 1, s.dw, NULL, s.dy, s.ws, s.ws_cap, NULL) == K3_STATUS_INVALID_ARGUMENT,
+              "misaligned x");
+        CHECK(k3_linear_run(p, 1, s.dx, NULL, NULL, s.dy, s.ws, s.ws_cap, NULL) == K3_STATUS_INVALID_ARGUMENT, "NULL w");
+        CHECK(cuda_ok(cudaDeviceSynchronize(), "no launch happened on refused calls"), "sync");
+    }
+    k3_linear_plan_destroy(p);
+    shape_free(&s);
+}
+
+int main(void) {
+    k3_ctx_options opt;
+    k3_ctx_options_init(&opt);
+    opt.backend = K3_BACKEND_CUDA;
+    k3_ctx *ctx = NULL;
+    k3_status st = k3_ctx_create(&opt, &ctx);
+    if (st == K3_STATUS_NOT_AVAILABLE) K3T_SKIP("no CUDA device");
+    CHECK(st == K3_STATUS_SUCCESS, "CUDA context: %s", k3_status_string(st));
+    if (!ctx) return k3t_finish();
+    k3_arch_info a;
+    k3_ctx_arch(ctx, &a);
+    printf("device %s (sm_%d), seed 0x%x\n", a.device_name, (int)a.sm_version, (unsigned)SEED);
+    test_table_rows(ctx);
+    test_configs(ctx);
+    test_fallback(ctx);
+    test_awkward_k(ctx);
+    test_validation(ctx);
+    k3_ctx_destroy(ctx);
+    return k3t_finish();
+}
+#endif

@@ -1,0 +1,364 @@
+/* The GEMM measurement harness (see gemm_bench.h): CUDA runtime API from C, CUDA builds only. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
+#include "gemm_bench.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "plan/gemm_configs.h"
+
+double k3b_bytes(int64_t n, int64_t k, int64_t m) { return 2.0 * ((double)n * (double)k + (double)m * (double)k + (double)m * (double)n); }
+
+double k3b_percent_of_ceiling(int64_t n, int64_t k, int64_t m, double us) {
+    if (!(us > 0)) return 0;
+    return 100.0 * k3b_bytes(n, k, m) / (us * 1e-6) / K3B_CEILING_BYTES_PER_S;
+}
+
+int k3b_candidates(int64_t n, int64_t k, int64_t m, int with_cublaslt, k3b_candidate *out, int cap) {
+    int32_t count = 0;
+    const k3_gemm_config *all = k3_gemm_configs(&count);
+    int c = 0;
+    for (int32_t i = 0; i < count && c < cap; i++) {
+        if (!k3_gemm_config_supports(&all[i], n, k, m, k, NULL)) continue;
+        out[c].kernel = all[i].kernel;
+        snprintf(out[c].config, sizeof out[c].config, "%s", all[i].name);
+        c++;
+    }
+    for (int a = 0; with_cublaslt && a < K3B_LT_ALGOS && c < cap; a++) {
+        out[c].kernel = K3_KERNEL_FALLBACK;
+        snprintf(out[c].config, sizeof out[c].config, "h%d", a);
+        c++;
+    }
+    return c;
+}
+
+void k3b_candidate_desc(const k3b_candidate *c, int64_t n, int64_t k, k3_linear_desc *d) {
+    k3_linear_desc_init(d, n, k);
+    d->force_kernel = c->kernel;
+    d->force_config = c->config;
+}
+
+#ifndef K3_HAVE_CUDA
+
+k3_status k3b_shape_open(k3_ctx *ctx, int64_t n, int64_t k, int64_t max_m, const k3b_options *o, k3b_shape **out,
+                         char *err, size_t err_size) {
+    (void)ctx, (void)n, (void)k, (void)max_m, (void)o;
+    *out = NULL;
+    snprintf(err, err_size, "this build of k3 has no CUDA backend");
+    return K3_STATUS_NOT_AVAILABLE;
+}
+void k3b_shape_close(k3b_shape *s) { (void)s; }
+int32_t k3b_shape_copies(const k3b_shape *s) { return s ? 0 : 0; }
+int32_t k3b_shape_calls(const k3b_shape *s) { return s ? 0 : 0; }
+void k3b_measure(k3b_shape *s, const k3_linear_desc *d, int64_t m, k3b_result *r) {
+    (void)s, (void)d, (void)m;
+    memset(r, 0, sizeof *r);
+    r->status = K3_STATUS_NOT_AVAILABLE;
+    snprintf(r->message, sizeof r->message, "this build of k3 has no CUDA backend");
+}
+
+#else
+
+#include <cuda_runtime.h>
+
+#include "cpu/cpu.h"
+
+#define K3B_SYNC_TIMEOUT_S 30.0 /* a kernel that takes this long is hung: report it instead of waiting forever */
+
+struct k3b_shape {
+    k3_ctx *ctx;
+    int64_t n, k, max_m;
+    k3b_options o;
+    int32_t copies, calls;
+    size_t w_pitch;    /* bytes between weight copies (256-byte aligned) */
+    char *w;           /* device: copies x [n, k] */
+    uint16_t *x, *y;   /* device: [max_m, k], [max_m, n] */
+    void *ws;          /* device workspace, grown on demand outside capture */
+    size_t ws_cap;
+    uint16_t *ref;     /* host: CPU reference [max_m, n] */
+    uint16_t *yh;      /* host: device output copied back */
+    cudaStream_t stream;
+    cudaEvent_t e0, e1;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Waits for an event without ever blocking forever. */
+static cudaError_t wait_event(cudaEvent_t e) {
+    const double t0 = now_s();
+    for (;;) {
+        cudaError_t q = cudaEventQuery(e);
+        if (q != cudaErrorNotReady) return q;
+        if (now_s() - t0 > K3B_SYNC_TIMEOUT_S) return cudaErrorLaunchTimeout;
+        struct timespec nap = {0, 20000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+static cudaError_t sync_stream(k3b_shape *s) {
+    cudaError_t e = cudaEventRecord(s->e1, s->stream);
+    return e != cudaSuccess ? e : wait_event(s->e1);
+}
+
+static uint64_t splitmix(uint64_t *st) {
+    uint64_t z = (*st += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void fill_random(uint16_t *v, size_t count, uint64_t seed) {
+    uint64_t st = seed;
+    for (size_t i = 0; i < count; i++) {
+        float u = (float)((double)(splitmix(&st) >> 40) * (2.0 / 16777216.0) - 1.0); /* [-1, 1) */
+        v[i] = k3_bf16_from_f32(u);
+    }
+}
+
+#define OPEN_CUDA(call)                                                                                      \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) {                                                                             \
+            snprintf(err, err_size, "%s failed: %s", #call, cudaGetErrorString(e_));                        \
+            k3b_shape_close(s);                                                                              \
+            return K3_STATUS_CUDA_ERROR;                                                                     \
+        }                                                                                                    \
+    } while (0)
+
+k3_status k3b_shape_open(k3_ctx *ctx, int64_t n, int64_t k, int64_t max_m, const k3b_options *o, k3b_shape **out,
+                         char *err, size_t err_size) {
+    *out = NULL;
+    if (max_m < 1 || max_m > K3B_MAX_M || n < 1 || k < 1) {
+        snprintf(err, err_size, "bad shape %lld x %lld, max_m %lld", (long long)n, (long long)k, (long long)max_m);
+        return K3_STATUS_INVALID_ARGUMENT;
+    }
+    k3b_shape *s = (k3b_shape *)calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, err_size, "out of host memory");
+        return K3_STATUS_OUT_OF_MEMORY;
+    }
+    s->ctx = ctx;
+    s->n = n;
+    s->k = k;
+    s->max_m = max_m;
+    s->o = *o;
+    k3_arch_info a;
+    k3_ctx_arch(ctx, &a);
+    const size_t w_bytes = (size_t)n * (size_t)k * 2;
+    s->w_pitch = (w_bytes + 255) / 256 * 256;
+    double cold = 3.0 * (double)a.l2_bytes;
+    if (cold < K3B_COLD_MIN_BYTES) cold = K3B_COLD_MIN_BYTES;
+    s->copies = (int32_t)ceil(cold / (double)w_bytes);
+    if (s->copies < 2) s->copies = 2; /* two copies each larger than the L2 alternate: still cold */
+    s->calls = s->copies < K3B_MIN_CALLS ? K3B_MIN_CALLS : s->copies;
+
+    size_t free_b = 0, total_b = 0;
+    OPEN_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    const double need = (double)s->w_pitch * s->copies + 64.0 * 1024 * 1024;
+    if (need > 0.85 * (double)free_b) {
+        snprintf(err, err_size, "%lld x %lld needs %.0f MB of device memory for %d cold weight copies, %.0f MB free",
+                 (long long)n, (long long)k, need / 1e6, (int)s->copies, (double)free_b / 1e6);
+        k3b_shape_close(s);
+        return K3_STATUS_OUT_OF_MEMORY;
+    }
+    uint16_t *wh = (uint16_t *)malloc(w_bytes);
+    uint16_t *xh = (uint16_t *)malloc((size_t)max_m * (size_t)k * 2);
+    s->ref = (uint16_t *)malloc((size_t)max_m * (size_t)n * 2);
+    s->yh = (uint16_t *)malloc((size_t)max_m * (size_t)n * 2);
+    if (!wh || !xh || !s->ref || !s->yh) {
+        free(wh);
+        free(xh);
+        snprintf(err, err_size, "out of host memory for %lld x %lld", (long long)n, (long long)k);
+        k3b_shape_close(s);
+        return K3_STATUS_OUT_OF_MEMORY;
+    }
+    fill_random(wh, (size_t)n * (size_t)k, o->seed ^ ((uint64_t)n << 32) ^ (uint64_t)k);
+    fill_random(xh, (size_t)max_m * (size_t)k, ~o->seed ^ ((uint64_t)k << 32) ^ (uint64_t)n);
+    /* The reference: the library's CPU backend (fp32 accumulation) on the same BF16 data. */
+    k3_cpu_linear(max_m, n, k, xh, k, wh, NULL, s->ref, n, K3_ACCUM_FP32);
+
+    cudaError_t e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreate(&s->e0);
+    if (e == cudaSuccess) e = cudaEventCreate(&s->e1);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&s->w, s->w_pitch * (size_t)s->copies);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&s->x, (size_t)max_m * (size_t)k * 2);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&s->y, (size_t)max_m * (size_t)n * 2);
+    if (e == cudaSuccess) e = cudaMemcpy(s->w, wh, w_bytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(s->x, xh, (size_t)max_m * (size_t)k * 2, cudaMemcpyHostToDevice);
+    for (int32_t c = 1; c < s->copies && e == cudaSuccess; c++)
+        e = cudaMemcpy(s->w + (size_t)c * s->w_pitch, s->w, w_bytes, cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    free(wh);
+    free(xh);
+    if (e != cudaSuccess) {
+        snprintf(err, err_size, "device setup for %lld x %lld failed: %s", (long long)n, (long long)k,
+                 cudaGetErrorString(e));
+        k3b_shape_close(s);
+        return K3_STATUS_CUDA_ERROR;
+    }
+    *out = s;
+    return K3_STATUS_SUCCESS;
+}
+
+void k3b_shape_close(k3b_shape *s) {
+    if (!s) return;
+    if (s->w) cudaFree(s->w);
+    if (s->x) cudaFree(s->x);
+    if (s->y) cudaFree(s->y);
+    if (s->ws) cudaFree(s->ws);
+    if (s->e0) cudaEventDestroy(s->e0);
+    if (s->e1) cudaEventDestroy(s->e1);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    free(s->ref);
+    free(s->yh);
+    free(s);
+}
+
+int32_t k3b_shape_copies(const k3b_shape *s) { return s ? s->copies : 0; }
+int32_t k3b_shape_calls(const k3b_shape *s) { return s ? s->calls : 0; }
+
+/* rel-L2 of the device output's first m rows against the reference; NaN/Inf counted apart. */
+static cudaError_t check_output(k3b_shape *s, int64_t m, double *rel, int32_t *nans) {
+    const size_t count = (size_t)m * (size_t)s->n;
+    cudaError_t e = cudaMemcpyAsync(s->yh, s->y, count * 2, cudaMemcpyDeviceToHost, s->stream);
+    if (e == cudaSuccess) e = sync_stream(s);
+    if (e != cudaSuccess) return e;
+    double num = 0, den = 0;
+    int32_t bad = 0;
+    for (size_t i = 0; i < count; i++) {
+        const double g = k3_bf16_to_f32(s->yh[i]), r = k3_bf16_to_f32(s->ref[i]);
+        if (!isfinite(g)) {
+            bad++;
+            continue;
+        }
+        num += (g - r) * (g - r);
+        den += r * r;
+    }
+    *rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    *nans = bad;
+    return cudaSuccess;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define M_CUDA(call)                                                                                         \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) {                                                                             \
+            r->status = K3_STATUS_CUDA_ERROR;                                                                \
+            snprintf(r->message, sizeof r->message, "%s failed: %s", #call, cudaGetErrorString(e_));        \
+            goto done;                                                                                       \
+        }                                                                                                    \
+    } while (0)
+
+#define M_K3(call)                                                                                           \
+    do {                                                                                                     \
+        k3_status st_ = (call);                                                                              \
+        if (st_ != K3_STATUS_SUCCESS) {                                                                      \
+            r->status = st_;                                                                                 \
+            snprintf(r->message, sizeof r->message, "%s: %s", k3_status_string(st_), k3_ctx_last_error(s->ctx)); \
+            goto done;                                                                                       \
+        }                                                                                                    \
+    } while (0)
+
+void k3b_measure(k3b_shape *s, const k3_linear_desc *d, int64_t m, k3b_result *r) {
+    memset(r, 0, sizeof *r);
+    r->status = K3_STATUS_SUCCESS;
+    k3_linear_plan *plan = NULL;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    double *times = NULL;
+    int capturing = 0;
+    if (m < 1 || m > s->max_m || d->n != s->n || d->k != s->k) {
+        r->status = K3_STATUS_INVALID_ARGUMENT;
+        snprintf(r->message, sizeof r->message, "measure: m %lld or the shape does not match the prepared one",
+                 (long long)m);
+        return;
+    }
+    k3_linear_desc dd = *d;
+    dd.max_m = m;
+    dd.x_stride = 0;
+    dd.y_stride = 0;
+    M_K3(k3_linear_plan_create(s->ctx, &dd, &plan));
+    M_K3(k3_linear_plan_kernel(plan, m, r->kernel, sizeof r->kernel));
+    size_t ws_need = 0;
+    M_K3(k3_linear_workspace_size(plan, &ws_need));
+    if (ws_need > s->ws_cap) {
+        if (s->ws) M_CUDA(cudaFree(s->ws));
+        s->ws = NULL;
+        s->ws_cap = 0;
+        M_CUDA(cudaMalloc(&s->ws, ws_need));
+        s->ws_cap = ws_need;
+    }
+    const size_t y_bytes = (size_t)m * (size_t)s->n * 2;
+
+    /* 1. correct first: one call on poisoned output (0xFFFF is a BF16 NaN) */
+    M_CUDA(cudaMemsetAsync(s->y, 0xFF, y_bytes, s->stream));
+    M_K3(k3_linear_run(plan, m, s->x, s->w, NULL, s->y, s->ws, s->ws_cap, s->stream));
+    double rel1 = 0;
+    int32_t nan1 = 0;
+    M_CUDA(check_output(s, m, &rel1, &nan1));
+
+    /* 2. a graph of `calls` calls rotating the cold weight copies */
+    M_CUDA(cudaMemsetAsync(s->y, 0xFF, y_bytes, s->stream));
+    M_CUDA(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+    capturing = 1;
+    for (int32_t c = 0; c < s->calls; c++)
+        M_K3(k3_linear_run(plan, m, s->x, s->w + (size_t)(c % s->copies) * s->w_pitch, NULL, s->y, s->ws, s->ws_cap,
+                           s->stream));
+    capturing = 0;
+    M_CUDA(cudaStreamEndCapture(s->stream, &graph));
+    M_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+    /* 3. warm up, then time replays */
+    for (int32_t i = 0; i < s->o.warmup; i++) M_CUDA(cudaGraphLaunch(exec, s->stream));
+    M_CUDA(sync_stream(s));
+    times = (double *)malloc((size_t)s->o.reps * sizeof *times);
+    if (!times) {
+        r->status = K3_STATUS_OUT_OF_MEMORY;
+        snprintf(r->message, sizeof r->message, "out of host memory");
+        goto done;
+    }
+    for (int32_t i = 0; i < s->o.reps; i++) {
+        M_CUDA(cudaEventRecord(s->e0, s->stream));
+        M_CUDA(cudaGraphLaunch(exec, s->stream));
+        M_CUDA(cudaEventRecord(s->e1, s->stream));
+        M_CUDA(wait_event(s->e1));
+        float ms = 0;
+        M_CUDA(cudaEventElapsedTime(&ms, s->e0, s->e1));
+        times[i] = (double)ms;
+    }
+    qsort(times, (size_t)s->o.reps, sizeof *times, cmp_double);
+    r->us = 1000.0 * times[s->o.reps / 2] / (double)s->calls;
+
+    /* 4. the replayed graph's output must be right too */
+    double rel2 = 0;
+    int32_t nan2 = 0;
+    M_CUDA(check_output(s, m, &rel2, &nan2));
+    r->rel_l2 = rel1 > rel2 ? rel1 : rel2;
+    r->nan_count = nan1 > nan2 ? nan1 : nan2;
+    r->correct = r->nan_count == 0 && r->rel_l2 <= K3B_REL_L2_MAX;
+done:
+    if (capturing) { /* leave the stream usable after a failed capture */
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(s->stream, &g);
+        if (g) cudaGraphDestroy(g);
+        (void)cudaGetLastError();
+    }
+    free(times);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    k3_linear_plan_destroy(plan);
+}
+
+#endif
