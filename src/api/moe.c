@@ -1,0 +1,173 @@
+/* The public routed-experts (MoE) API: descriptor defaults, plan validation, run-time checks, CPU dispatch. */
+#include "api/moe_internal.h"
+#include "core/act_check.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Bounds that keep every size and index computation far from overflow (int32 pair indices, size_t bytes). */
+#define K3_MOE_MAX_EXPERTS 65536
+#define K3_MOE_MAX_TOPK 32
+#define K3_MOE_MAX_TOKENS 65536
+#define K3_MOE_MAX_DIM (INT64_C(1) << 24)
+#define K3_MOE_MAX_EXPERT_ELEMS (INT64_C(1) << 40)
+
+struct k3_moe_plan {
+    k3_ctx *ctx;
+    k3_cpu_moe cpu;
+    size_t ws_bytes;
+};
+
+void k3_moe_desc_init(k3_moe_desc *d) {
+    if (!d) return;
+    memset(d, 0, sizeof *d);
+    d->num_experts = 896;
+    d->top_k = 16;
+    d->hidden = 3584;
+    d->inter = 384;
+    d->format = K3_WEIGHT_NVFP4;
+    d->scale_layout = K3_SCALE_LINEAR;
+    d->w13_separate_scale_2 = 0;
+    d->mode = K3_MOE_W4A16;
+    k3_act_desc_k3(&d->act);
+    d->max_tokens = 16;
+}
+
+static const char *format_name(k3_weight_format f) {
+    return f == K3_WEIGHT_BF16 ? "BF16" : f == K3_WEIGHT_NVFP4 ? "NVFP4" : "MXFP4";
+}
+
+k3_status k3_moe_desc_check(k3_ctx *ctx, const k3_moe_desc *d, const char *what) {
+    K3_CHECK_ARG(ctx, d->num_experts >= 1 && d->num_experts <= K3_MOE_MAX_EXPERTS,
+                 "%s: num_experts must be in [1, %d] (got %d)", what, K3_MOE_MAX_EXPERTS, (int)d->num_experts);
+    const int32_t kmax = d->num_experts < K3_MOE_MAX_TOPK ? d->num_experts : K3_MOE_MAX_TOPK;
+    K3_CHECK_ARG(ctx, d->top_k >= 1 && d->top_k <= kmax,
+                 "%s: top_k must be in [1, min(num_experts, %d)] = [1, %d] (got %d)", what, K3_MOE_MAX_TOPK, (int)kmax,
+                 (int)d->top_k);
+    K3_CHECK_ARG(ctx, d->format == K3_WEIGHT_BF16 || d->format == K3_WEIGHT_NVFP4 || d->format == K3_WEIGHT_MXFP4,
+                 "%s: format %d is unknown (expected K3_WEIGHT_BF16, K3_WEIGHT_NVFP4 or K3_WEIGHT_MXFP4)", what,
+                 (int)d->format);
+    K3_CHECK_ARG(ctx, d->hidden > 0 && d->hidden <= K3_MOE_MAX_DIM, "%s: hidden (L) must be in [1, %lld] (got %lld)",
+                 what, (long long)K3_MOE_MAX_DIM, (long long)d->hidden);
+    K3_CHECK_ARG(ctx, d->inter > 0 && d->inter <= K3_MOE_MAX_DIM, "%s: inter (I) must be in [1, %lld] (got %lld)", what,
+                 (long long)K3_MOE_MAX_DIM, (long long)d->inter);
+    if (d->format != K3_WEIGHT_BF16) {
+        const int64_t bs = d->format == K3_WEIGHT_NVFP4 ? 16 : 32;
+        K3_CHECK_ARG(ctx, d->hidden % bs == 0, "%s: hidden (L) must be a multiple of the %s block size %lld (got %lld)",
+                     what, format_name(d->format), (long long)bs, (long long)d->hidden);
+        K3_CHECK_ARG(ctx, d->inter % bs == 0, "%s: inter (I) must be a multiple of the %s block size %lld (got %lld)",
+                     what, format_name(d->format), (long long)bs, (long long)d->inter);
+    }
+    K3_CHECK_ARG(ctx, d->scale_layout == K3_SCALE_LINEAR || d->scale_layout == K3_SCALE_SWIZZLED,
+                 "%s: scale_layout %d is unknown (expected K3_SCALE_LINEAR or K3_SCALE_SWIZZLED)", what,
+                 (int)d->scale_layout);
+    K3_CHECK_ARG(ctx, d->mode == K3_MOE_W4A16 || d->mode == K3_MOE_W4A4,
+                 "%s: mode %d is unknown (expected K3_MOE_W4A16 or K3_MOE_W4A4)", what, (int)d->mode);
+    K3_CHECK_ARG(ctx, d->mode != K3_MOE_W4A4 || d->format == K3_WEIGHT_NVFP4,
+                 "%s: mode W4A4 needs NVFP4 weights (format is %s)", what, format_name(d->format));
+    k3_status st = k3_act_check(ctx, &d->act);
+    if (st != K3_STATUS_SUCCESS) {
+        char msg[K3_ERROR_MAX];
+        memcpy(msg, ctx->last_error, sizeof msg);
+        return k3_fail(ctx, st, "%s: act: %s", what, msg);
+    }
+    K3_CHECK_ARG(ctx, d->w13_separate_scale_2 == 0 || d->w13_separate_scale_2 == 1,
+                 "%s: w13_separate_scale_2 must be 0 or 1 (got %d)", what, (int)d->w13_separate_scale_2);
+    K3_CHECK_ARG(ctx, !d->w13_separate_scale_2 || d->format == K3_WEIGHT_NVFP4,
+                 "%s: w13_separate_scale_2 = 1 needs NVFP4 weights (format is %s)", what, format_name(d->format));
+    K3_CHECK_ARG(ctx, !d->w13_separate_scale_2 || d->act.kind != K3_ACT_RELU2_NO_MUL,
+                 "%s: w13_separate_scale_2 = 1 needs a gated activation (relu2 has no gate/up halves)", what);
+    K3_CHECK_ARG(ctx, d->max_tokens >= 1 && d->max_tokens <= K3_MOE_MAX_TOKENS,
+                 "%s: max_tokens must be in [1, %d] (got %lld)", what, K3_MOE_MAX_TOKENS, (long long)d->max_tokens);
+    K3_CHECK_ARG(ctx, 2 * d->inter * d->hidden <= K3_MOE_MAX_EXPERT_ELEMS / d->num_experts,
+                 "%s: E * 2I * L = %d * %lld * %lld elements is too large", what, (int)d->num_experts,
+                 (long long)(2 * d->inter), (long long)d->hidden);
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_moe_weights_check(k3_ctx *ctx, const k3_moe_desc *d, const k3_moe_weights *w, const char *what) {
+    K3_CHECK_ARG(ctx, w != NULL, "%s: weights is NULL", what);
+    K3_CHECK_ARG(ctx, w->w13 != NULL, "%s: weights w13 is NULL", what);
+    K3_CHECK_ARG(ctx, w->w2 != NULL, "%s: weights w2 is NULL", what);
+    if (d->format != K3_WEIGHT_BF16) {
+        K3_CHECK_ARG(ctx, w->w13_scale != NULL, "%s: weights w13_scale is NULL (required for %s)", what,
+                     format_name(d->format));
+        K3_CHECK_ARG(ctx, w->w2_scale != NULL, "%s: weights w2_scale is NULL (required for %s)", what,
+                     format_name(d->format));
+    }
+    if (d->format == K3_WEIGHT_NVFP4) {
+        K3_CHECK_ARG(ctx, w->w13_scale_2 != NULL, "%s: weights w13_scale_2 is NULL (required for NVFP4)", what);
+        K3_CHECK_ARG(ctx, w->w2_scale_2 != NULL, "%s: weights w2_scale_2 is NULL (required for NVFP4)", what);
+    }
+    if (d->mode == K3_MOE_W4A4) {
+        K3_CHECK_ARG(ctx, w->w13_input_scale != NULL, "%s: weights w13_input_scale is NULL (required for W4A4)", what);
+        K3_CHECK_ARG(ctx, w->w2_input_scale != NULL, "%s: weights w2_input_scale is NULL (required for W4A4)", what);
+    }
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_moe_ids_check(k3_ctx *ctx, const k3_moe_desc *d, int64_t m, const int32_t *ids, const char *what) {
+    /* a host loop over the ids: fine for the CPU backend, whose "device" memory is host memory */
+    for (int64_t t = 0; t < m; t++)
+        for (int32_t j = 0; j < d->top_k; j++) {
+            const int32_t e = ids[t * d->top_k + j];
+            K3_CHECK_ARG(ctx, e >= 0 && e < d->num_experts,
+                         "%s: topk_ids[token %lld][slot %d] = %d is out of range [0, %d)", what, (long long)t, (int)j,
+                         (int)e, (int)d->num_experts);
+        }
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_moe_plan_create(k3_ctx *ctx, const k3_moe_desc *d, k3_moe_plan **out) {
+    if (!ctx) return K3_STATUS_INVALID_ARGUMENT;
+    k3_clear_error(ctx);
+    K3_CHECK_ARG(ctx, out != NULL, "moe plan: out is NULL");
+    *out = NULL;
+    K3_CHECK_ARG(ctx, d != NULL, "moe plan: descriptor is NULL");
+    K3_TRY(k3_moe_desc_check(ctx, d, "moe plan"));
+    if (ctx->backend != K3_BACKEND_CPU)
+        return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "the CUDA MoE backend arrives with issue 6");
+    k3_moe_plan *p = (k3_moe_plan *)calloc(1, sizeof *p);
+    if (!p) return k3_fail(ctx, K3_STATUS_OUT_OF_MEMORY, "moe plan: out of host memory");
+    k3_status st = k3_cpu_moe_prepare(&p->cpu, d);
+    if (st != K3_STATUS_SUCCESS) {
+        free(p);
+        return k3_fail(ctx, st, "moe plan: cannot size the block scales (%s)", k3_status_string(st));
+    }
+    p->ctx = ctx;
+    p->ws_bytes = k3_cpu_moe_workspace_size(&p->cpu);
+    *out = p;
+    return K3_STATUS_SUCCESS;
+}
+
+void k3_moe_plan_destroy(k3_moe_plan *plan) { free(plan); }
+
+k3_status k3_moe_workspace_size(const k3_moe_plan *plan, size_t *out_bytes) {
+    if (!plan) return K3_STATUS_INVALID_ARGUMENT;
+    k3_clear_error(plan->ctx);
+    K3_CHECK_ARG(plan->ctx, out_bytes != NULL, "moe workspace size: out_bytes is NULL");
+    *out_bytes = plan->ws_bytes;
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_moe_run(k3_moe_plan *plan, int64_t m, const void *x, const int32_t *topk_ids, const float *topk_weights,
+                     const k3_moe_weights *w, void *out, float *out_f32, void *ws, size_t ws_bytes, void *stream) {
+    (void)stream; /* the CPU backend runs synchronously on the caller's thread */
+    if (!plan) return K3_STATUS_INVALID_ARGUMENT;
+    k3_ctx *ctx = plan->ctx;
+    const k3_moe_desc *d = &plan->cpu.d;
+    k3_clear_error(ctx);
+    K3_CHECK_ARG(ctx, m >= 1 && m <= d->max_tokens, "moe run: m must be in [1, max_tokens = %lld] (got %lld)",
+                 (long long)d->max_tokens, (long long)m);
+    K3_CHECK_ARG(ctx, x != NULL, "moe run: x is NULL");
+    K3_CHECK_ARG(ctx, topk_ids != NULL, "moe run: topk_ids is NULL");
+    K3_CHECK_ARG(ctx, topk_weights != NULL, "moe run: topk_weights is NULL");
+    K3_CHECK_ARG(ctx, out != NULL, "moe run: out is NULL");
+    K3_TRY(k3_moe_weights_check(ctx, d, w, "moe run"));
+    K3_CHECK_ARG(ctx, ws_bytes >= plan->ws_bytes,
+                 "moe run: ws_bytes is %zu, the plan needs %zu (k3_moe_workspace_size)", ws_bytes, plan->ws_bytes);
+    K3_CHECK_ARG(ctx, ws != NULL, "moe run: ws is NULL (the plan needs %zu bytes)", plan->ws_bytes);
+    K3_TRY(k3_moe_ids_check(ctx, d, m, topk_ids, "moe run"));
+    k3_cpu_moe_run(&plan->cpu, m, (const uint16_t *)x, topk_ids, topk_weights, w, (uint16_t *)out, out_f32, ws);
+    return K3_STATUS_SUCCESS;
+}

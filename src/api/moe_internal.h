@@ -1,0 +1,19 @@
+/* Internal API-layer helpers of the MoE and latent-MoE plans: shared validation, the CPU form of a plan. */
+#ifndef K3_API_MOE_INTERNAL_H
+#define K3_API_MOE_INTERNAL_H
+
+#include "core/internal.h"
+#include "cpu/cpu.h"
+
+/* Every plan-time rule of k3_moe_desc (the message names the field and what was expected; `what` prefixes it,
+ * e.g. "moe plan" or "latent plan: experts"). */
+k3_status k3_moe_desc_check(k3_ctx *ctx, const k3_moe_desc *d, const char *what);
+/* The run-time pointer rules of k3_moe_weights for a plan's format and mode (`what` prefixes the message). */
+k3_status k3_moe_weights_check(k3_ctx *ctx, const k3_moe_desc *d, const k3_moe_weights *w, const char *what);
+/* Every topk id of m tokens in [0, E); the first bad one is reported with its token and slot. */
+k3_status k3_moe_ids_check(k3_ctx *ctx, const k3_moe_desc *d, int64_t m, const int32_t *ids, const char *what);
+
+/* The CPU form of a latent-MoE plan (for tools that run its stages one by one, e.g. the demo's timings). */
+const k3_cpu_latent *k3_latent_moe_plan_cpu(const k3_latent_moe_plan *plan);
+
+#endif

@@ -1,0 +1,321 @@
+/* The latent-MoE block (k3_latent_moe_*) against the independent fp64 evaluation of tests/ref_moe.h: routing
+ * ids identical, routing weights within 1e-6, the block output within rel-L2 1e-3; several formats, routers,
+ * activations, with and without shared experts and residual; determinism; every validation error. */
+#include <string.h>
+
+#include "moe_data.h"
+#include "ref_moe.h"
+#include "test_util.h"
+
+#define SEED 0x4c6174656e74ull /* "Latent" */
+#define TOL 1e-3
+
+static k3_ctx *g_ctx;
+
+typedef struct lat_data {
+    moe_data md;
+    void *gate;
+    float *bias;
+    uint16_t *down, *norm, *up, *sgu, *sdown;
+    k3_latent_moe_weights w;
+} lat_data;
+
+static void ld_make(lat_data *ld, const k3_latent_moe_desc *d, k3t_rng *r, int with_bias) {
+    memset(ld, 0, sizeof *ld);
+    const int64_t h = d->hidden, l = d->experts.hidden, is = d->shared_inter;
+    const int64_t sr = (d->shared_act.kind == K3_ACT_RELU2_NO_MUL ? 1 : 2) * is;
+    const int32_t e = d->experts.num_experts;
+    md_make(&ld->md, &d->experts, r);
+    if (d->router.gate_dtype == K3_DTYPE_F32) {
+        float *g = (float *)malloc(sizeof(float) * (size_t)(e * h));
+        for (int64_t i = 0; i < e * h; i++) g[i] = (float)(k3t_normal(r) / sqrt((double)h));
+        ld->gate = g;
+    } else {
+        ld->gate = md_bf16_normal(r, e * h, 1.0 / sqrt((double)h));
+    }
+    if (with_bias) {
+        ld->bias = (float *)malloc(sizeof(float) * (size_t)e);
+        for (int32_t i = 0; i < e; i++) ld->bias[i] = 0.1f * k3t_uniform(r);
+    }
+    ld->down = md_bf16_normal(r, l * h, 1.0 / sqrt((double)h));
+    ld->norm = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)l);
+    for (int64_t i = 0; i < l; i++) ld->norm[i] = k3_bf16_from_f32((float)(1.0 + 0.2 * k3t_normal(r)));
+    ld->up = md_bf16_normal(r, h * l, 1.0 / sqrt((double)l));
+    if (is > 0) {
+        ld->sgu = md_bf16_normal(r, sr * h, 1.0 / sqrt((double)h));
+        ld->sdown = md_bf16_normal(r, h * is, 1.0 / sqrt((double)is));
+    }
+    ld->w.gate = ld->gate;
+    ld->w.bias = ld->bias;
+    ld->w.down_proj = ld->down;
+    ld->w.experts = ld->md.w;
+    ld->w.norm = ld->norm;
+    ld->w.up_proj = ld->up;
+    ld->w.shared_gate_up = ld->sgu;
+    ld->w.shared_down = ld->sdown;
+}
+
+static void ld_free(lat_data *ld) {
+    md_free(&ld->md);
+    free(ld->gate);
+    free(ld->bias);
+    free(ld->down);
+    free(ld->norm);
+    free(ld->up);
+    free(ld->sgu);
+    free(ld->sdown);
+}
+
+static k3_latent_moe_desc make_desc(int32_t e, int32_t k, int64_t h, int64_t l, int64_t in, int64_t is,
+                                    k3_weight_format f) {
+    k3_latent_moe_desc d;
+    k3_latent_moe_desc_init(&d);
+    d.hidden = h;
+    d.router.hidden = h;
+    d.router.num_experts = d.experts.num_experts = e;
+    d.router.top_k = d.experts.top_k = k;
+    d.experts.hidden = l;
+    d.experts.inter = in;
+    d.experts.format = f;
+    d.shared_inter = is;
+    return d;
+}
+
+static void check_block(const char *name, const k3_latent_moe_desc *d, int64_t m, k3t_rng *r, int with_bias,
+                        int with_residual) {
+    lat_data ld;
+    ld_make(&ld, d, r, with_bias);
+    const int64_t h = d->hidden, k = d->experts.top_k, n = m * h;
+    uint16_t *x = md_bf16_normal(r, n, 1.0);
+    uint16_t *res = with_residual ? md_bf16_normal(r, n, 1.0) : NULL;
+    k3_latent_moe_plan *plan = NULL;
+    k3_status st = k3_latent_moe_plan_create(g_ctx, d, &plan);
+    CHECK(st == K3_STATUS_SUCCESS, "%s: plan: %s", name, k3_ctx_last_error(g_ctx));
+    if (st != K3_STATUS_SUCCESS) {
+        free(x);
+        free(res);
+        ld_free(&ld);
+        return;
+    }
+    size_t wsb = 0;
+    k3_latent_moe_workspace_size(plan, &wsb);
+    unsigned char *ws = (unsigned char *)malloc(wsb);
+    uint16_t *y = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)n),
+             *y2 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)n);
+    int32_t *ids = (int32_t *)malloc(sizeof(int32_t) * (size_t)(m * k)),
+            *rids = (int32_t *)malloc(sizeof(int32_t) * (size_t)(m * k));
+    float *wts = (float *)malloc(sizeof(float) * (size_t)(m * k));
+    double *rw = (double *)malloc(sizeof(double) * (size_t)(m * k));
+    double *ref = (double *)malloc(sizeof(double) * (size_t)n), *got = (double *)malloc(sizeof(double) * (size_t)n);
+    memset(ws, 0xa5, wsb);
+    memset(y, 0xff, sizeof(uint16_t) * (size_t)n);
+    st = k3_latent_moe_run(plan, m, x, &ld.w, res, y, ids, wts, ws, wsb, NULL);
+    CHECK(st == K3_STATUS_SUCCESS, "%s: run: %s", name, k3_ctx_last_error(g_ctx));
+
+    /* second run without routing outputs, re-poisoned workspace: bitwise the same */
+    memset(ws, 0x5a, wsb);
+    st = k3_latent_moe_run(plan, m, x, &ld.w, res, y2, NULL, NULL, ws, wsb, NULL);
+    CHECK(st == K3_STATUS_SUCCESS && !memcmp(y, y2, sizeof(uint16_t) * (size_t)n), "%s: second run identical", name);
+    /* in place: the residual buffer is the output */
+    if (res) {
+        memcpy(y2, res, sizeof(uint16_t) * (size_t)n);
+        st = k3_latent_moe_run(plan, m, x, &ld.w, y2, y2, NULL, NULL, ws, wsb, NULL);
+        CHECK(st == K3_STATUS_SUCCESS && !memcmp(y, y2, sizeof(uint16_t) * (size_t)n), "%s: residual aliasing y", name);
+    }
+
+    ref_latent(d, &ld.w, m, x, res, ref, rids, rw);
+    int ids_same = !memcmp(ids, rids, sizeof(int32_t) * (size_t)(m * k));
+    double wmax = 0;
+    for (int64_t i = 0; i < m * k; i++) wmax = fmax(wmax, fabs(wts[i] - rw[i]));
+    int finite = 1;
+    for (int64_t i = 0; i < n; i++) {
+        got[i] = k3_bf16_to_f32(y[i]);
+        finite &= isfinite(got[i]);
+    }
+    const double e16 = ref_rel_l2(got, ref, n);
+    CHECK(ids_same, "%s: routing ids identical to the fp64 router", name);
+    CHECK(wmax <= 1e-6, "%s: routing weights within 1e-6 (max diff %.3g)", name, wmax);
+    CHECK(finite, "%s: output finite", name);
+    CHECK(e16 <= TOL, "%s: block output rel-L2 %.3g > %g", name, e16, TOL);
+    printf("  %-46s m=%-3lld rel-L2 %.2e  max |dw| %.1e\n", name, (long long)m, e16, wmax);
+
+    free(ws);
+    free(y);
+    free(y2);
+    free(ids);
+    free(rids);
+    free(wts);
+    free(rw);
+    free(ref);
+    free(got);
+    free(x);
+    free(res);
+    ld_free(&ld);
+    k3_latent_moe_plan_destroy(plan);
+}
+
+static void test_blocks(k3t_rng *r) {
+    k3_latent_moe_desc d = make_desc(16, 4, 128, 64, 32, 64, K3_WEIGHT_NVFP4);
+    check_block("nvfp4 situ, bias, shared, residual", &d, 5, r, 1, 1);
+    check_block("nvfp4 situ, no bias, shared, no residual", &d, 1, r, 0, 0);
+
+    d = make_desc(8, 2, 96, 48, 24, 0, K3_WEIGHT_BF16);
+    d.router.kind = K3_ROUTER_SOFTMAX;
+    d.router.gate_dtype = K3_DTYPE_F32;
+    check_block("bf16 experts, softmax f32 gate, no shared", &d, 3, r, 0, 0);
+
+    d = make_desc(32, 8, 128, 64, 48, 32, K3_WEIGHT_NVFP4);
+    d.experts.mode = K3_MOE_W4A4;
+    d.experts.scale_layout = K3_SCALE_SWIZZLED;
+    d.experts.w13_separate_scale_2 = 1;
+    d.router.scaling_factor = 2.5f;
+    check_block("nvfp4 w4a4 swizzled separate, scaling 2.5", &d, 16, r, 1, 1);
+
+    d = make_desc(12, 3, 64, 64, 32, 48, K3_WEIGHT_MXFP4);
+    k3_act_desc_init(&d.experts.act, K3_ACT_RELU2_NO_MUL);
+    k3_act_desc_init(&d.shared_act, K3_ACT_SILU);
+    d.rms_eps = 1e-3f;
+    check_block("mxfp4 relu2 experts, silu shared, eps 1e-3", &d, 2, r, 1, 0);
+
+    d = make_desc(8, 2, 64, 32, 32, 32, K3_WEIGHT_NVFP4);
+    k3_act_desc_init(&d.shared_act, K3_ACT_RELU2_NO_MUL);
+    d.max_tokens = 24; /* the block's max_tokens governs the router's and experts' */
+    check_block("relu2 shared ([Is, H] gate_up), m = 24 > 16", &d, 24, r, 1, 1);
+}
+
+#define EXPECT_INVALID(call, needle, ...)                                                                              \
+    do {                                                                                                               \
+        k3_status st_ = (call);                                                                                        \
+        const char *msg_ = k3_ctx_last_error(g_ctx);                                                                   \
+        CHECK(st_ == K3_STATUS_INVALID_ARGUMENT && strstr(msg_, needle) != NULL, __VA_ARGS__);                         \
+        if (st_ != K3_STATUS_INVALID_ARGUMENT || !strstr(msg_, needle))                                                \
+            fprintf(stderr, "   status %s, message '%s', wanted '%s'\n", k3_status_string(st_), msg_, needle);         \
+    } while (0)
+
+static void test_errors(k3t_rng *r) {
+    k3_latent_moe_desc d;
+    k3_latent_moe_plan *p = NULL;
+    k3_latent_moe_desc_init(&d);
+    CHECK(k3_latent_moe_plan_create(NULL, &d, &p) == K3_STATUS_INVALID_ARGUMENT, "NULL ctx");
+    EXPECT_INVALID(k3_latent_moe_plan_create(g_ctx, &d, NULL), "out is NULL", "NULL out");
+    EXPECT_INVALID(k3_latent_moe_plan_create(g_ctx, NULL, &p), "descriptor is NULL", "NULL desc");
+#define BAD(stmt, needle)                                                                                              \
+    do {                                                                                                               \
+        k3_latent_moe_desc_init(&d);                                                                                   \
+        stmt;                                                                                                          \
+        p = NULL;                                                                                                      \
+        EXPECT_INVALID(k3_latent_moe_plan_create(g_ctx, &d, &p), needle, #stmt);                                       \
+        CHECK(p == NULL, "no plan on failure");                                                                        \
+    } while (0)
+    BAD(d.hidden = 0, "hidden must be");
+    BAD(d.hidden = 4096, "router.hidden (7168) must equal hidden (4096)");
+    BAD(d.router.num_experts = 64, "router.num_experts (64) must equal experts.num_experts (896)");
+    BAD(d.experts.top_k = 8, "router.top_k (16) must equal experts.top_k (8)");
+    BAD(d.experts.inter = 100, "latent plan: experts: inter (I) must be a multiple");
+    BAD(d.experts.act.situ_beta = -1.0f, "latent plan: experts: act: SITU activation requires");
+    BAD(d.shared_act.situ_beta = 0.0f, "latent plan: shared_act: SITU activation requires");
+    BAD(d.shared_inter = -1, "shared_inter");
+    BAD(d.rms_eps = 0.0f, "rms_eps");
+    BAD(d.rms_eps = NAN, "rms_eps");
+    BAD(d.max_tokens = 0, "max_tokens");
+    BAD(d.router.gate_dtype = (k3_dtype)7, "latent plan: router gate_dtype");
+    BAD(d.router.scaling_factor = -1.0f, "scaling_factor");
+#undef BAD
+    /* shared_inter = 0 ignores shared_act */
+    k3_latent_moe_desc_init(&d);
+    d.shared_inter = 0;
+    d.shared_act.situ_beta = 0.0f;
+    CHECK(k3_latent_moe_plan_create(g_ctx, &d, &p) == K3_STATUS_SUCCESS, "no shared experts: shared_act unused");
+    k3_latent_moe_plan_destroy(p);
+
+    d = make_desc(8, 2, 64, 32, 32, 32, K3_WEIGHT_NVFP4);
+    d.max_tokens = 4;
+    lat_data ld;
+    ld_make(&ld, &d, r, 1);
+    p = NULL;
+    CHECK(k3_latent_moe_plan_create(g_ctx, &d, &p) == K3_STATUS_SUCCESS, "plan for run errors");
+    size_t wsb = 0;
+    EXPECT_INVALID(k3_latent_moe_workspace_size(p, NULL), "out_bytes", "NULL out_bytes");
+    CHECK(k3_latent_moe_workspace_size(NULL, &wsb) == K3_STATUS_INVALID_ARGUMENT, "NULL plan workspace");
+    k3_latent_moe_workspace_size(p, &wsb);
+    void *ws = malloc(wsb);
+    uint16_t *x = md_bf16_normal(r, 4 * 64, 1.0), y[4 * 64];
+    k3_latent_moe_weights w = ld.w;
+    CHECK(k3_latent_moe_run(p, 2, x, &w, NULL, y, NULL, NULL, ws, wsb, NULL) == K3_STATUS_SUCCESS, "valid run");
+    CHECK(k3_latent_moe_run(NULL, 2, x, &w, NULL, y, NULL, NULL, ws, wsb, NULL) == K3_STATUS_INVALID_ARGUMENT,
+          "NULL plan");
+    EXPECT_INVALID(k3_latent_moe_run(p, 0, x, &w, NULL, y, NULL, NULL, ws, wsb, NULL), "m must be in", "m = 0");
+    EXPECT_INVALID(k3_latent_moe_run(p, 5, x, &w, NULL, y, NULL, NULL, ws, wsb, NULL), "(got 5)", "m > max");
+    EXPECT_INVALID(k3_latent_moe_run(p, 2, NULL, &w, NULL, y, NULL, NULL, ws, wsb, NULL), "x is NULL", "x NULL");
+    EXPECT_INVALID(k3_latent_moe_run(p, 2, x, &w, NULL, NULL, NULL, NULL, ws, wsb, NULL), "y is NULL", "y NULL");
+    EXPECT_INVALID(k3_latent_moe_run(p, 2, x, NULL, NULL, y, NULL, NULL, ws, wsb, NULL), "weights is NULL", "w NULL");
+    EXPECT_INVALID(k3_latent_moe_run(p, 2, x, &w, NULL, y, NULL, NULL, NULL, wsb, NULL), "ws is NULL", "ws NULL");
+    EXPECT_INVALID(k3_latent_moe_run(p, 2, x, &w, NULL, y, NULL, NULL, ws, wsb - 1, NULL), "ws_bytes", "ws small");
+#define BADW(stmt, needle)                                                                                             \
+    do {                                                                                                               \
+        w = ld.w;                                                                                                      \
+        stmt;                                                                                                          \
+        EXPECT_INVALID(k3_latent_moe_run(p, 2, x, &w, NULL, y, NULL, NULL, ws, wsb, NULL), needle, #stmt);             \
+    } while (0)
+    BADW(w.gate = NULL, "gate is NULL");
+    BADW(w.down_proj = NULL, "down_proj is NULL");
+    BADW(w.norm = NULL, "norm is NULL");
+    BADW(w.up_proj = NULL, "up_proj is NULL");
+    BADW(w.shared_gate_up = NULL, "shared_gate_up is NULL");
+    BADW(w.shared_down = NULL, "shared_down is NULL");
+    BADW(w.experts.w13 = NULL, "latent run: experts: weights w13 is NULL");
+    BADW(w.experts.w2_scale_2 = NULL, "w2_scale_2 is NULL");
+#undef BADW
+    free(ws);
+    k3_latent_moe_plan_destroy(p);
+
+    /* a bias with a softmax router is refused, not ignored */
+    d.router.kind = K3_ROUTER_SOFTMAX;
+    CHECK(k3_latent_moe_plan_create(g_ctx, &d, &p) == K3_STATUS_SUCCESS, "softmax plan");
+    k3_latent_moe_workspace_size(p, &wsb);
+    ws = malloc(wsb);
+    w = ld.w;
+    EXPECT_INVALID(k3_latent_moe_run(p, 2, x, &w, NULL, y, NULL, NULL, ws, wsb, NULL), "bias", "bias with softmax");
+    w.bias = NULL;
+    CHECK(k3_latent_moe_run(p, 2, x, &w, NULL, y, NULL, NULL, ws, wsb, NULL) == K3_STATUS_SUCCESS, "softmax run");
+    free(ws);
+    free(x);
+    ld_free(&ld);
+    k3_latent_moe_plan_destroy(p);
+}
+
+static void test_defaults(void) {
+    k3_latent_moe_desc d;
+    k3_latent_moe_desc_init(&d);
+    CHECK(d.hidden == 7168 && d.router.hidden == 7168 && d.router.num_experts == 896 && d.router.top_k == 16 &&
+              d.experts.num_experts == 896 && d.experts.hidden == 3584 && d.experts.inter == 384 &&
+              d.shared_inter == 768 && d.rms_eps == 1e-5f && d.max_tokens == 16,
+          "K3 TP8 block defaults");
+    CHECK(d.shared_act.kind == K3_ACT_SITU && d.shared_act.situ_beta == 4.0f && d.shared_act.situ_linear_beta == 25.0f,
+          "shared SiTU 4/25");
+    k3_latent_moe_plan *p = NULL;
+    CHECK(k3_latent_moe_plan_create(g_ctx, &d, &p) == K3_STATUS_SUCCESS, "the K3 block plans: %s",
+          k3_ctx_last_error(g_ctx));
+    size_t wsb = 0;
+    k3_latent_moe_workspace_size(p, &wsb);
+    CHECK(wsb > 0 && wsb < (size_t)16 << 20, "K3 block workspace %zu bytes", wsb);
+    printf("  K3 TP8 block: workspace %zu bytes for 16 tokens\n", wsb);
+    k3_latent_moe_plan_destroy(p);
+}
+
+int main(void) {
+    printf("seed 0x%llx\n", (unsigned long long)SEED);
+    k3t_rng r = {SEED};
+    k3_ctx_options opt;
+    k3_ctx_options_init(&opt);
+    opt.backend = K3_BACKEND_CPU;
+    if (k3_ctx_create(&opt, &g_ctx) != K3_STATUS_SUCCESS) {
+        printf("cannot create a CPU context\n");
+        return 1;
+    }
+    test_defaults();
+    test_blocks(&r);
+    test_errors(&r);
+    k3_ctx_destroy(g_ctx);
+    return k3t_finish();
+}
