@@ -19,6 +19,7 @@ typedef struct k3_gemm_config {
     int32_t max_m;          /* the largest token count it supports */
     int32_t k_align;        /* K (and x's row stride) must be a multiple of this many elements */
     int32_t static_k;       /* 0 = any K that is a multiple of k_align; else K must equal this */
+    int32_t cluster_k;      /* mma: blocks of a thread-block cluster splitting K (1 = none); skinny: 1 */
 } k3_gemm_config;
 
 /* Every compiled configuration; *count receives the number. The order is stable. */

@@ -1,0 +1,65 @@
+/* k3_cuda_gemm_launch: validates a configuration against the call's arguments and dispatches to the compiled
+ * template instance (the table below is generated from the same src/plan/gemm_configs.def as the registry). */
+#include <string.h>
+
+#include "cuda/check.cuh"
+#include "cuda/gemm_kernels.cuh"
+
+namespace {
+
+typedef cudaError_t (*k3_gemm_launch_fn)(const k3_gemm_args *, cudaStream_t, int);
+
+struct k3_gemm_instance {
+    k3_kernel kernel;
+    const char *name;
+    k3_gemm_launch_fn fn;
+};
+
+const k3_gemm_instance k3_instances[] = {
+#define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk) {K3_KERNEL_SKINNY, #nm, &k3_skinny_launch<thr, rows, unroll, sk>},
+#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k) \
+    {K3_KERNEL_MMA, #nm, &k3_mma_launch<warps, tiles, unroll, cluster_k>},
+#include "plan/gemm_configs.def"
+#undef K3_GEMM_SKINNY
+#undef K3_GEMM_MMA
+};
+
+bool k3_aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
+
+} // namespace
+
+extern "C" k3_status k3_cuda_gemm_launch(k3_ctx *ctx, const k3_gemm_config *cfg, const k3_gemm_args *a,
+                                         void *stream, int32_t pdl) {
+    K3_CHECK_ARG(ctx, cfg != NULL, "k3_cuda_gemm_launch: cfg is NULL");
+    K3_CHECK_ARG(ctx, a != NULL, "k3_cuda_gemm_launch: args is NULL");
+    int32_t count = 0;
+    const k3_gemm_config *base = k3_gemm_configs(&count);
+    const ptrdiff_t idx = cfg - base;
+    K3_CHECK_ARG(ctx, idx >= 0 && idx < count && idx < (ptrdiff_t)(sizeof k3_instances / sizeof k3_instances[0]),
+                 "k3_cuda_gemm_launch: cfg is not an entry of the registry (use k3_gemm_config_find)");
+    const k3_gemm_instance *inst = &k3_instances[idx];
+    K3_CHECK_ARG(ctx, inst->kernel == cfg->kernel && strcmp(inst->name, cfg->name) == 0,
+                 "k3_cuda_gemm_launch: registry entry %s does not match the compiled instance %s", cfg->name,
+                 inst->name);
+    K3_CHECK_ARG(ctx, a->m >= 1 && a->m <= cfg->max_m, "k3_cuda_gemm_launch: m = %lld, expected 1..%d for %s",
+                 (long long)a->m, (int)cfg->max_m, cfg->name);
+    const char *why = NULL;
+    K3_CHECK_ARG(ctx, k3_gemm_config_supports(cfg, a->n, a->k, a->m, a->x_stride, &why),
+                 "k3_cuda_gemm_launch: %s cannot run n = %lld, k = %lld, x_stride = %lld: %s", cfg->name,
+                 (long long)a->n, (long long)a->k, (long long)a->x_stride, why ? why : "unsupported");
+    K3_CHECK_ARG(ctx, a->x != NULL && k3_aligned(a->x, 16), "k3_cuda_gemm_launch: x must be a 16-byte aligned device pointer");
+    K3_CHECK_ARG(ctx, a->w != NULL && k3_aligned(a->w, 16), "k3_cuda_gemm_launch: w must be a 16-byte aligned device pointer");
+    K3_CHECK_ARG(ctx, a->y != NULL && k3_aligned(a->y, 2), "k3_cuda_gemm_launch: y must be a 2-byte aligned device pointer");
+    K3_CHECK_ARG(ctx, a->residual == NULL || k3_aligned(a->residual, 2),
+                 "k3_cuda_gemm_launch: residual must be NULL or a 2-byte aligned device pointer");
+    K3_CHECK_ARG(ctx, a->y_stride >= a->n, "k3_cuda_gemm_launch: y_stride = %lld, expected >= n = %lld",
+                 (long long)a->y_stride, (long long)a->n);
+    K3_CHECK_ARG(ctx, pdl == 0 || pdl == 1, "k3_cuda_gemm_launch: pdl = %d, expected 0 or 1", (int)pdl);
+
+    cudaError_t e = inst->fn(a, static_cast<cudaStream_t>(stream), pdl);
+    if (e != cudaSuccess)
+        return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of %s %s failed: %s",
+                       cfg->kernel == K3_KERNEL_MMA ? "mma" : "skinny", cfg->name, cudaGetErrorString(e));
+    K3_CUDA_LAUNCH_CHECK(ctx, cfg->name);
+    return K3_STATUS_SUCCESS;
+}

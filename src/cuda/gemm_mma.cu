@@ -1,0 +1,229 @@
+/* Tensor-core small-M BF16 GEMM for decode: y[m, n] = x[m, k] w[n, k]^T (+ residual), fp32 accumulation.
+ *
+ * AB swapped: weight rows are the MMA's M dimension (16-row tiles), tokens its N dimension (one n8 tile for
+ * m <= 8, two for m <= 16); mma.sync.m16n8k16 BF16 -> fp32. A block owns TILES x 16 weight rows; its WARPS warps
+ * split K (each takes groups of UNROLL consecutive 32-element chunks, interleaved), and their partial sums
+ * are added through shared memory in a fixed order (bitwise reproducible).
+ *
+ * Operands go from global memory straight into registers with 16-byte loads, no shared-memory staging
+ * (the cp.async + ldmatrix pipeline of the issue is NOT what this file ships). Why that is equivalent:
+ * a dot product does not depend on the order of its K terms, so any bijection between the MMA's logical k
+ * (0..15) and the physical k of a chunk works as long as A (weights) and B (activations) use the same one.
+ * Lane (g = lane / 4, q = lane % 4) holds, by the PTX fragment layout, A[g][2q, 2q+1, 2q+8, 2q+9] (and row g+8)
+ * and B[2q, 2q+1, 2q+8, 2q+9][g]. It loads 8 consecutive physical k at 8q .. 8q+7 of the chunk, for weight
+ * rows g and g+8 and for token g; the first MMA maps logical (2q, 2q+1, 2q+8, 2q+9) to physical 8q + (0..3),
+ * the second to 8q + (4..7). The map depends on k alone (never on the row or token), so A[r][k] always meets
+ * B[k][c] with the same physical k: every product of the dot product appears exactly once.
+ * Memory-level parallelism comes from the next group's weights being loaded before the current group is
+ * multiplied (register double buffer), the same effect a multi-stage cp.async pipeline would have. */
+#include <cooperative_groups.h>
+
+#include "cuda/gemm_kernels.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace {
+
+__device__ __forceinline__ void k3_mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                  uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int NT>
+__global__ void __launch_bounds__(WARPS * 32)
+    k3_mma_kernel(const uint16_t *__restrict__ x, int64_t x_stride, const uint16_t *__restrict__ w,
+                  const uint16_t *residual, uint16_t *y, int64_t y_stride, int32_t m, int32_t n, int32_t k) {
+    constexpr int ROWS = TILES * 16;
+    constexpr int SR = ROWS + 4; /* padded token stride of the reduction buffer: conflict-free fragment stores */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int row0 = blockIdx.x * ROWS;
+    /* K range of this block: the CLUSTER_K blocks of a cluster (blockIdx.y) split K, whole chunks each. */
+    const int chunks = k / 32;
+    const int per_rank = (chunks + CLUSTER_K - 1) / CLUSTER_K;
+    const int c_lo = CLUSTER_K > 1 ? (int)blockIdx.y * per_rank : 0;
+    const int c_hi = CLUSTER_K > 1 ? min(chunks, c_lo + per_rank) : chunks;
+    const uint64_t pol = k3_policy_evict_first();
+
+    /* This lane's weight rows: g and g + 8 of every tile; rows past n read row n-1 and are never stored. */
+    const uint16_t *wrow[TILES][2];
+#pragma unroll
+    for (int t = 0; t < TILES; t++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int row = row0 + t * 16 + h * 8 + g;
+            row = row < n ? row : n - 1;
+            wrow[t][h] = w + (size_t)row * (size_t)k + q * 8;
+        }
+    /* This lane's tokens: g (+ 8 for the second n tile); absent tokens contribute zeros, loaded from nowhere. */
+    const uint16_t *xrow[NT];
+    bool xok[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int tok = nt * 8 + g;
+        xok[nt] = tok < m;
+        xrow[nt] = x + (size_t)(xok[nt] ? tok : 0) * (size_t)x_stride + q * 8;
+    }
+
+    float acc[TILES][NT][4];
+#pragma unroll
+    for (int t = 0; t < TILES; t++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[t][nt][i] = 0.0f;
+
+    /* Register double buffer over groups of UNROLL chunks: the next group's weights AND activations are in
+     * flight while the current group is multiplied, so neither the DRAM nor the L2 round trip is exposed
+     * once per iteration. */
+    const int step = WARPS * UNROLL;
+    int c0 = c_lo + warp * UNROLL;
+    uint4 wcur[UNROLL][TILES][2], xcur[UNROLL][NT];
+#pragma unroll
+    for (int j = 0; j < UNROLL; j++)
+#pragma unroll
+        for (int t = 0; t < TILES; t++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                wcur[j][t][h] = c0 + j < c_hi ? k3_ld_stream(wrow[t][h] + (c0 + j) * 32, pol) : make_uint4(0, 0, 0, 0);
+    /* Let the next kernel launch now: it fires only once every block of this grid has reached this point (so
+     * it never takes slots our blocks need), and the next kernel's own wait still orders its reads after our
+     * completion; its blocks then prefetch their weights while ours finish. */
+    k3_grid_launch_dependents();
+    k3_grid_wait(); /* x and residual come from the previous kernel */
+#pragma unroll
+    for (int j = 0; j < UNROLL; j++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            xcur[j][nt] = xok[nt] && c0 + j < c_hi ? k3_ld_cached(xrow[nt] + (c0 + j) * 32) : make_uint4(0, 0, 0, 0);
+
+    for (; c0 < c_hi; c0 += step) {
+        uint4 wnext[UNROLL][TILES][2], xnext[UNROLL][NT];
+#pragma unroll
+        for (int j = 0; j < UNROLL; j++) {
+            const int c = c0 + step + j;
+#pragma unroll
+            for (int t = 0; t < TILES; t++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    wnext[j][t][h] = c < c_hi ? k3_ld_stream(wrow[t][h] + c * 32, pol) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                xnext[j][nt] = xok[nt] && c < c_hi ? k3_ld_cached(xrow[nt] + c * 32) : make_uint4(0, 0, 0, 0);
+        }
+        /* Chunks past c_hi hold zeros in both operands: multiplying them adds exact zeros. */
+#pragma unroll
+        for (int j = 0; j < UNROLL; j++)
+#pragma unroll
+            for (int t = 0; t < TILES; t++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const uint4 lo = wcur[j][t][0], hi = wcur[j][t][1], xv = xcur[j][nt];
+                    k3_mma_bf16_16816(acc[t][nt], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
+                    k3_mma_bf16_16816(acc[t][nt], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
+                }
+#pragma unroll
+        for (int j = 0; j < UNROLL; j++) {
+#pragma unroll
+            for (int t = 0; t < TILES; t++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) wcur[j][t][h] = wnext[j][t][h];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) xcur[j][nt] = xnext[j][nt];
+        }
+    }
+
+    /* Partial sums per warp -> red[warp][token][row]; C fragment: c0/c1 = row g, tokens 2q/2q+1; c2/c3 = row g+8. */
+    __shared__ float red[WARPS][NT * 8][SR];
+#pragma unroll
+    for (int t = 0; t < TILES; t++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int r = t * 16 + g, tk = nt * 8 + 2 * q;
+            red[warp][tk][r] = acc[t][nt][0];
+            red[warp][tk + 1][r] = acc[t][nt][1];
+            red[warp][tk][r + 8] = acc[t][nt][2];
+            red[warp][tk + 1][r + 8] = acc[t][nt][3];
+        }
+    __syncthreads();
+    const int outs = m * ROWS; /* m <= NT * 8 (validated at launch) */
+    if constexpr (CLUSTER_K == 1) {
+        for (int e = tid; e < outs; e += WARPS * 32) {
+            const int tk = e / ROWS, r = e % ROWS, row = row0 + r;
+            if (row < n) {
+                float s = 0.0f;
+#pragma unroll
+                for (int wi = 0; wi < WARPS; wi++) s += red[wi][tk][r];
+                const size_t o = (size_t)tk * (size_t)y_stride + (size_t)row;
+                if (residual) s += k3_bf16_to_f32_dev(residual[o]); /* plain load: residual may alias y */
+                y[o] = k3_f32_to_bf16_dev(s);
+            }
+        }
+    } else {
+        /* Block partial (sum over warps), then the cluster's blocks add their partials through distributed
+         * shared memory in rank order (deterministic); each rank finishes a slice of the outputs. */
+        __shared__ float part[NT * 8 * ROWS];
+        for (int e = tid; e < outs; e += WARPS * 32) {
+            const int tk = e / ROWS, r = e % ROWS;
+            float s = 0.0f;
+#pragma unroll
+            for (int wi = 0; wi < WARPS; wi++) s += red[wi][tk][r];
+            part[e] = s;
+        }
+        cg::cluster_group cluster = cg::this_cluster();
+        cluster.sync(); /* every rank's partials are written */
+        const int rank = (int)cluster.block_rank();
+        for (int e = rank * WARPS * 32 + tid; e < outs; e += CLUSTER_K * WARPS * 32) {
+            const int tk = e / ROWS, r = e % ROWS, row = row0 + r;
+            float s = 0.0f;
+#pragma unroll
+            for (int rk = 0; rk < CLUSTER_K; rk++) s += cluster.map_shared_rank(part, rk)[e];
+            if (row < n) {
+                const size_t o = (size_t)tk * (size_t)y_stride + (size_t)row;
+                if (residual) s += k3_bf16_to_f32_dev(residual[o]);
+                y[o] = k3_f32_to_bf16_dev(s);
+            }
+        }
+        cluster.sync(); /* keep every rank's shared memory alive until all remote reads are done */
+    }
+}
+
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int NT>
+cudaError_t k3_mma_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
+    cudaLaunchConfig_t lc;
+    cudaLaunchAttribute attr[2];
+    k3_gemm_launch_cfg_init(&lc, attr, dim3((unsigned)((a->n + TILES * 16 - 1) / (TILES * 16)), CLUSTER_K),
+                            dim3(WARPS * 32), stream, pdl);
+    if (CLUSTER_K > 1) { /* the K-splitting blocks of one row tile form a cluster */
+        attr[lc.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        attr[lc.numAttrs].val.clusterDim.x = 1;
+        attr[lc.numAttrs].val.clusterDim.y = CLUSTER_K;
+        attr[lc.numAttrs].val.clusterDim.z = 1;
+        lc.numAttrs++;
+    }
+    return cudaLaunchKernelEx(&lc, k3_mma_kernel<WARPS, TILES, UNROLL, CLUSTER_K, NT>,
+                              static_cast<const uint16_t *>(a->x), (int64_t)a->x_stride,
+                              static_cast<const uint16_t *>(a->w), static_cast<const uint16_t *>(a->residual),
+                              static_cast<uint16_t *>(a->y), (int64_t)a->y_stride, (int32_t)a->m, (int32_t)a->n,
+                              (int32_t)a->k);
+}
+
+} // namespace
+
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K>
+cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
+    static_assert(CLUSTER_K >= 1 && CLUSTER_K <= 8, "portable cluster size");
+    if (a->m <= 8) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, 1>(a, stream, pdl);
+    if (a->m <= 16) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, 2>(a, stream, pdl);
+    return cudaErrorInvalidValue;
+}
+
+#define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk)
+#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k) \
+    template cudaError_t k3_mma_launch<warps, tiles, unroll, cluster_k>(const k3_gemm_args *, cudaStream_t, int);
+#include "plan/gemm_configs.def"
+#undef K3_GEMM_SKINNY
+#undef K3_GEMM_MMA
