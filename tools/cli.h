@@ -23,6 +23,8 @@ int k3_cmd_demo(int argc, char **argv);
 int k3_cmd_plan(int argc, char **argv);
 int k3_cmd_bench(int argc, char **argv);
 int k3_cmd_tune(int argc, char **argv);
+/* `k3 bench kda` (tools/kda_bench.c), dispatched from k3_cmd_bench. */
+int k3_bench_kda(int argc, char **argv);
 
 /* ---- helpers (tools/cli_util.c) ---- */
 /* 1 when argv[i] is "-h" or "--help" for any i >= 1. */

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_graph.h"
 #include "cli.h"
 #include "gemm_bench.h"
 #include "gemm_shapes.h"
@@ -188,7 +189,7 @@ static int bench_gemm(int argc, char **argv) {
                (int)a.runtime_version, k3_version(), table_name);
         printf("method: CUDA graph replay, cold weights (>= %.0f MB rotated), 3 warm-up + %d timed replays, median "
                "per call; seed %lld; ceiling 4.37 TB/s\n",
-               fmax(K3B_COLD_MIN_BYTES, 3.0 * (double)a.l2_bytes) / 1e6, (int)reps, (long long)seed);
+               fmax(K3_BENCH_COLD_MIN_BYTES, 3.0 * (double)a.l2_bytes) / 1e6, (int)reps, (long long)seed);
         printf("%-13s %3s  %-34s %8s %6s  %8s %-3s %6s  %7s  %s\n", "N x K", "M", "plan kernel", "plan us", "%ceil",
                "cublasLt", "", "%ceil", "speedup", "rel-L2 plan");
     }

@@ -1,12 +1,12 @@
 /* The GEMM measurement harness (see gemm_bench.h): CUDA runtime API from C, CUDA builds only. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
 #include "gemm_bench.h"
+
+#include "bench_graph.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "plan/gemm_configs.h"
 
@@ -66,7 +66,6 @@ void k3b_measure(k3b_shape *s, const k3_linear_desc *d, int64_t m, k3b_result *r
 
 #include "cpu/cpu.h"
 
-#define K3B_SYNC_TIMEOUT_S 30.0 /* a kernel that takes this long is hung: report it instead of waiting forever */
 
 struct k3b_shape {
     k3_ctx *ctx;
@@ -81,30 +80,13 @@ struct k3b_shape {
     uint16_t *ref;     /* host: CPU reference [max_m, n] */
     uint16_t *yh;      /* host: device output copied back */
     cudaStream_t stream;
-    cudaEvent_t e0, e1;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Waits for an event without ever blocking forever. */
-static cudaError_t wait_event(cudaEvent_t e) {
-    const double t0 = now_s();
-    for (;;) {
-        cudaError_t q = cudaEventQuery(e);
-        if (q != cudaErrorNotReady) return q;
-        if (now_s() - t0 > K3B_SYNC_TIMEOUT_S) return cudaErrorLaunchTimeout;
-        struct timespec nap = {0, 20000};
-        nanosleep(&nap, NULL);
-    }
-}
-
 static cudaError_t sync_stream(k3b_shape *s) {
-    cudaError_t e = cudaEventRecord(s->e1, s->stream);
-    return e != cudaSuccess ? e : wait_event(s->e1);
+    char err[160];
+    if (k3_bench_sync(s->stream, err, sizeof err) == K3_STATUS_SUCCESS) return cudaSuccess;
+    const cudaError_t e = cudaGetLastError(); /* the kernel's own error, else it hung */
+    return e != cudaSuccess ? e : cudaErrorLaunchTimeout;
 }
 
 static uint64_t splitmix(uint64_t *st) {
@@ -153,10 +135,7 @@ k3_status k3b_shape_open(k3_ctx *ctx, int64_t n, int64_t k, int64_t max_m, const
     k3_ctx_arch(ctx, &a);
     const size_t w_bytes = (size_t)n * (size_t)k * 2;
     s->w_pitch = (w_bytes + 255) / 256 * 256;
-    double cold = 3.0 * (double)a.l2_bytes;
-    if (cold < K3B_COLD_MIN_BYTES) cold = K3B_COLD_MIN_BYTES;
-    s->copies = (int32_t)ceil(cold / (double)w_bytes);
-    if (s->copies < 2) s->copies = 2; /* two copies each larger than the L2 alternate: still cold */
+    s->copies = k3_bench_cold_copies((double)w_bytes, a.l2_bytes);
     s->calls = s->copies < K3B_MIN_CALLS ? K3B_MIN_CALLS : s->copies;
 
     size_t free_b = 0, total_b = 0;
@@ -185,8 +164,6 @@ k3_status k3b_shape_open(k3_ctx *ctx, int64_t n, int64_t k, int64_t max_m, const
     k3_cpu_linear(max_m, n, k, xh, k, wh, NULL, s->ref, n, K3_ACCUM_FP32);
 
     cudaError_t e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess) e = cudaEventCreate(&s->e0);
-    if (e == cudaSuccess) e = cudaEventCreate(&s->e1);
     if (e == cudaSuccess) e = cudaMalloc((void **)&s->w, s->w_pitch * (size_t)s->copies);
     if (e == cudaSuccess) e = cudaMalloc((void **)&s->x, (size_t)max_m * (size_t)k * 2);
     if (e == cudaSuccess) e = cudaMalloc((void **)&s->y, (size_t)max_m * (size_t)n * 2);
@@ -213,8 +190,6 @@ void k3b_shape_close(k3b_shape *s) {
     if (s->x) cudaFree(s->x);
     if (s->y) cudaFree(s->y);
     if (s->ws) cudaFree(s->ws);
-    if (s->e0) cudaEventDestroy(s->e0);
-    if (s->e1) cudaEventDestroy(s->e1);
     if (s->stream) cudaStreamDestroy(s->stream);
     free(s->ref);
     free(s->yh);
@@ -246,9 +221,19 @@ static cudaError_t check_output(k3b_shape *s, int64_t m, double *rel, int32_t *n
     return cudaSuccess;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
+typedef struct measure_call {
+    k3b_shape *s;
+    k3_linear_plan *plan;
+    int64_t m;
+} measure_call;
+
+static k3_status measure_one(void *user, int32_t copy, void *stream, char *err, size_t err_size) {
+    const measure_call *c = (const measure_call *)user;
+    k3b_shape *s = c->s;
+    const k3_status st = k3_linear_run(c->plan, c->m, s->x, s->w + (size_t)copy * s->w_pitch, NULL, s->y, s->ws,
+                                       s->ws_cap, stream);
+    if (st != K3_STATUS_SUCCESS) snprintf(err, err_size, "%s: %s", k3_status_string(st), k3_ctx_last_error(s->ctx));
+    return st;
 }
 
 #define M_CUDA(call)                                                                                         \
@@ -275,10 +260,6 @@ void k3b_measure(k3b_shape *s, const k3_linear_desc *d, int64_t m, k3b_result *r
     memset(r, 0, sizeof *r);
     r->status = K3_STATUS_SUCCESS;
     k3_linear_plan *plan = NULL;
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    double *times = NULL;
-    int capturing = 0;
     if (m < 1 || m > s->max_m || d->n != s->n || d->k != s->k) {
         r->status = K3_STATUS_INVALID_ARGUMENT;
         snprintf(r->message, sizeof r->message, "measure: m %lld or the shape does not match the prepared one",
@@ -309,37 +290,17 @@ void k3b_measure(k3b_shape *s, const k3_linear_desc *d, int64_t m, k3b_result *r
     int32_t nan1 = 0;
     M_CUDA(check_output(s, m, &rel1, &nan1));
 
-    /* 2. a graph of `calls` calls rotating the cold weight copies */
+    /* 2. a graph of `calls` calls rotating the cold weight copies, warmed up, then timed replays */
     M_CUDA(cudaMemsetAsync(s->y, 0xFF, y_bytes, s->stream));
-    M_CUDA(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
-    capturing = 1;
-    for (int32_t c = 0; c < s->calls; c++)
-        M_K3(k3_linear_run(plan, m, s->x, s->w + (size_t)(c % s->copies) * s->w_pitch, NULL, s->y, s->ws, s->ws_cap,
-                           s->stream));
-    capturing = 0;
-    M_CUDA(cudaStreamEndCapture(s->stream, &graph));
-    M_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-
-    /* 3. warm up, then time replays */
-    for (int32_t i = 0; i < s->o.warmup; i++) M_CUDA(cudaGraphLaunch(exec, s->stream));
-    M_CUDA(sync_stream(s));
-    times = (double *)malloc((size_t)s->o.reps * sizeof *times);
-    if (!times) {
-        r->status = K3_STATUS_OUT_OF_MEMORY;
-        snprintf(r->message, sizeof r->message, "out of host memory");
-        goto done;
+    {
+        measure_call c = {s, plan, m};
+        const k3_bench_timing t = {s->copies, s->calls, s->o.warmup, s->o.reps};
+        const k3_status st = k3_bench_graph_time(measure_one, &c, &t, s->stream, &r->us, r->message, sizeof r->message);
+        if (st != K3_STATUS_SUCCESS) {
+            r->status = st;
+            goto done;
+        }
     }
-    for (int32_t i = 0; i < s->o.reps; i++) {
-        M_CUDA(cudaEventRecord(s->e0, s->stream));
-        M_CUDA(cudaGraphLaunch(exec, s->stream));
-        M_CUDA(cudaEventRecord(s->e1, s->stream));
-        M_CUDA(wait_event(s->e1));
-        float ms = 0;
-        M_CUDA(cudaEventElapsedTime(&ms, s->e0, s->e1));
-        times[i] = (double)ms;
-    }
-    qsort(times, (size_t)s->o.reps, sizeof *times, cmp_double);
-    r->us = 1000.0 * times[s->o.reps / 2] / (double)s->calls;
 
     /* 4. the replayed graph's output must be right too */
     double rel2 = 0;
@@ -349,15 +310,6 @@ void k3b_measure(k3b_shape *s, const k3_linear_desc *d, int64_t m, k3b_result *r
     r->nan_count = nan1 > nan2 ? nan1 : nan2;
     r->correct = r->nan_count == 0 && r->rel_l2 <= K3B_REL_L2_MAX;
 done:
-    if (capturing) { /* leave the stream usable after a failed capture */
-        cudaGraph_t g = NULL;
-        cudaStreamEndCapture(s->stream, &g);
-        if (g) cudaGraphDestroy(g);
-        (void)cudaGetLastError();
-    }
-    free(times);
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
     k3_linear_plan_destroy(plan);
 }
 

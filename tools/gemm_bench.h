@@ -16,7 +16,6 @@
 
 #define K3B_CEILING_BYTES_PER_S 4.37e12 /* measured H200 HBM read ceiling (BENCHMARKS.md) */
 #define K3B_REL_L2_MAX 2e-3             /* BF16 GEMM correctness bar */
-#define K3B_COLD_MIN_BYTES 180e6        /* >= 3 x the H200's 60 MB L2 */
 #define K3B_MIN_CALLS 8                 /* calls per graph, so the replay's own launch cost is amortized */
 #define K3B_MAX_M 32
 

@@ -1,5 +1,7 @@
 /* CPU-only builds: the CUDA backend's entry points, each answering "not available". */
 #include "cuda/backend.h"
+#include "cuda/fork_join.h"
+#include "cuda/kda_proj.h"
 
 int32_t k3_cuda_built(void) { return 0; }
 
@@ -16,3 +18,32 @@ k3_status k3_cuda_state_create(k3_ctx *ctx) {
 }
 
 void k3_cuda_state_destroy(struct k3_cuda_state *state) { (void)state; }
+
+/* ---- KDA projection kernels and the fork/join primitive (src/cuda/kda_proj.cu, src/cuda/fork_join.cu) ---- */
+
+k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, int64_t hidden, const void *w, int64_t rows,
+                            int32_t rows_per_block, void *fab, void *stream) {
+    return k3_fail(ctx, K3_STATUS_NOT_AVAILABLE, "this build of k3kernels has no CUDA backend");
+}
+
+k3_status k3_cuda_kda_run_k(k3_ctx *ctx, int64_t m, const void *fa, int64_t fa_stride, const void *w, int64_t rows,
+                            void *g1, void *stream) {
+    return k3_fail(ctx, K3_STATUS_NOT_AVAILABLE, "this build of k3kernels has no CUDA backend");
+}
+
+k3_status k3_fork_join_create(k3_ctx *ctx, k3_fork_join **out) {
+    *out = NULL;
+    return k3_fail(ctx, K3_STATUS_NOT_AVAILABLE, "this build of k3kernels has no CUDA backend");
+}
+
+void k3_fork_join_destroy(k3_fork_join *fj) { (void)fj; }
+
+void *k3_fork_join_aux(const k3_fork_join *fj) { return (void *)fj; }
+
+k3_status k3_fork_join_fork(k3_ctx *ctx, k3_fork_join *fj, void *main_stream) {
+    return k3_fail(ctx, K3_STATUS_NOT_AVAILABLE, "this build of k3kernels has no CUDA backend");
+}
+
+k3_status k3_fork_join_join(k3_ctx *ctx, k3_fork_join *fj, void *main_stream) {
+    return k3_fail(ctx, K3_STATUS_NOT_AVAILABLE, "this build of k3kernels has no CUDA backend");
+}

@@ -1,0 +1,143 @@
+/* The KDA projection (LOW-LATENCY-GEMM.md section 4): QKVG through the linear plan on the caller's stream;
+ * F_AB (run_n) then F_B (run_k) on an auxiliary stream, forked and joined by events made at plan time. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "cuda/fork_join.h"
+#include "cuda/kda_proj.h"
+#include "plan/kda_tuning.h"
+
+struct k3_kda_proj_plan {
+    k3_ctx *ctx;
+    k3_kda_proj_desc d;
+    int64_t qkvg_rows, fab_rows, fb_rows;
+    k3_linear_plan *qkvg;     /* the big GEMM, planned by the GEMM tables */
+    size_t ws_bytes;          /* what the QKVG plan needs */
+    k3_fork_join *fj;         /* CUDA only */
+    k3_kda_tuning tuning;
+};
+
+void k3_kda_proj_desc_init(k3_kda_proj_desc *d) {
+    if (!d) return;
+    d->hidden = 7168;
+    d->local_heads = 12;
+    d->head_dim = 128;
+    d->fa_dim = 128;
+    d->packed_rows = 6288;
+    d->max_tokens = 16;
+    d->overlap_max_tokens = 14;
+}
+
+static k3_status kda_validate(k3_ctx *ctx, const k3_kda_proj_desc *d) {
+    K3_CHECK_ARG(ctx, d->hidden >= 512 && d->hidden <= 8192 && d->hidden % 512 == 0,
+                 "kda: hidden must be a multiple of 512 in [512, 8192] (one run_n block spans K), got %lld",
+                 (long long)d->hidden);
+    K3_CHECK_ARG(ctx, d->local_heads >= 1 && d->head_dim >= 1 && d->head_dim % 8 == 0,
+                 "kda: local_heads must be >= 1 and head_dim a positive multiple of 8 (got %lld, %lld)",
+                 (long long)d->local_heads, (long long)d->head_dim);
+    K3_CHECK_ARG(ctx, d->fa_dim == K3_KDA_FA_DIM, "kda: fa_dim must be %d (run_k: 16 lanes x 8), got %lld",
+                 K3_KDA_FA_DIM, (long long)d->fa_dim);
+    const int64_t qkvg = 4 * d->local_heads * d->head_dim, fab = d->packed_rows - qkvg;
+    K3_CHECK_ARG(ctx, fab >= d->fa_dim + d->local_heads,
+                 "kda: packed_rows %lld leaves %lld F_AB rows after the %lld QKVG rows; need f_a (%lld) + beta "
+                 "(%lld)", (long long)d->packed_rows, (long long)fab, (long long)qkvg, (long long)d->fa_dim,
+                 (long long)d->local_heads);
+    K3_CHECK_ARG(ctx, fab % 8 == 0,
+                 "kda: the F_AB row count %lld (packed_rows - 4*heads*head_dim) must be a multiple of 8 so f_a rows "
+                 "stay 16-byte aligned", (long long)fab);
+    K3_CHECK_ARG(ctx, d->max_tokens >= 1 && d->max_tokens <= K3_KDA_MAX_TOKENS,
+                 "kda: max_tokens must be in [1, %d], got %lld", K3_KDA_MAX_TOKENS, (long long)d->max_tokens);
+    K3_CHECK_ARG(ctx, d->overlap_max_tokens >= 0 && d->overlap_max_tokens <= d->max_tokens,
+                 "kda: overlap_max_tokens must be in [0, max_tokens], got %lld", (long long)d->overlap_max_tokens);
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda_proj_plan **out) {
+    if (!ctx) return K3_STATUS_INVALID_ARGUMENT;
+    k3_clear_error(ctx);
+    K3_CHECK_ARG(ctx, d && out, "kda: desc and out must not be NULL");
+    *out = NULL;
+    K3_TRY(kda_validate(ctx, d));
+    k3_kda_proj_plan *p = (k3_kda_proj_plan *)calloc(1, sizeof *p);
+    if (!p) return k3_fail(ctx, K3_STATUS_OUT_OF_MEMORY, "out of host memory");
+    p->ctx = ctx;
+    p->d = *d;
+    p->qkvg_rows = 4 * d->local_heads * d->head_dim;
+    p->fab_rows = d->packed_rows - p->qkvg_rows;
+    p->fb_rows = d->local_heads * d->head_dim;
+    k3_kda_tuning_for(ctx->arch.table, &p->tuning);
+
+    k3_linear_desc ld;
+    k3_linear_desc_init(&ld, p->qkvg_rows, d->hidden);
+    ld.max_m = d->max_tokens;
+    k3_status st = k3_linear_plan_create(ctx, &ld, &p->qkvg);
+    if (st == K3_STATUS_SUCCESS) st = k3_linear_workspace_size(p->qkvg, &p->ws_bytes);
+    if (st == K3_STATUS_SUCCESS && ctx->backend == K3_BACKEND_CUDA && d->overlap_max_tokens > 0)
+        st = k3_fork_join_create(ctx, &p->fj);
+    if (st != K3_STATUS_SUCCESS) {
+        k3_kda_proj_plan_destroy(p);
+        return st;
+    }
+    *out = p;
+    return K3_STATUS_SUCCESS;
+}
+
+void k3_kda_proj_plan_destroy(k3_kda_proj_plan *p) {
+    if (!p) return;
+    k3_fork_join_destroy(p->fj);
+    k3_linear_plan_destroy(p->qkvg);
+    free(p);
+}
+
+k3_status k3_kda_proj_workspace_size(const k3_kda_proj_plan *p, size_t *out_bytes) {
+    if (!p || !out_bytes) return K3_STATUS_INVALID_ARGUMENT;
+    *out_bytes = p->ws_bytes;
+    return K3_STATUS_SUCCESS;
+}
+
+/* The aux branch: F_AB then F_B (which reads f_a back from the fab buffer, bf16-rounded as stored). */
+static k3_status kda_branch(k3_kda_proj_plan *p, int64_t m, const uint16_t *x, const uint16_t *w_fab,
+                            const void *w_fb, void *fab, void *g1, void *stream) {
+    k3_ctx *ctx = p->ctx;
+    if (ctx->backend == K3_BACKEND_CPU) {
+        k3_cpu_linear(m, p->fab_rows, p->d.hidden, x, p->d.hidden, w_fab, NULL, (uint16_t *)fab, p->fab_rows,
+                      K3_ACCUM_FP32);
+        k3_cpu_linear(m, p->fb_rows, p->d.fa_dim, (const uint16_t *)fab, p->fab_rows, (const uint16_t *)w_fb, NULL,
+                      (uint16_t *)g1, p->fb_rows, K3_ACCUM_FP32);
+        return K3_STATUS_SUCCESS;
+    }
+    K3_TRY(k3_cuda_kda_run_n(ctx, m, x, p->d.hidden, w_fab, p->fab_rows, p->tuning.run_n_rows_per_block[m], fab,
+                             stream));
+    return k3_cuda_kda_run_k(ctx, m, fab, p->fab_rows, w_fb, p->fb_rows, g1, stream);
+}
+
+static int misaligned(const void *ptr) { return ((uintptr_t)ptr & 15u) != 0; }
+
+k3_status k3_kda_proj_run(k3_kda_proj_plan *p, int64_t m, const void *x, const void *w_packed, const void *w_fb,
+                          void *qkvg, void *fab, void *g1, void *ws, size_t ws_bytes, void *stream) {
+    if (!p) return K3_STATUS_INVALID_ARGUMENT;
+    k3_ctx *ctx = p->ctx;
+    k3_clear_error(ctx);
+    K3_CHECK_ARG(ctx, m >= 1 && m <= p->d.max_tokens, "kda: m must be in [1, %lld], got %lld",
+                 (long long)p->d.max_tokens, (long long)m);
+    K3_CHECK_ARG(ctx, x && w_packed && w_fb && qkvg && fab && g1,
+                 "kda: x, w_packed, w_fb, qkvg, fab and g1 must not be NULL");
+    K3_CHECK_ARG(ctx,
+                 !misaligned(x) && !misaligned(w_packed) && !misaligned(w_fb) && !misaligned(qkvg) &&
+                     !misaligned(fab) && !misaligned(g1),
+                 "kda: every pointer must be 16-byte aligned (x %p, w_packed %p, w_fb %p, qkvg %p, fab %p, g1 %p)",
+                 x, w_packed, w_fb, qkvg, fab, g1);
+    const uint16_t *w_fab = (const uint16_t *)w_packed + (size_t)p->qkvg_rows * (size_t)p->d.hidden;
+
+    if (p->fj && m <= p->d.overlap_max_tokens) {
+        /* The branch is queued first (on a high-priority stream) so its few blocks are scheduled ahead of
+         * the big GEMM's waves; the join makes everything after this call wait for both. */
+        K3_TRY(k3_fork_join_fork(ctx, p->fj, stream));
+        K3_TRY(kda_branch(p, m, (const uint16_t *)x, w_fab, w_fb, fab, g1, k3_fork_join_aux(p->fj)));
+        K3_TRY(k3_linear_run(p->qkvg, m, x, w_packed, NULL, qkvg, ws, ws_bytes, stream));
+        return k3_fork_join_join(ctx, p->fj, stream);
+    }
+    K3_TRY(k3_linear_run(p->qkvg, m, x, w_packed, NULL, qkvg, ws, ws_bytes, stream));
+    return kda_branch(p, m, (const uint16_t *)x, w_fab, w_fb, fab, g1, stream);
+}

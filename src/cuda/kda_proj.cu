@@ -1,0 +1,162 @@
+/* KDA projection kernels: run_n (N small, K long) and run_k (K short). Both accumulate in fp32 through the
+ * one FMA header (portable widen+fma on SM90, the mixed-precision bf16 FMA on SM100+). */
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "cuda/check.cuh"
+#include "cuda/fma.cuh"
+#include "cuda/gemm_kernels.cuh"
+#include "cuda/kda_proj.h"
+
+
+namespace {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* One block per rows_per_block (R) output rows; thread t owns K elements [16t, 16t + 16) of every row. */
+template <int M, int R>
+__global__ void __launch_bounds__(512) kda_run_n_kernel(const uint16_t *__restrict__ x, int hidden,
+                                                         const uint16_t *__restrict__ w, int rows,
+                                                         uint16_t *__restrict__ fab) {
+    __shared__ float partial[16][M * R];
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nwarps = blockDim.x >> 5;
+    const int row0 = blockIdx.x * R;
+
+    const uint64_t pol = k3_policy_evict_first();
+    k3_bf16x8 wv[R][2];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int row = min(row0 + r, rows - 1); /* clamp: the duplicate row's result is never stored */
+        const uint16_t *p = w + (size_t)row * hidden + (size_t)t * 16;
+        wv[r][0] = k3_bf16x8_from_u4(k3_ld_stream(p, pol));
+        wv[r][1] = k3_bf16x8_from_u4(k3_ld_stream(p + 8, pol));
+    }
+    float acc[M][R];
+#pragma unroll
+    for (int i = 0; i < M; i++) {
+        const uint16_t *p = x + (size_t)i * hidden + (size_t)t * 16;
+        const k3_bf16x8 x0 = k3_bf16x8_from_u4(k3_ld_cached(p));
+        const k3_bf16x8 x1 = k3_bf16x8_from_u4(k3_ld_cached(p + 8));
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[i][r] = k3_dot8_bf16(wv[r][1], x1, k3_dot8_bf16(wv[r][0], x0, 0.0f));
+    }
+#pragma unroll
+    for (int i = 0; i < M; i++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float s = warp_sum(acc[i][r]);
+            if (lane == 0) partial[warp][i * R + r] = s;
+        }
+    __syncthreads();
+    /* fixed summation order over warps: bitwise reproducible */
+    for (int j = t; j < M * R; j += blockDim.x) {
+        const int i = j / R, r = j % R;
+        if (row0 + r >= rows) continue;
+        float s = 0.0f;
+        for (int q = 0; q < nwarps; q++) s += partial[q][j];
+        fab[(size_t)i * rows + row0 + r] = k3_f32_to_bf16_dev(s);
+    }
+}
+
+/* 16 lanes per output row, 8 K elements each (K = 128), butterfly reduction over the 16 lanes; every lane ends
+ * with every token's sum and lane (i % 16) stores token i, spreading the stores. */
+template <int M>
+__global__ void __launch_bounds__(256) kda_run_k_kernel(const uint16_t *__restrict__ fa, int fa_stride,
+                                                        const uint16_t *__restrict__ w, int rows,
+                                                        uint16_t *__restrict__ g1) {
+    const int gid = blockIdx.x * blockDim.x + threadIdx.x;
+    const int row = gid >> 4, sub = gid & 15;
+    const bool valid = row < rows;
+    const k3_bf16x8 wv =
+        k3_bf16x8_from_u4(valid ? k3_ld_stream(w + (size_t)row * K3_KDA_FA_DIM + sub * 8, k3_policy_evict_first()) : make_uint4(0, 0, 0, 0));
+    float acc[M];
+#pragma unroll
+    for (int i = 0; i < M; i++) {
+        const k3_bf16x8 av = k3_bf16x8_from_u4(k3_ld_cached(fa + (size_t)i * fa_stride + sub * 8));
+        acc[i] = k3_dot8_bf16(wv, av, 0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < M; i++)
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o, 16);
+    if (!valid) return;
+#pragma unroll
+    for (int i = 0; i < M; i++)
+        if (sub == (i & 15)) g1[(size_t)i * rows + row] = k3_f32_to_bf16_dev(acc[i]);
+}
+
+template <int M>
+cudaError_t launch_run_n(const uint16_t *x, int hidden, const uint16_t *w, int rows, int rpb, uint16_t *fab,
+                         cudaStream_t s) {
+    const dim3 block(hidden / 16);
+    switch (rpb) {
+    case 1: kda_run_n_kernel<M, 1><<<rows, block, 0, s>>>(x, hidden, w, rows, fab); break;
+    default: kda_run_n_kernel<M, 2><<<(rows + 1) / 2, block, 0, s>>>(x, hidden, w, rows, fab); break;
+    }
+    return cudaGetLastError();
+}
+
+template <int M>
+cudaError_t launch_run_k(const uint16_t *fa, int fa_stride, const uint16_t *w, int rows, uint16_t *g1,
+                         cudaStream_t s) {
+    const int threads = 256, blocks = (rows * 16 + threads - 1) / threads;
+    kda_run_k_kernel<M><<<blocks, threads, 0, s>>>(fa, fa_stride, w, rows, g1);
+    return cudaGetLastError();
+}
+
+/* Token count as a template argument so the accumulators stay in registers. */
+template <typename F>
+cudaError_t dispatch_m(int64_t m, F f) {
+    switch (m) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 9: return f(std::integral_constant<int, 9>{});
+    case 10: return f(std::integral_constant<int, 10>{});
+    case 11: return f(std::integral_constant<int, 11>{});
+    case 12: return f(std::integral_constant<int, 12>{});
+    case 13: return f(std::integral_constant<int, 13>{});
+    case 14: return f(std::integral_constant<int, 14>{});
+    case 15: return f(std::integral_constant<int, 15>{});
+    default: return f(std::integral_constant<int, 16>{});
+    }
+}
+
+} // namespace
+
+extern "C" k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, int64_t hidden, const void *w,
+                                       int64_t rows, int32_t rows_per_block, void *fab, void *stream) {
+    if (m < 1 || m > K3_KDA_MAX_TOKENS || hidden % 512 != 0 || hidden > 8192 || rows < 1 ||
+        (rows_per_block != 1 && rows_per_block != 2))
+        return k3_fail(ctx, K3_STATUS_INTERNAL_ERROR, "kda run_n: unchecked arguments reached the launcher");
+    const cudaError_t e = dispatch_m(m, [&](auto mc) {
+        return launch_run_n<decltype(mc)::value>((const uint16_t *)x, (int)hidden, (const uint16_t *)w, (int)rows,
+                                                 rows_per_block, (uint16_t *)fab, (cudaStream_t)stream);
+    });
+    if (e != cudaSuccess)
+        return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of kda run_n failed: %s", cudaGetErrorString(e));
+    return K3_STATUS_SUCCESS;
+}
+
+extern "C" k3_status k3_cuda_kda_run_k(k3_ctx *ctx, int64_t m, const void *fa, int64_t fa_stride, const void *w,
+                                       int64_t rows, void *g1, void *stream) {
+    if (m < 1 || m > K3_KDA_MAX_TOKENS || fa_stride < K3_KDA_FA_DIM || fa_stride % 8 != 0 || rows < 1)
+        return k3_fail(ctx, K3_STATUS_INTERNAL_ERROR, "kda run_k: unchecked arguments reached the launcher");
+    const cudaError_t e = dispatch_m(m, [&](auto mc) {
+        return launch_run_k<decltype(mc)::value>((const uint16_t *)fa, (int)fa_stride, (const uint16_t *)w,
+                                                 (int)rows, (uint16_t *)g1, (cudaStream_t)stream);
+    });
+    if (e != cudaSuccess)
+        return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of kda run_k failed: %s", cudaGetErrorString(e));
+    return K3_STATUS_SUCCESS;
+}

@@ -1,0 +1,16 @@
+/* Per-architecture tuning data of the KDA projection (measured numbers, not constants of nature). */
+#ifndef K3_PLAN_KDA_TUNING_H
+#define K3_PLAN_KDA_TUNING_H
+
+#include "k3.h"
+
+typedef struct k3_kda_tuning {
+    int64_t overlap_max_tokens;  /* overlap the aux branch for m <= this */
+    int32_t run_n_rows_per_block[17]; /* index m (1..16): output rows per run_n block (1 or 2) */
+} k3_kda_tuning;
+
+/* The tuning for a table id; architectures without measurements get the defaults (overlap through 14, the
+ * crossover measured upstream on B300). */
+void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out);
+
+#endif

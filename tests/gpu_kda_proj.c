@@ -1,0 +1,145 @@
+/* KDA projection on the GPU at Kimi-K3 TP8 shapes: the overlapped path captured into a CUDA graph on a
+ * non-default stream and replayed; qkvg, beta and g1 vs an independent fp64 evaluation; every element written;
+ * replays bitwise identical; overlapped == sequential bit for bit. Exit 77 (skipped) without a GPU. */
+#include <string.h>
+
+#include "k3.h"
+#include "kda_ref.h"
+#include "test_util.h"
+
+#ifndef K3_HAVE_CUDA
+int main(void) { K3T_SKIP("built without CUDA"); }
+#else
+#include <cuda_runtime.h>
+
+#define CU(call)                                                                                             \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) {                                                                             \
+            fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));                                      \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+
+enum { H = 7168, Q = 6144, F = 144, G = 1536, P = 6288, MT = 16, GUARD = 64 };
+
+int main(void) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) K3T_SKIP("no CUDA device");
+    const uint64_t seed = 20261129u;
+    printf("seed %llu\n", (unsigned long long)seed);
+    k3_ctx_options o;
+    k3_ctx_options_init(&o);
+    o.backend = K3_BACKEND_CUDA;
+    k3_ctx *ctx = NULL;
+    CHECK(k3_ctx_create(&o, &ctx) == K3_STATUS_SUCCESS, "cuda context");
+    if (!ctx) return k3t_finish();
+
+    k3t_rng rng = {seed};
+    uint16_t *hx = malloc(2 * MT * H), *hw = malloc((size_t)2 * P * H), *hfb = malloc(2 * G * 128);
+    for (int i = 0; i < MT * H; i++) hx[i] = k3_bf16_from_f32(k3t_uniform(&rng));
+    for (size_t i = 0; i < (size_t)P * H; i++) hw[i] = k3_bf16_from_f32(0.02f * k3t_uniform(&rng));
+    for (int i = 0; i < G * 128; i++) hfb[i] = k3_bf16_from_f32(0.1f * k3t_uniform(&rng));
+    double *rq = malloc(sizeof(double) * MT * Q), *rf = malloc(sizeof(double) * MT * F),
+           *rg = malloc(sizeof(double) * MT * G);
+    kref_kda(MT, H, Q, F, G, hx, hw, hfb, rq, rf, rg); /* token rows are independent: one reference for all m */
+
+    void *x, *w, *wfb, *qkvg, *fab, *g1;
+    CU(cudaMalloc(&x, 2 * MT * H));
+    CU(cudaMalloc(&w, (size_t)2 * P * H));
+    CU(cudaMalloc(&wfb, 2 * G * 128));
+    CU(cudaMalloc(&qkvg, 2 * (MT * Q + GUARD)));
+    CU(cudaMalloc(&fab, 2 * (MT * F + GUARD)));
+    CU(cudaMalloc(&g1, 2 * (MT * G + GUARD)));
+    CU(cudaMemcpy(x, hx, 2 * MT * H, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(w, hw, (size_t)2 * P * H, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(wfb, hfb, 2 * G * 128, cudaMemcpyHostToDevice));
+
+    k3_kda_proj_desc d, dseq;
+    k3_kda_proj_desc_init(&d);
+    dseq = d;
+    dseq.overlap_max_tokens = 0;
+    k3_kda_proj_plan *plan = NULL, *seq = NULL;
+    CHECK(k3_kda_proj_plan_create(ctx, &d, &plan) == K3_STATUS_SUCCESS, "plan: %s", k3_ctx_last_error(ctx));
+    CHECK(k3_kda_proj_plan_create(ctx, &dseq, &seq) == K3_STATUS_SUCCESS, "seq plan: %s", k3_ctx_last_error(ctx));
+    if (!plan || !seq) return k3t_finish();
+    size_t ws_bytes = 0, ws2 = 0;
+    k3_kda_proj_workspace_size(plan, &ws_bytes);
+    k3_kda_proj_workspace_size(seq, &ws2);
+    if (ws2 > ws_bytes) ws_bytes = ws2;
+    void *ws = NULL;
+    if (ws_bytes) CU(cudaMalloc(&ws, ws_bytes));
+
+    cudaStream_t s;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    uint16_t *oq = malloc(2 * (MT * Q + GUARD)), *of = malloc(2 * (MT * F + GUARD)), *og = malloc(2 * (MT * G + GUARD));
+    uint16_t *oq2 = malloc(2 * MT * Q), *of2 = malloc(2 * MT * F), *og2 = malloc(2 * MT * G);
+    const int64_t ms[] = {1, 2, 3, 4, 8, 9, 13, 14, 15, 16};
+    for (int t = 0; t < (int)(sizeof ms / sizeof ms[0]); t++) {
+        const int64_t m = ms[t];
+        CU(cudaMemset(qkvg, 0xff, 2 * (MT * Q + GUARD)));
+        CU(cudaMemset(fab, 0xff, 2 * (MT * F + GUARD)));
+        CU(cudaMemset(g1, 0xff, 2 * (MT * G + GUARD)));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        k3_status st = k3_kda_proj_run(plan, m, x, w, wfb, qkvg, fab, g1, ws, ws_bytes, s);
+        CU(cudaStreamEndCapture(s, &graph));
+        CHECK(st == K3_STATUS_SUCCESS, "capture m=%lld: %s", (long long)m, k3_ctx_last_error(ctx));
+        CU(cudaGraphInstantiate(&exec, graph, 0));
+        CU(cudaGraphLaunch(exec, s));
+        CU(cudaStreamSynchronize(s));
+        CU(cudaMemcpy(oq, qkvg, 2 * (MT * Q + GUARD), cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(of, fab, 2 * (MT * F + GUARD), cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(og, g1, 2 * (MT * G + GUARD), cudaMemcpyDeviceToHost));
+        const double eq = kref_rel_l2(m, 0, Q, oq, Q, rq, Q);
+        const double eb = kref_rel_l2(m, 128, 12, of, F, rf, F); /* beta columns 128..139 */
+        const double ea = kref_rel_l2(m, 0, 128, of, F, rf, F);  /* f_a */
+        const double eg = kref_rel_l2(m, 0, G, og, G, rg, G);
+        CHECK(eq <= 2e-3 && eb <= 2e-3 && ea <= 2e-3 && eg <= 2e-3,
+              "m=%lld rel-L2 qkvg %.3g beta %.3g f_a %.3g g1 %.3g", (long long)m, eq, eb, ea, eg);
+        int unwritten = 0, guard_hit = 0;
+        for (int64_t i = 0; i < m * Q; i++) unwritten += oq[i] == 0xffff;
+        for (int64_t i = 0; i < m * F; i++) unwritten += of[i] == 0xffff;
+        for (int64_t i = 0; i < m * G; i++) unwritten += og[i] == 0xffff;
+        for (int64_t i = m * Q; i < MT * Q + GUARD; i++) guard_hit += oq[i] != 0xffff;
+        for (int64_t i = m * F; i < MT * F + GUARD; i++) guard_hit += of[i] != 0xffff;
+        for (int64_t i = m * G; i < MT * G + GUARD; i++) guard_hit += og[i] != 0xffff;
+        CHECK(unwritten == 0, "m=%lld: %d output elements not written (or NaN)", (long long)m, unwritten);
+        CHECK(guard_hit == 0, "m=%lld: %d elements written past row m", (long long)m, guard_hit);
+
+        /* replay: bitwise identical */
+        CU(cudaGraphLaunch(exec, s));
+        CU(cudaStreamSynchronize(s));
+        CU(cudaMemcpy(oq2, qkvg, 2 * m * Q, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(of2, fab, 2 * m * F, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(og2, g1, 2 * m * G, cudaMemcpyDeviceToHost));
+        CHECK(!memcmp(oq, oq2, 2 * m * Q) && !memcmp(of, of2, 2 * m * F) && !memcmp(og, og2, 2 * m * G),
+              "m=%lld: replay not bitwise identical", (long long)m);
+
+        /* sequential plan, eager on the stream: the same bits */
+        st = k3_kda_proj_run(seq, m, x, w, wfb, qkvg, fab, g1, ws, ws_bytes, s);
+        CHECK(st == K3_STATUS_SUCCESS, "sequential m=%lld: %s", (long long)m, k3_ctx_last_error(ctx));
+        CU(cudaStreamSynchronize(s));
+        CU(cudaMemcpy(oq2, qkvg, 2 * m * Q, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(of2, fab, 2 * m * F, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(og2, g1, 2 * m * G, cudaMemcpyDeviceToHost));
+        CHECK(!memcmp(oq, oq2, 2 * m * Q) && !memcmp(of, of2, 2 * m * F) && !memcmp(og, og2, 2 * m * G),
+              "m=%lld: overlapped and sequential differ", (long long)m);
+        CU(cudaGraphExecDestroy(exec));
+        CU(cudaGraphDestroy(graph));
+        printf("m=%2lld rel-L2 qkvg %.2e beta %.2e f_a %.2e g1 %.2e\n", (long long)m, eq, eb, ea, eg);
+    }
+    /* validation on the device path: misaligned pointer */
+    CHECK(k3_kda_proj_run(plan, 1, (char *)x + 2, w, wfb, qkvg, fab, g1, ws, ws_bytes, s) ==
+              K3_STATUS_INVALID_ARGUMENT, "misaligned x rejected");
+    k3_kda_proj_plan_destroy(plan);
+    k3_kda_proj_plan_destroy(seq);
+    CU(cudaStreamDestroy(s));
+    cudaFree(x), cudaFree(w), cudaFree(wfb), cudaFree(qkvg), cudaFree(fab), cudaFree(g1), cudaFree(ws);
+    free(hx), free(hw), free(hfb), free(rq), free(rf), free(rg), free(oq), free(of), free(og), free(oq2), free(of2),
+        free(og2);
+    k3_ctx_destroy(ctx);
+    return k3t_finish();
+}
+#endif

@@ -1,0 +1,35 @@
+/* CUDA-graph timing shared by every benchmark (BENCHMARKS.md method): capture `calls` back-to-back calls (call i
+ * uses weight copy i % copies, so the weights read are cold when the copies together exceed the L2), warm up,
+ * replay `reps` times timed with events, report the median per-call time. Waits never block forever: a replay
+ * that takes longer than K3_BENCH_TIMEOUT_S is reported as hung. */
+#ifndef K3_TOOLS_BENCH_GRAPH_H
+#define K3_TOOLS_BENCH_GRAPH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "k3.h"
+
+#define K3_BENCH_TIMEOUT_S 30.0
+#define K3_BENCH_COLD_MIN_BYTES 180e6 /* >= 3 x the H200's 60 MB L2 */
+
+/* Queues one call using weight copy `copy` on `stream`; a failure's message goes to err. */
+typedef k3_status (*k3_bench_call_fn)(void *user, int32_t copy, void *stream, char *err, size_t err_size);
+
+typedef struct k3_bench_timing {
+    int32_t copies; /* weight copies rotated */
+    int32_t calls;  /* calls captured into the graph */
+    int32_t warmup; /* untimed replays */
+    int32_t reps;   /* timed replays (>= 1; the median is reported) */
+} k3_bench_timing;
+
+/* Returns K3_STATUS_SUCCESS with the median microseconds per call in *us; otherwise a status and err. The
+ * stream is left usable after a failed capture. CUDA builds only (else K3_STATUS_NOT_AVAILABLE). */
+k3_status k3_bench_graph_time(k3_bench_call_fn fn, void *user, const k3_bench_timing *t, void *stream, double *us,
+                              char *err, size_t err_size);
+/* Waits for everything queued on stream, at most K3_BENCH_TIMEOUT_S. */
+k3_status k3_bench_sync(void *stream, char *err, size_t err_size);
+/* Copies of `bytes` needed so that they total at least max(3 x L2, 180 MB); at least 2. */
+int32_t k3_bench_cold_copies(double bytes, int64_t l2_bytes);
+
+#endif

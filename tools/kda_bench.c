@@ -1,0 +1,323 @@
+/* k3 bench kda: the KDA projection overlap measured as BENCHMARKS.md says (graph replay, cold weights,
+ * medians), in one run: overlapped, sequential with our kernels, the sequential cuBLAS chain (QKVG, F_AB, f_b)
+ * and the QKVG GEMM alone, for each M. Also checks every variant against an fp64 evaluation first. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_graph.h"
+#include "cli.h"
+
+static void kda_bench_help(void) {
+    printf("usage: k3 bench kda [--m LIST] [--reps R] [--json]\n\n"
+           "Times, per token count M (default 1-16), on the CUDA device, at Kimi-K3 TP8 shapes\n"
+           "(x [M, 7168], packed in_proj [6288, 7168], f_b [1536, 128]):\n"
+           "  overlapped   QKVG on the caller's stream, F_AB then f_b on the aux stream (fork/join)\n"
+           "  sequential   the same kernels one after another on one stream\n"
+           "  qkvg         the QKVG GEMM alone (the planned kernel)\n"
+           "  cublas       QKVG, F_AB, f_b each through cuBLASLt, one after another\n"
+           "Method: each variant is captured into a CUDA graph of many back-to-back calls over enough weight\n"
+           "copies to exceed 3x the L2, replayed R times (default 15); the median per-call time is reported.\n"
+           "Bars (issue 5), for M = 1..14: overlapped <= qkvg + 1.0 us and <= 0.75 x cublas.\n"
+           "Also prints the largest M through which overlapping never loses to sequential (the tuned max_tokens).\n");
+}
+
+#ifndef K3_HAVE_CUDA
+int k3_bench_kda(int argc, char **argv) {
+    if (k3_cli_wants_help(argc, argv)) {
+        kda_bench_help();
+        return K3_EXIT_OK;
+    }
+    fprintf(stderr, "k3 bench kda: this build has no CUDA backend\n");
+    return K3_EXIT_FAIL;
+}
+#else
+#include <cuda_runtime.h>
+
+enum { KB_H = 7168, KB_Q = 6144, KB_F = 144, KB_G = 1536, KB_P = 6288, KB_MT = 16 };
+
+typedef struct kda_bench {
+    k3_ctx *ctx;
+    int64_t m;
+    int32_t copies;
+    uint16_t **w, **wfb; /* device weight copies */
+    uint16_t *x, *qkvg, *fab, *g1;
+    void *ws;
+    size_t ws_bytes;
+    k3_kda_proj_plan *ov, *seq;
+    k3_linear_plan *qkvg_plan, *lt_qkvg, *lt_fab, *lt_fb;
+} kda_bench;
+
+static k3_status report(kda_bench *b, k3_status st, const char *what) {
+    if (st != K3_STATUS_SUCCESS)
+        fprintf(stderr, "k3 bench kda: %s: %s: %s\n", what, k3_status_string(st), k3_ctx_last_error(b->ctx));
+    return st;
+}
+
+#define KB_CALL_ARGS void *u, int32_t c, void *s, char *err, size_t err_size
+
+static k3_status call_overlap(KB_CALL_ARGS) {
+    kda_bench *b = (kda_bench *)u;
+    (void)err, (void)err_size; /* report() prints the context's message */
+    return report(b, k3_kda_proj_run(b->ov, b->m, b->x, b->w[c], b->wfb[c], b->qkvg, b->fab, b->g1, b->ws,
+                                     b->ws_bytes, s), "overlapped");
+}
+static k3_status call_seq(KB_CALL_ARGS) {
+    kda_bench *b = (kda_bench *)u;
+    (void)err, (void)err_size; /* report() prints the context's message */
+    return report(b, k3_kda_proj_run(b->seq, b->m, b->x, b->w[c], b->wfb[c], b->qkvg, b->fab, b->g1, b->ws,
+                                     b->ws_bytes, s), "sequential");
+}
+static k3_status call_qkvg(KB_CALL_ARGS) {
+    kda_bench *b = (kda_bench *)u;
+    (void)err, (void)err_size; /* report() prints the context's message */
+    return report(b, k3_linear_run(b->qkvg_plan, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s),
+                  "qkvg");
+}
+static k3_status call_cublas(KB_CALL_ARGS) {
+    kda_bench *b = (kda_bench *)u;
+    (void)err, (void)err_size; /* report() prints the context's message */
+    k3_status st = k3_linear_run(b->lt_qkvg, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s);
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_linear_run(b->lt_fab, b->m, b->x, b->w[c] + (size_t)KB_Q * KB_H, NULL, b->fab, b->ws, b->ws_bytes, s);
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_linear_run(b->lt_fb, b->m, b->fab, b->wfb[c], NULL, b->g1, b->ws, b->ws_bytes, s);
+    return report(b, st, "cublas chain");
+}
+
+static double bf(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* rel-L2 of the m x cols bf16 block (row stride ld, from column c0) vs doubles (row stride ldr). */
+static double rel_l2(int64_t m, int64_t c0, int64_t cols, const uint16_t *y, int64_t ld, const double *r, int64_t ldr) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = c0; j < c0 + cols; j++) {
+            const double v = bf(y[i * ld + j]), e = r[i * ldr + j];
+            if (v != v) return INFINITY;
+            num += (v - e) * (v - e);
+            den += e * e;
+        }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* Checks the outputs left in b's buffers for m tokens (weights copy 0) against the fp64 reference. */
+static int check_outputs(kda_bench *b, const char *what, const double *rq, const double *rf, const double *rg) {
+    const int64_t m = b->m;
+    uint16_t *q = malloc(2 * m * KB_Q), *f = malloc(2 * m * KB_F), *g = malloc(2 * m * KB_G);
+    int ok = q && f && g && cudaMemcpy(q, b->qkvg, 2 * m * KB_Q, cudaMemcpyDeviceToHost) == cudaSuccess &&
+             cudaMemcpy(f, b->fab, 2 * m * KB_F, cudaMemcpyDeviceToHost) == cudaSuccess &&
+             cudaMemcpy(g, b->g1, 2 * m * KB_G, cudaMemcpyDeviceToHost) == cudaSuccess;
+    if (ok) {
+        const double eq = rel_l2(m, 0, KB_Q, q, KB_Q, rq, KB_Q), eb = rel_l2(m, 0, 140, f, KB_F, rf, KB_F),
+                     eg = rel_l2(m, 0, KB_G, g, KB_G, rg, KB_G);
+        ok = eq <= 2e-3 && eb <= 2e-3 && eg <= 2e-3;
+        if (!ok)
+            fprintf(stderr, "k3 bench kda: %s m=%lld FAILED the check: rel-L2 qkvg %.3g fab %.3g g1 %.3g\n", what,
+                    (long long)m, eq, eb, eg);
+    }
+    free(q), free(f), free(g);
+    return ok;
+}
+
+static void reference(const uint16_t *x, const uint16_t *w, const uint16_t *wfb, double *rq, double *rf,
+                      double *rg) {
+    for (int i = 0; i < KB_MT; i++) {
+        for (int r = 0; r < KB_P; r++) {
+            double s = 0;
+            for (int k = 0; k < KB_H; k++) s += bf(x[i * KB_H + k]) * bf(w[(size_t)r * KB_H + k]);
+            if (r < KB_Q) rq[i * KB_Q + r] = s;
+            else rf[i * KB_F + r - KB_Q] = s;
+        }
+        for (int r = 0; r < KB_G; r++) {
+            double s = 0;
+            for (int k = 0; k < 128; k++)
+                s += bf(k3_bf16_from_f32((float)rf[i * KB_F + k])) * bf(wfb[r * 128 + k]);
+            rg[i * KB_G + r] = s;
+        }
+    }
+}
+
+int k3_bench_kda(int argc, char **argv) {
+    int64_t ms[64];
+    int nm = 16, json = 0;
+    int64_t reps = 15;
+    for (int i = 0; i < 16; i++) ms[i] = i + 1;
+    if (k3_cli_wants_help(argc, argv)) {
+        kda_bench_help();
+        return K3_EXIT_OK;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--m")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--m")) || !(nm = k3_cli_parse_list(v, "--m", ms, 64)))
+                return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--reps")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--reps")) || !k3_cli_parse_i64(v, "--reps", &reps))
+                return K3_EXIT_USAGE;
+        } else {
+            fprintf(stderr, "k3 bench kda: unknown option '%s' (see k3 bench kda --help)\n", argv[i]);
+            return K3_EXIT_USAGE;
+        }
+    }
+    for (int i = 0; i < nm; i++)
+        if (ms[i] < 1 || ms[i] > 16) {
+            fprintf(stderr, "k3 bench kda: --m values must be in 1..16\n");
+            return K3_EXIT_USAGE;
+        }
+    if (reps < 3 || reps > 1000) {
+        fprintf(stderr, "k3 bench kda: --reps must be in 3..1000\n");
+        return K3_EXIT_USAGE;
+    }
+    kda_bench b;
+    memset(&b, 0, sizeof b);
+    if (!(b.ctx = k3_cli_ctx("cuda"))) return K3_EXIT_FAIL;
+    k3_arch_info arch;
+    k3_ctx_arch(b.ctx, &arch);
+    const size_t wbytes = (size_t)2 * KB_P * KB_H, fbbytes = 2 * KB_G * 128;
+    b.copies = k3_bench_cold_copies((double)(wbytes + fbbytes), arch.l2_bytes);
+    b.w = calloc((size_t)b.copies, sizeof *b.w);
+    b.wfb = calloc((size_t)b.copies, sizeof *b.wfb);
+    uint16_t *hx = malloc(2 * KB_MT * KB_H), *hw = malloc(wbytes), *hfb = malloc(fbbytes);
+    double *rq = malloc(sizeof(double) * KB_MT * KB_Q), *rf = malloc(sizeof(double) * KB_MT * KB_F),
+           *rg = malloc(sizeof(double) * KB_MT * KB_G);
+    int rc = K3_EXIT_FAIL;
+    if (!b.w || !b.wfb || !hx || !hw || !hfb || !rq || !rf || !rg) goto done;
+    uint64_t st64 = 0x6b33u;
+    for (size_t i = 0; i < (size_t)KB_P * KB_H + KB_MT * KB_H + KB_G * 128; i++) {
+        st64 = st64 * 6364136223846793005ull + 1442695040888963407ull; /* LCG: fast, fixed seed */
+        const float u = (float)((st64 >> 40) * (2.0 / 16777216.0) - 1.0);
+        if (i < (size_t)KB_P * KB_H) hw[i] = k3_bf16_from_f32(0.02f * u);
+        else if (i < (size_t)KB_P * KB_H + KB_MT * KB_H) hx[i - (size_t)KB_P * KB_H] = k3_bf16_from_f32(u);
+        else hfb[i - (size_t)KB_P * KB_H - KB_MT * KB_H] = k3_bf16_from_f32(0.1f * u);
+    }
+    for (int32_t c = 0; c < b.copies; c++) {
+        if (cudaMalloc((void **)&b.w[c], wbytes) != cudaSuccess || cudaMalloc((void **)&b.wfb[c], fbbytes) != cudaSuccess ||
+            cudaMemcpy(b.w[c], hw, wbytes, cudaMemcpyHostToDevice) != cudaSuccess ||
+            cudaMemcpy(b.wfb[c], hfb, fbbytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+            fprintf(stderr, "k3 bench kda: device allocation/copy of weight copy %d failed\n", (int)c);
+            goto done;
+        }
+    }
+    if (cudaMalloc((void **)&b.x, 2 * KB_MT * KB_H) != cudaSuccess ||
+        cudaMalloc((void **)&b.qkvg, 2 * KB_MT * KB_Q) != cudaSuccess ||
+        cudaMalloc((void **)&b.fab, 2 * KB_MT * KB_F) != cudaSuccess ||
+        cudaMalloc((void **)&b.g1, 2 * KB_MT * KB_G) != cudaSuccess ||
+        cudaMemcpy(b.x, hx, 2 * KB_MT * KB_H, cudaMemcpyHostToDevice) != cudaSuccess) {
+        fprintf(stderr, "k3 bench kda: device allocation failed\n");
+        goto done;
+    }
+    {
+        k3_kda_proj_desc d;
+        k3_kda_proj_desc_init(&d);
+        d.overlap_max_tokens = 16; /* measure the overlap at every M; the tuned threshold is the output */
+        k3_kda_proj_desc ds = d;
+        ds.overlap_max_tokens = 0;
+        k3_linear_desc lq, lf, lg;
+        k3_linear_desc_init(&lq, KB_Q, KB_H);
+        k3_linear_desc_init(&lf, KB_F, KB_H);
+        k3_linear_desc_init(&lg, KB_G, 128);
+        lg.x_stride = KB_F;
+        k3_linear_plan *qp = NULL;
+        if (report(&b, k3_kda_proj_plan_create(b.ctx, &d, &b.ov), "plan") ||
+            report(&b, k3_kda_proj_plan_create(b.ctx, &ds, &b.seq), "plan") ||
+            report(&b, k3_linear_plan_create(b.ctx, &lq, &qp), "plan"))
+            goto done;
+        b.qkvg_plan = qp;
+        lq.force_kernel = lf.force_kernel = lg.force_kernel = K3_KERNEL_FALLBACK;
+        if (report(&b, k3_linear_plan_create(b.ctx, &lq, &b.lt_qkvg), "plan") ||
+            report(&b, k3_linear_plan_create(b.ctx, &lf, &b.lt_fab), "plan") ||
+            report(&b, k3_linear_plan_create(b.ctx, &lg, &b.lt_fb), "plan"))
+            goto done;
+        size_t s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0;
+        k3_kda_proj_workspace_size(b.ov, &s1);
+        k3_kda_proj_workspace_size(b.seq, &s2);
+        k3_linear_workspace_size(b.qkvg_plan, &s3);
+        k3_linear_workspace_size(b.lt_qkvg, &s4);
+        k3_linear_workspace_size(b.lt_fab, &s5);
+        k3_linear_workspace_size(b.lt_fb, &s6);
+        size_t mx = s1;
+        const size_t all[] = {s2, s3, s4, s5, s6};
+        for (int i = 0; i < 5; i++) mx = all[i] > mx ? all[i] : mx;
+        b.ws_bytes = mx;
+        if (mx && cudaMalloc(&b.ws, mx) != cudaSuccess) goto done;
+    }
+    fprintf(stderr, "k3 bench kda: fp64 reference for %d tokens (a few seconds)...\n", KB_MT);
+    reference(hx, hw, hfb, rq, rf, rg);
+
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) goto done;
+    char kname[128] = "";
+    k3_linear_plan_kernel(b.qkvg_plan, 1, kname, sizeof kname);
+    if (!json) {
+        printf("k3 bench kda on %s (sm_%d), %d weight copies (%.0f MB), %lld replays, median us per call\n",
+               arch.device_name, (int)arch.sm_version, (int)b.copies, b.copies * (wbytes + fbbytes) / 1e6,
+               (long long)reps);
+        printf("%3s %11s %11s %9s %9s %9s %9s %s\n", "M", "overlapped", "sequential", "qkvg", "cublas", "ov-qkvg",
+               "ov/cublas", "bars (M<=14: ov<=qkvg+1.0, ov<=0.75 cublas)");
+    } else
+        printf("{\"device\": \"%s\", \"copies\": %d, \"rows\": [", arch.device_name, (int)b.copies);
+    int all_ok = 1, tuned_max = 0, still_wins = 1;
+    const int32_t calls = b.copies * 8;
+    for (int i = 0; i < nm; i++) {
+        b.m = ms[i];
+        double t_ov, t_seq, t_q, t_lt;
+        /* correctness of each variant on copy 0 before timing */
+        char err[320] = "";
+        int ok = call_overlap(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
+                 k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, "overlapped", rq, rf, rg);
+        ok = ok && call_seq(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
+             k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, "sequential", rq, rf, rg);
+        ok = ok && call_cublas(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
+             k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, "cublas", rq, rf, rg);
+        const k3_bench_timing tm = {b.copies, calls, 3, (int32_t)reps};
+        if (!ok || k3_bench_graph_time(call_overlap, &b, &tm, s, &t_ov, err, sizeof err) ||
+            k3_bench_graph_time(call_seq, &b, &tm, s, &t_seq, err, sizeof err) ||
+            k3_bench_graph_time(call_qkvg, &b, &tm, s, &t_q, err, sizeof err) ||
+            k3_bench_graph_time(call_cublas, &b, &tm, s, &t_lt, err, sizeof err)) {
+            if (err[0]) fprintf(stderr, "k3 bench kda: m=%lld: %s\n", (long long)b.m, err);
+            goto done;
+        }
+        const int bar1 = t_ov <= t_q + 1.0, bar2 = t_ov <= 0.75 * t_lt, in_scope = b.m <= 14;
+        if (in_scope && !(bar1 && bar2)) all_ok = 0;
+        if (still_wins && t_ov <= t_seq) tuned_max = (int)b.m;
+        else still_wins = 0;
+        if (json)
+            printf("%s{\"m\": %lld, \"overlapped_us\": %.3f, \"sequential_us\": %.3f, \"qkvg_us\": %.3f, "
+                   "\"cublas_chain_us\": %.3f}", i ? ", " : "", (long long)b.m, t_ov, t_seq, t_q, t_lt);
+        else
+            printf("%3lld %11.2f %11.2f %9.2f %9.2f %+9.2f %9.3f %s\n", (long long)b.m, t_ov, t_seq, t_q, t_lt,
+                   t_ov - t_q, t_ov / t_lt,
+                   !in_scope ? "(not in scope)" : (bar1 && bar2) ? "PASS" : !bar1 ? "FAIL (ov > qkvg + 1.0)" :
+                                                                                    "FAIL (ov > 0.75 cublas)");
+    }
+    if (json)
+        printf("], \"overlap_never_loses_through\": %d, \"bars_pass\": %s}\n", tuned_max, all_ok ? "true" : "false");
+    else {
+        printf("QKVG kernel at M=1: %s\n", kname);
+        printf("overlap never slower than sequential for M = 1..%d (measured M in order; tuned max_tokens)\n",
+               tuned_max);
+        printf("bars for M <= 14: %s\n", all_ok ? "PASS" : "FAIL");
+    }
+    cudaStreamDestroy(s);
+    rc = all_ok ? K3_EXIT_OK : K3_EXIT_FAIL;
+done:
+    k3_kda_proj_plan_destroy(b.ov);
+    k3_kda_proj_plan_destroy(b.seq);
+    k3_linear_plan_destroy(b.qkvg_plan);
+    k3_linear_plan_destroy(b.lt_qkvg);
+    k3_linear_plan_destroy(b.lt_fab);
+    k3_linear_plan_destroy(b.lt_fb);
+    for (int32_t c = 0; b.w && c < b.copies; c++) cudaFree(b.w[c]);
+    for (int32_t c = 0; b.wfb && c < b.copies; c++) cudaFree(b.wfb[c]);
+    cudaFree(b.x), cudaFree(b.qkvg), cudaFree(b.fab), cudaFree(b.g1), cudaFree(b.ws);
+    free(b.w), free(b.wfb), free(hx), free(hw), free(hfb), free(rq), free(rf), free(rg);
+    k3_ctx_destroy(b.ctx);
+    return rc;
+}
+#endif
