@@ -448,6 +448,8 @@ typedef struct k3_kda_proj_desc {
     int64_t packed_rows;        /* rows of the packed weight: 6288 at TP8 (12448 at TP4, 3216 at TP16) */
     int64_t max_tokens;         /* 1..16, default 16 */
     int64_t overlap_max_tokens; /* overlap for m <= this (0 = never); default 14 */
+    int32_t run_n_rows_per_block; /* F_AB kernel split: 1 or 2 output rows per block; 0 (default) = the tuned
+                                     per-M choice of this architecture (benchmarks force it to compare) */
 } k3_kda_proj_desc;
 
 typedef struct k3_kda_proj_plan k3_kda_proj_plan;

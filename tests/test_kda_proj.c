@@ -45,6 +45,9 @@ static void test_validation(k3_ctx *ctx) {
     bad.overlap_max_tokens = 17;
     expect_plan_error(ctx, &bad, "overlap > max", "overlap_max_tokens");
     bad = d;
+    bad.run_n_rows_per_block = 3;
+    expect_plan_error(ctx, &bad, "rows per block 3", "run_n_rows_per_block");
+    bad = d;
     bad.local_heads = 0;
     expect_plan_error(ctx, &bad, "heads 0", "local_heads");
     k3_kda_proj_plan *p = NULL;

@@ -27,6 +27,7 @@ void k3_kda_proj_desc_init(k3_kda_proj_desc *d) {
     d->packed_rows = 6288;
     d->max_tokens = 16;
     d->overlap_max_tokens = 14;
+    d->run_n_rows_per_block = 0;
 }
 
 static k3_status kda_validate(k3_ctx *ctx, const k3_kda_proj_desc *d) {
@@ -50,6 +51,8 @@ static k3_status kda_validate(k3_ctx *ctx, const k3_kda_proj_desc *d) {
                  "kda: max_tokens must be in [1, %d], got %lld", K3_KDA_MAX_TOKENS, (long long)d->max_tokens);
     K3_CHECK_ARG(ctx, d->overlap_max_tokens >= 0 && d->overlap_max_tokens <= d->max_tokens,
                  "kda: overlap_max_tokens must be in [0, max_tokens], got %lld", (long long)d->overlap_max_tokens);
+    K3_CHECK_ARG(ctx, d->run_n_rows_per_block >= 0 && d->run_n_rows_per_block <= 2,
+                 "kda: run_n_rows_per_block must be 0 (tuned), 1 or 2, got %d", (int)d->run_n_rows_per_block);
     return K3_STATUS_SUCCESS;
 }
 
@@ -67,6 +70,8 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
     p->fab_rows = d->packed_rows - p->qkvg_rows;
     p->fb_rows = d->local_heads * d->head_dim;
     k3_kda_tuning_for(ctx->arch.table, &p->tuning);
+    if (d->run_n_rows_per_block > 0)
+        for (int i = 1; i <= K3_KDA_MAX_TOKENS; i++) p->tuning.run_n_rows_per_block[i] = d->run_n_rows_per_block;
 
     k3_linear_desc ld;
     k3_linear_desc_init(&ld, p->qkvg_rows, d->hidden);
