@@ -14,7 +14,7 @@ typedef struct k3_gemm_config {
     const char *name;       /* unique within its kernel, as written in tables: "b256_o4_u2" */
     int32_t threads;        /* threads per block */
     int32_t rows_per_block; /* weight rows (outputs) per block */
-    int32_t k_unroll;       /* skinny: 16-byte loads in flight per thread; mma: cp.async pipeline stages */
+    int32_t k_unroll;       /* skinny: 16-byte loads in flight per thread; mma: 32-element K chunks per warp step */
     int32_t k_split;        /* mma: K split over the block's warps; skinny: 1 */
     int32_t max_m;          /* the largest token count it supports */
     int32_t k_align;        /* K (and x's row stride) must be a multiple of this many elements */
