@@ -361,7 +361,8 @@ static void test_validation(k3_ctx *ctx) {
     k3_router_plan_destroy(p);
 }
 
-/* On a CUDA context the plan says honestly that the GPU router is not there yet. */
+/* On a CUDA context the router plans (the GPU router; its bitwise equality with the CPU router is tested by
+ * tests/gpu_moe.c); a CPU-only build or a machine without a GPU skips this. */
 static void test_cuda_context(void) {
     k3_ctx_options opt;
     k3_ctx_options_init(&opt);
@@ -373,9 +374,10 @@ static void test_cuda_context(void) {
     }
     k3_router_desc d;
     k3_router_desc_init(&d);
-    k3_router_plan *p = (k3_router_plan *)1;
-    CHECK(k3_router_plan_create(ctx, &d, &p) == K3_STATUS_UNSUPPORTED && p == NULL, "CUDA router unsupported");
-    CHECK(strstr(k3_ctx_last_error(ctx), "issue 6") != NULL, "message: %s", k3_ctx_last_error(ctx));
+    k3_router_plan *p = NULL;
+    CHECK(k3_router_plan_create(ctx, &d, &p) == K3_STATUS_SUCCESS && p != NULL, "CUDA router plans: %s",
+          k3_ctx_last_error(ctx));
+    k3_router_plan_destroy(p);
     k3_ctx_destroy(ctx);
 }
 

@@ -342,6 +342,10 @@ int k3_cmd_bench(int argc, char **argv) {
         return bench_gemm(argc - 1, argv + 1);
     }
     if (!strcmp(argv[1], "kda")) return k3_bench_kda(argc - 1, argv + 1); /* tools/kda_bench.c */
-    fprintf(stderr, "k3 bench: unknown benchmark '%s' (available: gemm, kda)\n", argv[1]);
+    if (!strcmp(argv[1], "moe")) {
+        int k3_bench_moe(int argc, char **argv); /* tools/moe_bench.c */
+        return k3_bench_moe(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "k3 bench: unknown benchmark '%s' (available: gemm, kda, moe)\n", argv[1]);
     return K3_EXIT_USAGE;
 }

@@ -2,6 +2,7 @@
 #include "api/moe_internal.h"
 #include "core/act.h"
 #include "core/act_check.h"
+#include "cuda/moe.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -11,7 +12,8 @@
 
 struct k3_latent_moe_plan {
     k3_ctx *ctx;
-    k3_cpu_latent cpu;
+    k3_cpu_latent cpu;    /* cpu.d is the validated descriptor on every backend */
+    k3_cuda_latent *cuda; /* CUDA context: the block of src/cuda/moe_latent.cu */
     size_t ws_bytes;
 };
 
@@ -79,8 +81,10 @@ k3_status k3_latent_moe_plan_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3
     if (st != K3_STATUS_SUCCESS && !(st == K3_STATUS_UNSUPPORTED && ctx->backend != K3_BACKEND_CPU))
         return prefix_error(ctx, st, "latent plan");
     k3_clear_error(ctx);
+#ifndef K3_HAVE_CUDA
     if (ctx->backend != K3_BACKEND_CPU)
-        return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "the CUDA MoE backend arrives with issue 6");
+        return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "latent plan: this build has no CUDA MoE backend");
+#endif
 
     k3_latent_moe_plan *p = (k3_latent_moe_plan *)calloc(1, sizeof *p);
     if (!p) return k3_fail(ctx, K3_STATUS_OUT_OF_MEMORY, "latent plan: out of host memory");
@@ -93,11 +97,27 @@ k3_status k3_latent_moe_plan_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3
     p->cpu.shared_rows = dd.shared_inter > 0 ? k3_act_width_factor(dd.shared_act.kind) * dd.shared_inter : 0;
     p->ctx = ctx;
     p->ws_bytes = k3_cpu_latent_workspace_size(&p->cpu);
+#ifdef K3_HAVE_CUDA
+    if (ctx->backend != K3_BACKEND_CPU) {
+        st = k3_cuda_latent_create(ctx, &dd, &p->cuda);
+        if (st != K3_STATUS_SUCCESS) {
+            free(p);
+            return st; /* the message is set */
+        }
+        p->ws_bytes = k3_cuda_latent_ws_bytes(p->cuda);
+    }
+#endif
     *out = p;
     return K3_STATUS_SUCCESS;
 }
 
-void k3_latent_moe_plan_destroy(k3_latent_moe_plan *plan) { free(plan); }
+void k3_latent_moe_plan_destroy(k3_latent_moe_plan *plan) {
+    if (!plan) return;
+#ifdef K3_HAVE_CUDA
+    k3_cuda_latent_destroy(plan->cuda);
+#endif
+    free(plan);
+}
 
 k3_status k3_latent_moe_workspace_size(const k3_latent_moe_plan *plan, size_t *out_bytes) {
     if (!plan) return K3_STATUS_INVALID_ARGUMENT;
@@ -110,7 +130,7 @@ k3_status k3_latent_moe_workspace_size(const k3_latent_moe_plan *plan, size_t *o
 k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const void *x, const k3_latent_moe_weights *w,
                             const void *residual, void *y, int32_t *topk_ids, float *topk_weights, void *ws,
                             size_t ws_bytes, void *stream) {
-    (void)stream; /* the CPU backend runs synchronously on the caller's thread */
+    (void)stream; /* ignored by the CPU backend, which runs synchronously on the caller's thread */
     if (!plan) return K3_STATUS_INVALID_ARGUMENT;
     k3_ctx *ctx = plan->ctx;
     const k3_latent_moe_desc *d = &plan->cpu.d;
@@ -137,6 +157,10 @@ k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const void *x, 
                  "latent run: ws_bytes is %zu, the plan needs %zu (k3_latent_moe_workspace_size)", ws_bytes,
                  plan->ws_bytes);
     K3_CHECK_ARG(ctx, ws != NULL, "latent run: ws is NULL (the plan needs %zu bytes)", plan->ws_bytes);
+#ifdef K3_HAVE_CUDA
+    if (plan->cuda)
+        return k3_cuda_latent_run(plan->cuda, m, x, w, residual, y, topk_ids, topk_weights, ws, stream);
+#endif
     k3_cpu_latent_run(&plan->cpu, m, (const uint16_t *)x, w, (const uint16_t *)residual, (uint16_t *)y, topk_ids,
                       topk_weights, ws, NULL, NULL);
     return K3_STATUS_SUCCESS;

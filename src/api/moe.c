@@ -1,6 +1,7 @@
 /* The public routed-experts (MoE) API: descriptor defaults, plan validation, run-time checks, CPU dispatch. */
 #include "api/moe_internal.h"
 #include "core/act_check.h"
+#include "cuda/moe.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +15,9 @@
 
 struct k3_moe_plan {
     k3_ctx *ctx;
-    k3_cpu_moe cpu;
+    k3_cpu_moe cpu;  /* cpu.d is the validated descriptor on every backend */
+    int32_t is_cuda; /* CUDA context: run through src/cuda/moe_*.cu */
+    k3_cuda_moe cuda;
     size_t ws_bytes;
 };
 
@@ -125,8 +128,10 @@ k3_status k3_moe_plan_create(k3_ctx *ctx, const k3_moe_desc *d, k3_moe_plan **ou
     *out = NULL;
     K3_CHECK_ARG(ctx, d != NULL, "moe plan: descriptor is NULL");
     K3_TRY(k3_moe_desc_check(ctx, d, "moe plan"));
+#ifndef K3_HAVE_CUDA
     if (ctx->backend != K3_BACKEND_CPU)
-        return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "the CUDA MoE backend arrives with issue 6");
+        return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "moe plan: this build has no CUDA MoE backend");
+#endif
     k3_moe_plan *p = (k3_moe_plan *)calloc(1, sizeof *p);
     if (!p) return k3_fail(ctx, K3_STATUS_OUT_OF_MEMORY, "moe plan: out of host memory");
     k3_status st = k3_cpu_moe_prepare(&p->cpu, d);
@@ -136,6 +141,17 @@ k3_status k3_moe_plan_create(k3_ctx *ctx, const k3_moe_desc *d, k3_moe_plan **ou
     }
     p->ctx = ctx;
     p->ws_bytes = k3_cpu_moe_workspace_size(&p->cpu);
+#ifdef K3_HAVE_CUDA
+    if (ctx->backend != K3_BACKEND_CPU) {
+        st = k3_cuda_moe_prepare(ctx, &p->cuda, d);
+        if (st != K3_STATUS_SUCCESS) {
+            free(p);
+            return st; /* the message is set */
+        }
+        p->is_cuda = 1;
+        p->ws_bytes = k3_cuda_moe_ws_bytes(&p->cuda);
+    }
+#endif
     *out = p;
     return K3_STATUS_SUCCESS;
 }
@@ -152,7 +168,7 @@ k3_status k3_moe_workspace_size(const k3_moe_plan *plan, size_t *out_bytes) {
 
 k3_status k3_moe_run(k3_moe_plan *plan, int64_t m, const void *x, const int32_t *topk_ids, const float *topk_weights,
                      const k3_moe_weights *w, void *out, float *out_f32, void *ws, size_t ws_bytes, void *stream) {
-    (void)stream; /* the CPU backend runs synchronously on the caller's thread */
+    (void)stream; /* ignored by the CPU backend, which runs synchronously on the caller's thread */
     if (!plan) return K3_STATUS_INVALID_ARGUMENT;
     k3_ctx *ctx = plan->ctx;
     const k3_moe_desc *d = &plan->cpu.d;
@@ -167,6 +183,11 @@ k3_status k3_moe_run(k3_moe_plan *plan, int64_t m, const void *x, const int32_t 
     K3_CHECK_ARG(ctx, ws_bytes >= plan->ws_bytes,
                  "moe run: ws_bytes is %zu, the plan needs %zu (k3_moe_workspace_size)", ws_bytes, plan->ws_bytes);
     K3_CHECK_ARG(ctx, ws != NULL, "moe run: ws is NULL (the plan needs %zu bytes)", plan->ws_bytes);
+#ifdef K3_HAVE_CUDA
+    /* device ids cannot be checked without a sync: the kernels skip ids outside [0, E) (see cuda/moe.h) */
+    if (plan->is_cuda)
+        return k3_cuda_moe_run(ctx, &plan->cuda, m, x, topk_ids, topk_weights, w, out, out_f32, ws, stream);
+#endif
     K3_TRY(k3_moe_ids_check(ctx, d, m, topk_ids, "moe run"));
     k3_cpu_moe_run(&plan->cpu, m, (const uint16_t *)x, topk_ids, topk_weights, w, (uint16_t *)out, out_f32, ws);
     return K3_STATUS_SUCCESS;

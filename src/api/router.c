@@ -1,6 +1,7 @@
 /* The public router API: descriptor defaults, plan validation, run-time checks, dispatch to the backend. */
 #include "core/internal.h"
 #include "cpu/cpu.h"
+#include "cuda/moe.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@ struct k3_router_plan {
     k3_ctx *ctx;
     k3_router_desc desc;
     float *scratch; /* [E] logits / probabilities of one token; made here so run calls allocate nothing */
+    int32_t is_cuda; /* CUDA context: the kernels of src/cuda/moe_route.cu, logits in the workspace */
 };
 
 void k3_router_desc_init(k3_router_desc *d) {
@@ -53,8 +55,10 @@ k3_status k3_router_plan_create(k3_ctx *ctx, const k3_router_desc *d, k3_router_
     *out = NULL;
     K3_CHECK_ARG(ctx, d != NULL, "router plan: descriptor is NULL");
     K3_TRY(router_check_desc(ctx, d));
+#ifndef K3_HAVE_CUDA
     if (ctx->backend != K3_BACKEND_CPU)
-        return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "the CUDA router arrives with the GPU MoE (issue 6)");
+        return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "router plan: this build has no CUDA router");
+#endif
     k3_router_plan *p = (k3_router_plan *)calloc(1, sizeof *p);
     float *scratch = (float *)malloc((size_t)d->num_experts * sizeof(float));
     if (!p || !scratch) {
@@ -65,6 +69,7 @@ k3_status k3_router_plan_create(k3_ctx *ctx, const k3_router_desc *d, k3_router_
     p->ctx = ctx;
     p->desc = *d;
     p->scratch = scratch;
+    p->is_cuda = ctx->backend != K3_BACKEND_CPU;
     *out = p;
     return K3_STATUS_SUCCESS;
 }
@@ -80,6 +85,9 @@ k3_status k3_router_workspace_size(const k3_router_plan *plan, size_t *out_bytes
     k3_clear_error(plan->ctx);
     K3_CHECK_ARG(plan->ctx, out_bytes != NULL, "router workspace size: out_bytes is NULL");
     *out_bytes = 0; /* the CPU scratch lives in the plan */
+#ifdef K3_HAVE_CUDA
+    if (plan->is_cuda) *out_bytes = k3_cuda_router_ws_bytes(&plan->desc);
+#endif
     return K3_STATUS_SUCCESS;
 }
 
@@ -98,6 +106,15 @@ k3_status k3_router_run(k3_router_plan *plan, int64_t m, const void *x, const vo
     /* refuse rather than ignore: a caller passing a bias to a softmax router expects it to matter */
     K3_CHECK_ARG(ctx, bias == NULL || d->kind == K3_ROUTER_SIGMOID_NOAUX_TC,
                  "router run: bias is only used by SIGMOID_NOAUX_TC; pass NULL for a SOFTMAX router");
+#ifdef K3_HAVE_CUDA
+    if (plan->is_cuda) {
+        const size_t need = k3_cuda_router_ws_bytes(d);
+        K3_CHECK_ARG(ctx, ws_bytes >= need, "router run: ws_bytes is %zu, the plan needs %zu (k3_router_workspace_size)",
+                     ws_bytes, need);
+        K3_CHECK_ARG(ctx, ws != NULL, "router run: ws is NULL (the plan needs %zu bytes)", need);
+        return k3_cuda_router_run(ctx, d, m, x, gate, bias, topk_ids, topk_weights, ws, stream);
+    }
+#endif
     k3_cpu_router(d, m, (const uint16_t *)x, gate, bias, topk_ids, topk_weights, plan->scratch);
     return K3_STATUS_SUCCESS;
 }

@@ -122,6 +122,14 @@ K3_HD float k3_f16_bits_to_f32(uint16_t h) {
 
 /* ---- layouts and fake quantization (src/core/fp4.c) ---------------------------------------------- */
 
+/* k3_scale_offset's formula (below) as an inline usable in device code, so GPU kernels read the block scales
+ * with the same layout arithmetic as the host; scale_cols is the unpadded scale-column count. */
+K3_HD int64_t k3_scale_offset_hd(k3_scale_layout layout, int64_t row, int64_t col, int64_t scale_cols) {
+    if (layout != K3_SCALE_SWIZZLED) return row * scale_cols + col;
+    const int64_t kp = (scale_cols + K3_SWIZZLE_COLS - 1) / K3_SWIZZLE_COLS * K3_SWIZZLE_COLS;
+    return ((row / 128) * (kp / 4) + col / 4) * 512 + (row % 32) * 16 + ((row % 128) / 32) * 4 + col % 4;
+}
+
 /* Index (in bytes) of the scale of weight row `row`, scale column `col` (= K index / block size) within
  * one matrix's scale buffer whose unpadded scale-column count is `scale_cols`. `rows` is the unpadded row
  * count (the linear layout does not need it; it is accepted so callers need not care which layout they use).

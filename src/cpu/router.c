@@ -12,8 +12,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/act.h"
 #include "core/bf16.h"
+#include "core/router_math.h" /* sigmoid / exp shared bit-for-bit with the CUDA router */
 
 #define K3_RT_LANES 16
 
@@ -62,14 +62,14 @@ static void rt_token_sigmoid(const k3_router_desc *d, const float *logits, const
     float vals[32];
     int32_t cnt = 0;
     for (int32_t e = 0; e < E; e++) {
-        float key = k3_act_sigmoid(logits[e]) + (bias ? bias[e] : 0.0f);
+        float key = k3_rm_sigmoid(logits[e]) + (bias ? bias[e] : 0.0f);
         if (isnan(key)) key = -INFINITY;
         rt_offer(e, key, k, &cnt, ids, vals);
     }
     float sum = 0.0f;
     for (int32_t j = 0; j < k; j++) {
         const float l = logits[ids[j]];
-        w[j] = isnan(l) ? 0.0f : k3_act_sigmoid(l); /* the unbiased score */
+        w[j] = isnan(l) ? 0.0f : k3_rm_sigmoid(l); /* the unbiased score */
         sum += w[j];
     }
     if (d->renormalize) {
@@ -91,7 +91,7 @@ static void rt_token_softmax(const k3_router_desc *d, float *logits, int32_t *id
     float sum = 0.0f;
     for (int32_t e = 0; e < E; e++) {
         /* the maximum itself gets exactly 1, so an infinite maximum (or a row of -inf) stays well defined */
-        const float p = logits[e] == mx ? 1.0f : expf(logits[e] - mx);
+        const float p = logits[e] == mx ? 1.0f : k3_rm_exp(logits[e] - mx);
         logits[e] = p;
         sum += p;
     }

@@ -1,0 +1,77 @@
+/* C-callable launchers of the GPU router and routed-experts (MoE) kernels, called by src/api/router.c and
+ * src/api/moe.c for CUDA contexts. Only compiled into CUDA builds: the API files call them under
+ * #ifdef K3_HAVE_CUDA (a CPU-only build cannot create a CUDA context, so it never needs them).
+ * None of them allocates, synchronizes or reads device data on the host (CUDA-graph capturable). */
+#ifndef K3_CUDA_MOE_H
+#define K3_CUDA_MOE_H
+
+#include <stddef.h>
+
+#include "core/internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- router (src/cuda/moe_route.cu) ---------------------------------------------------------------- */
+
+/* Device workspace of k3_cuda_router_run for up to max_tokens tokens: the fp32 logits [max_tokens, E]. */
+size_t k3_cuda_router_ws_bytes(const k3_router_desc *d);
+/* The router of k3_router_run on `stream`; bitwise the CPU router's ids and weights (same summation order,
+ * same sigmoid/exp from core/router_math.h, same selection and NaN rules). Arguments were validated. */
+k3_status k3_cuda_router_run(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const void *x, const void *gate,
+                             const float *bias, int32_t *topk_ids, float *topk_weights, void *ws, void *stream);
+
+/* ---- routed experts (src/cuda/moe_dispatch.cu, src/cuda/moe_nvfp4.cu) ------------------------------- */
+
+/* What the CUDA MoE needs beyond the validated descriptor. */
+typedef struct k3_cuda_moe {
+    k3_moe_desc d;
+    int64_t w1_rows;                          /* 2I (gated) or I (RELU2_NO_MUL) */
+    size_t w13_expert_bytes, w2_expert_bytes; /* weight bytes of one expert */
+    size_t w13_scale_bytes, w2_scale_bytes;   /* block-scale bytes of one expert (swizzle padding included) */
+} k3_cuda_moe;
+
+/* Plan-time check of what the CUDA kernels support beyond the descriptor rules (UNSUPPORTED + message when
+ * not: L and I must be multiples of 32), and fills p. */
+k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_moe_desc *d);
+/* Device workspace for d.max_tokens tokens (dispatch lists, activations, per-(token, slot) outputs). */
+size_t k3_cuda_moe_ws_bytes(const k3_cuda_moe *p);
+/* The routed experts of k3_moe_run on `stream`. Ids outside [0, E) cannot be reported without a host sync:
+ * such (token, slot) pairs are skipped (they contribute nothing). Pointers were checked by the caller. */
+k3_status k3_cuda_moe_run(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const void *x, const int32_t *topk_ids,
+                          const float *topk_weights, const k3_moe_weights *w, void *out, float *out_f32, void *ws,
+                          void *stream);
+
+/* The dispatch step alone (exposed for tests and the benchmark): from ids [np] in [0, E), writes
+ * offs [E + 1] (prefix offsets of the per-expert counts), active [E] (touched experts, ascending) with their
+ * count in *n_active, and list [np] (pair indices grouped by expert, ascending pair index within an expert).
+ * cur [E] is scratch. One block; bounded loops; no host knowledge of the ids. */
+k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32_t np, int32_t num_experts, int32_t *offs,
+                               int32_t *cur, int32_t *active, int32_t *n_active, int32_t *list, void *stream);
+
+/* ---- pointer check (src/cuda/moe_ptr_check.cu) ------------------------------------------------------ */
+
+/* INVALID_ARGUMENT naming the first of the n pointers that is plain host memory (NULLs are skipped). Skipped
+ * while `stream` is capturing. */
+k3_status k3_cuda_check_device_ptrs(k3_ctx *ctx, void *stream, const char *what, int32_t n, const void *const *ptrs,
+                                    const char *const *names);
+
+/* ---- the latent-MoE block (src/cuda/moe_latent.cu) ------------------------------------------------ */
+
+typedef struct k3_cuda_latent k3_cuda_latent;
+
+/* Builds the block's sub-plans (router, MoE, four linear plans, the fork/join of the shared branch) from a
+ * validated descriptor whose router/experts max_tokens equal the block's. UNSUPPORTED above 32 tokens. */
+k3_status k3_cuda_latent_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_cuda_latent **out);
+void k3_cuda_latent_destroy(k3_cuda_latent *p);
+size_t k3_cuda_latent_ws_bytes(const k3_cuda_latent *p);
+/* The block of k3_latent_moe_run on `stream` (topk_ids / topk_weights / residual may be NULL). */
+k3_status k3_cuda_latent_run(k3_cuda_latent *p, int64_t m, const void *x, const k3_latent_moe_weights *w,
+                             const void *residual, void *y, int32_t *topk_ids, float *topk_weights, void *ws,
+                             void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,104 @@
+/*
+ * MoE dispatch on the device, without a host sync: one block of 1024 threads turns topk_ids [np] into
+ *   offs [E + 1]   exclusive prefix sums of the per-expert counts (offs[E] = valid pairs),
+ *   active [E]     the touched experts in ascending id order, *n_active of them,
+ *   list [np]      pair indices (token * top_k + slot) grouped by expert, ascending within an expert
+ *                  (the CPU reference's counting-sort order).
+ * Integer atomics only (counts), so the result is deterministic. The stable placement walks the pairs in
+ * chunks of 1024; inside a chunk, warps take their turn in order (a __syncthreads per warp that has pairs), and
+ * within a warp __match_any_sync ranks the lanes that share an expert. Every loop is bounded by np or E, so
+ * decode sizes (np <= a few thousand: a few chunks) and prefill sizes (np = 4096 * 16: 64 chunks) both work.
+ * Ids outside [0, E) are left out of every list.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda/check.cuh"
+#include "cuda/moe.h"
+
+namespace {
+
+constexpr int DT = 1024;
+
+__global__ void __launch_bounds__(DT)
+    k3_moe_dispatch_kernel(const int32_t *__restrict__ ids, int32_t np, int32_t ne, int32_t *__restrict__ offs,
+                           int32_t *cur, int32_t *__restrict__ active, int32_t *__restrict__ n_active,
+                           int32_t *__restrict__ list) {
+    __shared__ unsigned long long scan[DT];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    /* 1. counts (in cur) */
+    for (int32_t e = tid; e < ne; e += DT) cur[e] = 0;
+    __syncthreads();
+    for (int32_t i = tid; i < np; i += DT) {
+        const int32_t e = ids[i];
+        if (e >= 0 && e < ne) atomicAdd(&cur[e], 1);
+    }
+    __syncthreads();
+
+    /* 2. one exclusive scan of (count, touched) packed as (hi 32, lo 32) over contiguous per-thread segments */
+    const int32_t seg = (ne + DT - 1) / DT;
+    const int32_t s0 = min(ne, tid * seg), s1 = min(ne, s0 + seg);
+    unsigned long long local = 0;
+    for (int32_t e = s0; e < s1; e++) {
+        const int32_t c = cur[e];
+        local += ((unsigned long long)c << 32) + (c > 0 ? 1ull : 0ull);
+    }
+    scan[tid] = local;
+    __syncthreads();
+    for (int o = 1; o < DT; o *= 2) { /* Hillis-Steele inclusive scan */
+        const unsigned long long v = tid >= o ? scan[tid - o] : 0ull;
+        __syncthreads();
+        scan[tid] += v;
+        __syncthreads();
+    }
+    unsigned long long run = scan[tid] - local; /* exclusive */
+    int32_t off = (int32_t)(run >> 32), act = (int32_t)(run & 0xffffffffull);
+    for (int32_t e = s0; e < s1; e++) {
+        const int32_t c = cur[e];
+        offs[e] = off;
+        cur[e] = off; /* becomes the placement cursor */
+        if (c > 0) active[act++] = e;
+        off += c;
+    }
+    if (tid == DT - 1) {
+        offs[ne] = (int32_t)(scan[DT - 1] >> 32);
+        *n_active = (int32_t)(scan[DT - 1] & 0xffffffffull);
+    }
+    __syncthreads();
+
+    /* 3. stable placement */
+    for (int32_t base = 0; base < np; base += DT) {
+        const int32_t i = base + tid;
+        const int32_t e = i < np ? ids[i] : -1;
+        const bool valid = e >= 0 && e < ne;
+        const unsigned peers = __match_any_sync(0xffffffffu, valid ? e : -1 - lane);
+        const unsigned lt = (1u << lane) - 1u;
+        const int rank = __popc(peers & lt);
+        const int leader = __ffs(peers) - 1;
+        const int warps_used = min(DT / 32, (np - base + 31) / 32);
+        for (int w = 0; w < warps_used; w++) {
+            if (warp == w) {
+                int32_t b = 0;
+                if (valid && lane == leader) {
+                    b = cur[e];
+                    cur[e] = b + __popc(peers);
+                }
+                b = __shfl_sync(0xffffffffu, b, leader);
+                if (valid) list[b + rank] = i;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+} // namespace
+
+extern "C" k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32_t np, int32_t num_experts,
+                                          int32_t *offs, int32_t *cur, int32_t *active, int32_t *n_active,
+                                          int32_t *list, void *stream) {
+    k3_moe_dispatch_kernel<<<1, DT, 0, (cudaStream_t)stream>>>(ids, np, num_experts, offs, cur, active, n_active,
+                                                               list);
+    K3_CUDA_LAUNCH_CHECK(ctx, "moe dispatch kernel");
+    return K3_STATUS_SUCCESS;
+}

@@ -1,0 +1,563 @@
+/*
+ * Routed experts on the GPU with FP4 (NVFP4, MXFP4) or BF16 weights, tensor-core mma.sync m16n8k16 on SM90+
+ * (no FP4 MMA exists on Hopper, so the E2M1 codes are expanded to BF16 in registers: code * block scale is
+ * exact in BF16, at most 6 significant bits).
+ *
+ * Launch sequence (all on the caller's stream, no host sync, grids sized for the worst case so the launches
+ * need no knowledge of the routing, CUDA-graph capturable):
+ *   dispatch   (moe_dispatch.cu) topk_ids -> per-expert offsets, active experts, grouped (token, slot) list
+ *   [W4A4]     x quantized per (expert, token) pair with the expert's input scale -> xq[pair] (q * sf, exact
+ *              in BF16; the 1 / gs factor is applied to the GEMM1 accumulator instead)
+ *   GEMM1      grid (min(E, m * top_k) expert slots, I / 16 row tiles); slots past the active count exit.
+ *              A block owns 16 gate rows AND the matching 16 up rows, so the activation runs in the epilogue:
+ *              h = bf16(acc * scale_2), act in fp32, one rounding (BF16, or the W4A4 NVFP4 requantization of
+ *              the 16-wide block this tile is) -> a[pair, I]. Its 4 warps split K, summed in a fixed order.
+ *   GEMM2      grid (slots, L / 64): each warp 16 rows of W2, out_pair = weight * ((a . W2^T) * scale_2) in
+ *              fp32 -> pair_out[token * top_k + slot, L]
+ *   combine    out = bf16(sum over slots in order): deterministic, no float atomics.
+ * Weights as the MMA's M dimension (16-row tiles), the expert's tokens as N (8 per MMA, NT MMAs per pass):
+ * every weight byte is loaded once per pass, and a pass covers 8 * NT tokens of an expert (NT from m), so at
+ * decode sizes each touched expert's weights are streamed exactly once per call.
+ *
+ * Fragment mapping (as in gemm_mma.cu): lane (g = lane / 4, q = lane % 4) holds A[g][2q, 2q+1, 2q+8, 2q+9]
+ * (and row g + 8) and B[same k][token g]. Logical k (2q, 2q+1 | 2q+8, 2q+9) of step s maps to the physical
+ * elements p .. p + 3 with p = 128 c + 32 q + 4 s in a 128-element chunk c (s = 0..7: the lane reads 16
+ * consecutive bytes of FP4 per row and chunk: one or two whole scale blocks), or p = k0 + 4 q in a 16-element
+ * tail step at k0. The map depends on k alone, so A and B always meet at the same physical k.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/act.h"
+#include "core/bf16.h"
+#include "core/formats.h"
+#include "cuda/check.cuh"
+#include "cuda/gemm_kernels.cuh"
+#include "cuda/moe.h"
+
+namespace {
+
+constexpr int G1_WARPS = 4; /* split-K warps of a GEMM1 block */
+constexpr int G2_WARPS = 4; /* 16-row tiles of a GEMM2 block (one per warp) */
+constexpr int ALIGN = 256;
+
+enum { FMT_BF16 = 0, FMT_NVFP4 = 1, FMT_MXFP4 = 2 };
+
+/* E2M1 code (low nibble) -> fp32: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; sign in bit 3. */
+__device__ __forceinline__ float e2m1f(uint32_t c) {
+    const uint32_t k = c & 7u;
+    const uint32_t bits = k < 2u ? (k ? 0x3f000000u : 0u) : (((126u + (k >> 1)) << 23) | ((k & 1u) << 22));
+    return __uint_as_float(bits | ((c & 8u) << 28));
+}
+
+/* Two fp32 -> packed BF16 (lo in the low half), round to nearest even. */
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+/* Four FP4 codes (16 bits: elements p .. p + 3, low nibble first) times a block scale -> two BF16x2. */
+__device__ __forceinline__ void fp4x4(uint32_t two, float sf, uint32_t &lo, uint32_t &hi) {
+    lo = pack_bf16x2(e2m1f(two) * sf, e2m1f(two >> 4) * sf);
+    hi = pack_bf16x2(e2m1f(two >> 8) * sf, e2m1f(two >> 12) * sf);
+}
+
+template <int FMT>
+__device__ __forceinline__ float scale_at(const uint8_t *sexp, int32_t layout, int64_t row, int64_t blk,
+                                          int64_t scale_cols) {
+    const uint8_t c = __ldg(sexp + k3_scale_offset_hd((k3_scale_layout)layout, row, blk, scale_cols));
+    return FMT == FMT_NVFP4 ? k3_e4m3_decode(c) : k3_ue8m0_decode(c);
+}
+
+template <int FMT>
+__device__ __forceinline__ void decode_fp4_chunk(uint4 v, const uint8_t *sexp, int32_t layout, int64_t row,
+                                                 int64_t cols, int c, int q, uint32_t (&a)[16]);
+
+/* One weight row's operands for the 8 steps of 128-element chunk c: a[2s] = elements p, p+1; a[2s+1] = p+2, p+3. */
+template <int FMT>
+__device__ __forceinline__ void decode_chunk(const uint8_t *wrow, const uint8_t *sexp, int32_t layout, int64_t row,
+                                             int64_t cols, int c, int q, uint64_t pol, uint32_t (&a)[16]) {
+    if (FMT == FMT_BF16) {
+        const uint8_t *p = wrow + ((int64_t)c * 128 + 32 * q) * 2;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint4 v = k3_ld_stream(p + 16 * j, pol);
+            a[4 * j] = v.x, a[4 * j + 1] = v.y, a[4 * j + 2] = v.z, a[4 * j + 3] = v.w;
+        }
+    } else {
+        decode_fp4_chunk<FMT>(k3_ld_stream(wrow + (int64_t)c * 64 + 16 * q, pol), sexp, layout, row, cols, c, q, a);
+    }
+}
+
+/* FP4 only: this lane's 16 bytes of row `row` in chunk c, already loaded, expanded with their block scales. */
+template <int FMT>
+__device__ __forceinline__ void decode_fp4_chunk(uint4 v, const uint8_t *sexp, int32_t layout, int64_t row,
+                                                 int64_t cols, int c, int q, uint32_t (&a)[16]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    const int64_t bs = FMT == FMT_NVFP4 ? 16 : 32, sc = cols / bs;
+    const int64_t b0 = ((int64_t)c * 128 + 32 * q) / bs;
+    const float sf0 = scale_at<FMT>(sexp, layout, row, b0, sc);
+    const float sf1 = FMT == FMT_NVFP4 ? scale_at<FMT>(sexp, layout, row, b0 + 1, sc) : sf0;
+#pragma unroll
+    for (int s = 0; s < 8; s++) fp4x4(w[s >> 1] >> ((s & 1) * 16), s < 4 ? sf0 : sf1, a[2 * s], a[2 * s + 1]);
+}
+
+/* One weight row's operands for the 16-element tail step at k0 (elements k0 + 4q .. + 3). */
+template <int FMT>
+__device__ __forceinline__ void decode_step(const uint8_t *wrow, const uint8_t *sexp, int32_t layout, int64_t row,
+                                            int64_t cols, int64_t k0, int q, uint32_t &lo, uint32_t &hi) {
+    const int64_t p = k0 + 4 * q;
+    if (FMT == FMT_BF16) {
+        const uint2 v = __ldg((const uint2 *)(wrow + p * 2));
+        lo = v.x, hi = v.y;
+    } else {
+        const uint32_t two = __ldg((const unsigned short *)(wrow + p / 2));
+        const int64_t bs = FMT == FMT_NVFP4 ? 16 : 32;
+        fp4x4(two, scale_at<FMT>(sexp, layout, row, p / bs, cols / bs), lo, hi);
+    }
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint2 ld_b(const uint16_t *brow, int64_t p) {
+    return brow ? __ldg((const uint2 *)(brow + p)) : make_uint2(0u, 0u);
+}
+
+/*
+ * The partial products of SETS row sets (16 rows each: this lane's rows g and g + 8) against NT token groups
+ * of 8 over the K range this warp owns: chunks c0, c0 + cstep, ... of 128, and the 16-element tail steps
+ * j with j % cstep == c0. ntv = token groups that have at least one token (warp-uniform).
+ */
+template <int FMT, int SETS, int NT>
+__device__ __forceinline__ void mma_range(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
+                                          const uint8_t *sexp, int32_t layout, int64_t cols,
+                                          const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
+                                          uint64_t pol, float (&acc)[SETS][NT][4]) {
+    const int chunks = (int)(cols / 128);
+    /* FP4: each chunk's weight bytes are loaded one iteration ahead, before the current chunk's MMAs (both are
+     * asm volatile, so this source order is the issue order): two chunks' loads in flight per lane */
+    uint4 raw[SETS][2];
+#pragma unroll
+    for (int s = 0; s < SETS; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            raw[s][h] = make_uint4(0u, 0u, 0u, 0u);
+            if (FMT != FMT_BF16 && c0 < chunks) raw[s][h] = k3_ld_stream(wrow[s][h] + (int64_t)c0 * 64 + 16 * q, pol);
+        }
+    for (int c = c0; c < chunks; c += cstep) {
+        const bool more = FMT != FMT_BF16 && c + cstep < chunks;
+        uint4 nxt[SETS][2];
+#pragma unroll
+        for (int s = 0; s < SETS; s++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                nxt[s][h] = more ? k3_ld_stream(wrow[s][h] + (int64_t)(c + cstep) * 64 + 16 * q, pol)
+                                 : make_uint4(0u, 0u, 0u, 0u);
+        uint32_t a[SETS][2][16];
+#pragma unroll
+        for (int s = 0; s < SETS; s++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (FMT == FMT_BF16) decode_chunk<FMT>(wrow[s][h], sexp, layout, row[s][h], cols, c, q, pol, a[s][h]);
+                else decode_fp4_chunk<FMT>(raw[s][h], sexp, layout, row[s][h], cols, c, q, a[s][h]);
+            }
+#pragma unroll
+        for (int st = 0; st < 8; st++) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (nt >= ntv) break;
+                const uint2 xv = ld_b(brow[nt], (int64_t)c * 128 + 32 * q + 4 * st);
+#pragma unroll
+                for (int s = 0; s < SETS; s++)
+                    mma16816(acc[s][nt], a[s][0][2 * st], a[s][1][2 * st], a[s][0][2 * st + 1], a[s][1][2 * st + 1],
+                             xv.x, xv.y);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < SETS; s++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) raw[s][h] = nxt[s][h];
+    }
+    const int tail = (int)((cols % 128) / 16);
+    for (int j = c0; j < tail; j += cstep) {
+        const int64_t k0 = (int64_t)chunks * 128 + 16 * j;
+        uint32_t lo[SETS][2], hi[SETS][2];
+#pragma unroll
+        for (int s = 0; s < SETS; s++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) decode_step<FMT>(wrow[s][h], sexp, layout, row[s][h], cols, k0, q, lo[s][h], hi[s][h]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (nt >= ntv) break;
+            const uint2 xv = ld_b(brow[nt], k0 + 4 * q);
+#pragma unroll
+            for (int s = 0; s < SETS; s++) mma16816(acc[s][nt], lo[s][0], lo[s][1], hi[s][0], hi[s][1], xv.x, xv.y);
+        }
+    }
+}
+
+/* Everything a GEMM1 / GEMM2 launch needs (by value: kernel parameters). */
+struct moe_params {
+    int64_t L, I;
+    int32_t top_k, ne, layout, sep, interleaved, w4a4;
+    k3_act_desc act;
+    const uint16_t *x;                       /* [m, L] */
+    const int32_t *ids;                      /* [m, top_k] */
+    const float *wts;                        /* [m, top_k] */
+    const int32_t *offs, *active, *n_active, *list;
+    const uint16_t *xq;                      /* W4A4: [np, L] grouped, q * sf */
+    uint16_t *a;                             /* [np, I] grouped */
+    float *pair_out;                         /* [np, L] by pair index */
+    const uint8_t *w13, *w13s, *w2, *w2s;
+    size_t w13_eb, w13_sb, w2_eb, w2_sb;
+    const float *w13_s2, *w2_s2, *w13_in, *w2_in;
+};
+
+template <int FMT, bool GATED, int NT>
+__global__ void __launch_bounds__(G1_WARPS * 32) k3_moe_gemm1_kernel(const moe_params P) {
+    constexpr int SETS = GATED ? 2 : 1;
+    __shared__ float red[G1_WARPS - 1][SETS][NT][4][32];
+    const int slot = blockIdx.x;
+    if (slot >= __ldg(P.n_active)) return; /* block-uniform: before any barrier */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int32_t e = __ldg(P.active + slot);
+    const int32_t p0 = __ldg(P.offs + e), cnt = __ldg(P.offs + e + 1) - p0;
+    const int64_t i0 = (int64_t)blockIdx.y * 16;
+    const uint64_t pol = k3_policy_evict_first();
+    const uint8_t *wexp = P.w13 + (size_t)e * P.w13_eb;
+    const uint8_t *sexp = FMT == FMT_BF16 ? nullptr : P.w13s + (size_t)e * P.w13_sb;
+    const int64_t row_bytes = FMT == FMT_BF16 ? P.L * 2 : P.L / 2;
+
+    const uint8_t *wrow[SETS][2];
+    int64_t row[SETS][2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t i = i0 + g + 8 * h;
+        row[0][h] = GATED && P.interleaved ? 2 * i : i;
+        if (GATED) row[SETS - 1][h] = P.interleaved ? 2 * i + 1 : P.I + i;
+#pragma unroll
+        for (int s = 0; s < SETS; s++) wrow[s][h] = wexp + row[s][h] * row_bytes;
+    }
+    float alpha[2] = {1.0f, 1.0f}, inv_gs = 1.0f, gs2 = 1.0f;
+    if (FMT == FMT_NVFP4) {
+        alpha[0] = P.sep ? __ldg(P.w13_s2 + 2 * e) : __ldg(P.w13_s2 + e);
+        alpha[1] = P.sep ? __ldg(P.w13_s2 + 2 * e + 1) : alpha[0];
+    }
+    if (P.w4a4) {
+        inv_gs = 1.0f / (1.0f / __ldg(P.w13_in + e)); /* the CPU's (1 / gs) with gs = 1 / input_scale */
+        gs2 = 1.0f / __ldg(P.w2_in + e);
+    }
+    const k3_act_desc act = P.act;
+
+    for (int pass = 0; pass < cnt; pass += NT * 8) {
+        float acc[SETS][NT][4];
+        const uint16_t *brow[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int s = 0; s < SETS; s++) acc[s][nt][0] = acc[s][nt][1] = acc[s][nt][2] = acc[s][nt][3] = 0.0f;
+            const int n = pass + nt * 8 + g;
+            brow[nt] = nullptr;
+            if (n < cnt) {
+                const int64_t pp = p0 + n;
+                brow[nt] = P.w4a4 ? P.xq + pp * P.L : P.x + (int64_t)(__ldg(P.list + pp) / P.top_k) * P.L;
+            }
+        }
+        const int ntv = min(NT, (cnt - pass + 7) / 8);
+        mma_range<FMT, SETS, NT>(wrow, row, sexp, P.layout, P.L, brow, ntv, warp, G1_WARPS, q, pol, acc);
+
+        /* split-K sum in warp order: warp 0 + warp 1 + warp 2 + warp 3 */
+        if (warp > 0) {
+#pragma unroll
+            for (int s = 0; s < SETS; s++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) red[warp - 1][s][nt][c][lane] = acc[s][nt][c];
+        }
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int w = 0; w < G1_WARPS - 1; w++)
+#pragma unroll
+                for (int s = 0; s < SETS; s++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) acc[s][nt][c] = __fadd_rn(acc[s][nt][c], red[w][s][nt][c][lane]);
+            /* epilogue: c0 (row g, token 2q), c1 (row g, 2q+1), c2 (row g+8, 2q), c3 (row g+8, 2q+1) */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float v[4];
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const float hg = k3_round_bf16(__fmul_rn(__fmul_rn(acc[0][nt][c], inv_gs), alpha[0]));
+                    if (GATED) {
+                        const float hu = k3_round_bf16(__fmul_rn(__fmul_rn(acc[SETS - 1][nt][c], inv_gs), alpha[1]));
+                        v[c] = k3_act_gated(&act, hg, hu);
+                    } else {
+                        v[c] = k3_act_relu2(hg);
+                    }
+                }
+                if (P.w4a4) {
+                    /* NVFP4 requantization of this tile's 16-wide block, per token column (CPU: nvfp4_block) */
+                    float am0 = fmaxf(fabsf(v[0]), fabsf(v[2])), am1 = fmaxf(fabsf(v[1]), fabsf(v[3]));
+#pragma unroll
+                    for (int o = 4; o <= 16; o *= 2) {
+                        am0 = fmaxf(am0, __shfl_xor_sync(0xffffffffu, am0, o));
+                        am1 = fmaxf(am1, __shfl_xor_sync(0xffffffffu, am1, o));
+                    }
+                    const float sf0 = k3_e4m3_decode(k3_e4m3_encode(__fdiv_rn(__fmul_rn(gs2, am0), 6.0f)));
+                    const float sf1 = k3_e4m3_decode(k3_e4m3_encode(__fdiv_rn(__fmul_rn(gs2, am1), 6.0f)));
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        const float sf = (c & 1) ? sf1 : sf0;
+                        v[c] = sf == 0.0f ? 0.0f
+                                          : __fmul_rn(e2m1f(k3_e2m1_encode(__fdiv_rn(__fmul_rn(v[c], gs2), sf))), sf);
+                    }
+                }
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int n = pass + nt * 8 + 2 * q + (c & 1);
+                    if (n < cnt) P.a[(int64_t)(p0 + n) * P.I + i0 + g + 8 * (c >> 1)] = k3_f32_to_bf16_bits(v[c]);
+                }
+            }
+        }
+        __syncthreads(); /* red is reused by the next pass */
+    }
+}
+
+template <int FMT, int NT>
+__global__ void __launch_bounds__(G2_WARPS * 32) k3_moe_gemm2_kernel(const moe_params P) {
+    const int slot = blockIdx.x;
+    if (slot >= __ldg(P.n_active)) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int64_t r0 = ((int64_t)blockIdx.y * G2_WARPS + warp) * 16;
+    if (r0 >= P.L) return; /* warp-uniform; this kernel has no block barrier */
+    const int32_t e = __ldg(P.active + slot);
+    const int32_t p0 = __ldg(P.offs + e), cnt = __ldg(P.offs + e + 1) - p0;
+    const uint64_t pol = k3_policy_evict_first();
+    const uint8_t *wexp = P.w2 + (size_t)e * P.w2_eb;
+    const uint8_t *sexp = FMT == FMT_BF16 ? nullptr : P.w2s + (size_t)e * P.w2_sb;
+    const int64_t row_bytes = FMT == FMT_BF16 ? P.I * 2 : P.I / 2;
+    const uint8_t *wrow[1][2];
+    int64_t row[1][2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        row[0][h] = r0 + g + 8 * h;
+        wrow[0][h] = wexp + row[0][h] * row_bytes;
+    }
+    float alpha = FMT == FMT_NVFP4 ? __ldg(P.w2_s2 + e) : 1.0f;
+    const float inv_gs = P.w4a4 ? 1.0f / (1.0f / __ldg(P.w2_in + e)) : 1.0f;
+
+    for (int pass = 0; pass < cnt; pass += NT * 8) {
+        float acc[1][NT][4];
+        const uint16_t *brow[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.0f;
+            const int n = pass + nt * 8 + g;
+            brow[nt] = n < cnt ? P.a + (int64_t)(p0 + n) * P.I : nullptr;
+        }
+        const int ntv = min(NT, (cnt - pass + 7) / 8);
+        mma_range<FMT, 1, NT>(wrow, row, sexp, P.layout, P.I, brow, ntv, 0, 1, q, pol, acc);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int n = pass + nt * 8 + 2 * q + (c & 1);
+                if (n >= cnt) continue;
+                const int32_t pair = __ldg(P.list + p0 + n);
+                const float dot = __fmul_rn(__fmul_rn(acc[0][nt][c], inv_gs), alpha);
+                P.pair_out[(int64_t)pair * P.L + r0 + g + 8 * (c >> 1)] = __fmul_rn(__ldg(P.wts + pair), dot);
+            }
+    }
+}
+
+/* W4A4: x of every grouped (expert, token) pair NVFP4-quantized with gs = 1 / w13_input_scale[e]; one block
+ * per pair slot (slots past the valid count exit), one thread per 16-element block. Stores q * sf (exact in
+ * BF16): the 1 / gs factor is applied after GEMM1. */
+__global__ void __launch_bounds__(128) k3_moe_quant_x_kernel(const moe_params P) {
+    const int32_t pp = blockIdx.x;
+    if (pp >= __ldg(P.offs + P.ne)) return;
+    const int32_t pair = __ldg(P.list + pp), e = __ldg(P.ids + pair);
+    const float gs = 1.0f / __ldg(P.w13_in + e);
+    const uint16_t *xr = P.x + (int64_t)(pair / P.top_k) * P.L;
+    uint16_t *out = const_cast<uint16_t *>(P.xq) + (int64_t)pp * P.L;
+    for (int64_t b = threadIdx.x; b < P.L / 16; b += blockDim.x) {
+        float v[16], amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            v[i] = k3_bf16_bits_to_f32(__ldg(xr + b * 16 + i));
+            const float a = fabsf(v[i]);
+            amax = a > amax ? a : amax;
+        }
+        const float sf = k3_e4m3_decode(k3_e4m3_encode(__fdiv_rn(__fmul_rn(gs, amax), 6.0f)));
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const float qv = sf == 0.0f ? 0.0f : __fmul_rn(e2m1f(k3_e2m1_encode(__fdiv_rn(__fmul_rn(v[i], gs), sf))), sf);
+            out[b * 16 + i] = k3_f32_to_bf16_bits(qv);
+        }
+    }
+}
+
+/* out[t, c] = bf16(sum over slots j in order of pair_out[t * top_k + j, c]); ids outside [0, E) add nothing. */
+__global__ void k3_moe_combine_kernel(const moe_params P, int64_t m, uint16_t *__restrict__ out,
+                                      float *__restrict__ out_f32) {
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= m * P.L) return;
+    const int64_t t = idx / P.L, c = idx % P.L;
+    float s = 0.0f;
+    for (int j = 0; j < P.top_k; j++) {
+        const int32_t e = __ldg(P.ids + t * P.top_k + j);
+        if (e >= 0 && e < P.ne) s = __fadd_rn(s, P.pair_out[(t * P.top_k + j) * P.L + c]);
+    }
+    out[idx] = k3_f32_to_bf16_bits(s);
+    if (out_f32) out_f32[idx] = s;
+}
+
+size_t align_up(size_t v) { return (v + (ALIGN - 1)) & ~(size_t)(ALIGN - 1); }
+
+/* The carve-up of the device workspace (offsets from its 256-byte aligned start). */
+struct ws_layout {
+    size_t offs, cur, active, n_active, list, xq, a, pair_out, total;
+};
+
+ws_layout layout_of(const k3_cuda_moe *p) {
+    const k3_moe_desc *d = &p->d;
+    const size_t e = (size_t)d->num_experts, np = (size_t)(d->max_tokens * d->top_k);
+    ws_layout s;
+    size_t o = 0;
+    s.offs = o, o += align_up((e + 1) * 4);
+    s.cur = o, o += align_up(e * 4);
+    s.active = o, o += align_up(e * 4);
+    s.n_active = o, o += align_up(4);
+    s.list = o, o += align_up(np * 4);
+    s.xq = o, o += d->mode == K3_MOE_W4A4 ? align_up(np * (size_t)d->hidden * 2) : 0;
+    s.a = o, o += align_up(np * (size_t)d->inter * 2);
+    s.pair_out = o, o += align_up(np * (size_t)d->hidden * 4);
+    s.total = o;
+    return s;
+}
+
+template <int FMT, bool GATED>
+cudaError_t launch_gemm1_nt(int nt, dim3 grid, const moe_params &P, cudaStream_t s) {
+    if (nt == 1) k3_moe_gemm1_kernel<FMT, GATED, 1><<<grid, G1_WARPS * 32, 0, s>>>(P);
+    else if (nt == 2) k3_moe_gemm1_kernel<FMT, GATED, 2><<<grid, G1_WARPS * 32, 0, s>>>(P);
+    else k3_moe_gemm1_kernel<FMT, GATED, 4><<<grid, G1_WARPS * 32, 0, s>>>(P);
+    return cudaGetLastError();
+}
+
+template <int FMT>
+cudaError_t launch_fmt(int nt, bool gated, dim3 g1, dim3 g2, const moe_params &P, cudaStream_t s) {
+    cudaError_t err = gated ? launch_gemm1_nt<FMT, true>(nt, g1, P, s) : launch_gemm1_nt<FMT, false>(nt, g1, P, s);
+    if (err != cudaSuccess) return err;
+    if (nt == 1) k3_moe_gemm2_kernel<FMT, 1><<<g2, G2_WARPS * 32, 0, s>>>(P);
+    else if (nt == 2) k3_moe_gemm2_kernel<FMT, 2><<<g2, G2_WARPS * 32, 0, s>>>(P);
+    else k3_moe_gemm2_kernel<FMT, 4><<<g2, G2_WARPS * 32, 0, s>>>(P);
+    return cudaGetLastError();
+}
+
+} // namespace
+
+extern "C" k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_moe_desc *d) {
+    memset(p, 0, sizeof *p);
+    p->d = *d;
+    const int64_t l = d->hidden, inter = d->inter;
+    if (l % 32 != 0 || inter % 32 != 0)
+        return k3_fail(ctx, K3_STATUS_UNSUPPORTED,
+                       "moe plan: the CUDA kernels need hidden (L) and inter (I) to be multiples of 32 (got L = %lld, "
+                       "I = %lld)",
+                       (long long)l, (long long)inter);
+    if (inter / 16 > 65535 || l / (16 * G2_WARPS) > 65535)
+        return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "moe plan: L = %lld or I = %lld is too large for the CUDA grid",
+                       (long long)l, (long long)inter);
+    if ((int64_t)d->max_tokens * d->top_k > INT32_MAX / 2)
+        return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "moe plan: max_tokens * top_k is too large for the CUDA kernels");
+    p->w1_rows = k3_act_width_factor(d->act.kind) * inter;
+    if (d->format == K3_WEIGHT_BF16) {
+        p->w13_expert_bytes = (size_t)(p->w1_rows * l) * 2u;
+        p->w2_expert_bytes = (size_t)(l * inter) * 2u;
+        return K3_STATUS_SUCCESS;
+    }
+    const k3_fp4_format fmt = d->format == K3_WEIGHT_NVFP4 ? K3_FP4_NVFP4 : K3_FP4_MXFP4;
+    p->w13_expert_bytes = (size_t)(p->w1_rows * l / 2);
+    p->w2_expert_bytes = (size_t)(l * inter / 2);
+    k3_status st = k3_fp4_scale_bytes(fmt, d->scale_layout, p->w1_rows, l, &p->w13_scale_bytes);
+    if (st == K3_STATUS_SUCCESS) st = k3_fp4_scale_bytes(fmt, d->scale_layout, l, inter, &p->w2_scale_bytes);
+    if (st != K3_STATUS_SUCCESS) return k3_fail(ctx, st, "moe plan: cannot size the block scales");
+    return K3_STATUS_SUCCESS;
+}
+
+extern "C" size_t k3_cuda_moe_ws_bytes(const k3_cuda_moe *p) { return layout_of(p).total + ALIGN; }
+
+extern "C" k3_status k3_cuda_moe_run(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const void *x,
+                                     const int32_t *topk_ids, const float *topk_weights, const k3_moe_weights *w,
+                                     void *out, float *out_f32, void *ws, void *stream) {
+    const k3_moe_desc *d = &p->d;
+    cudaStream_t s = (cudaStream_t)stream;
+    const ws_layout L = layout_of(p);
+    uint8_t *base = (uint8_t *)(((uintptr_t)ws + (ALIGN - 1)) & ~(uintptr_t)(ALIGN - 1));
+    const int32_t np = (int32_t)(m * d->top_k);
+    const int32_t slots = np < d->num_experts ? np : d->num_experts;
+
+    /* 16-byte loads: the weight bases (every expert's slice and row is then aligned, L and I being multiples
+     * of 32) and x */
+    if ((((uintptr_t)w->w13 | (uintptr_t)w->w2 | (uintptr_t)x) & 15u) != 0)
+        return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT, "moe run: x, w13 and w2 must be 16-byte aligned on CUDA");
+
+    {
+        const void *ptrs[] = {x, topk_ids, topk_weights, out, out_f32, ws, w->w13, w->w2, w->w13_scale, w->w2_scale,
+                              w->w13_scale_2, w->w2_scale_2, w->w13_input_scale, w->w2_input_scale};
+        const char *names[] = {"x", "topk_ids", "topk_weights", "out", "out_f32", "ws", "w13", "w2", "w13_scale",
+                               "w2_scale", "w13_scale_2", "w2_scale_2", "w13_input_scale", "w2_input_scale"};
+        K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "moe run", (int32_t)(sizeof ptrs / sizeof ptrs[0]), ptrs, names));
+    }
+    moe_params P;
+    memset(&P, 0, sizeof P);
+    P.L = d->hidden, P.I = d->inter;
+    P.top_k = d->top_k, P.ne = d->num_experts, P.layout = (int32_t)d->scale_layout;
+    P.sep = d->w13_separate_scale_2, P.interleaved = d->act.kind == K3_ACT_SWIGLUOAI, P.w4a4 = d->mode == K3_MOE_W4A4;
+    P.act = d->act;
+    P.x = (const uint16_t *)x, P.ids = topk_ids, P.wts = topk_weights;
+    P.offs = (const int32_t *)(base + L.offs), P.active = (const int32_t *)(base + L.active);
+    P.n_active = (const int32_t *)(base + L.n_active), P.list = (const int32_t *)(base + L.list);
+    P.xq = P.w4a4 ? (const uint16_t *)(base + L.xq) : nullptr;
+    P.a = (uint16_t *)(base + L.a);
+    P.pair_out = (float *)(base + L.pair_out);
+    P.w13 = (const uint8_t *)w->w13, P.w13s = (const uint8_t *)w->w13_scale;
+    P.w2 = (const uint8_t *)w->w2, P.w2s = (const uint8_t *)w->w2_scale;
+    P.w13_eb = p->w13_expert_bytes, P.w13_sb = p->w13_scale_bytes;
+    P.w2_eb = p->w2_expert_bytes, P.w2_sb = p->w2_scale_bytes;
+    P.w13_s2 = w->w13_scale_2, P.w2_s2 = w->w2_scale_2, P.w13_in = w->w13_input_scale, P.w2_in = w->w2_input_scale;
+
+    K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, (int32_t *)(base + L.offs),
+                                (int32_t *)(base + L.cur), (int32_t *)(base + L.active),
+                                (int32_t *)(base + L.n_active), (int32_t *)(base + L.list), stream));
+    if (P.w4a4) {
+        k3_moe_quant_x_kernel<<<(unsigned)np, 128, 0, s>>>(P);
+        K3_CUDA_LAUNCH_CHECK(ctx, "moe W4A4 x quantization kernel");
+    }
+    /* tokens per pass: an expert gets at most m pairs when a token's ids are distinct; more take extra passes */
+    const int nt = m <= 8 ? 1 : (m <= 16 ? 2 : 4);
+    const bool gated = d->act.kind != K3_ACT_RELU2_NO_MUL;
+    const dim3 g1((unsigned)slots, (unsigned)(d->inter / 16));
+    const dim3 g2((unsigned)slots, (unsigned)((d->hidden / 16 + G2_WARPS - 1) / G2_WARPS));
+    cudaError_t err = d->format == K3_WEIGHT_NVFP4   ? launch_fmt<FMT_NVFP4>(nt, gated, g1, g2, P, s)
+                      : d->format == K3_WEIGHT_MXFP4 ? launch_fmt<FMT_MXFP4>(nt, gated, g1, g2, P, s)
+                                                     : launch_fmt<FMT_BF16>(nt, gated, g1, g2, P, s);
+    if (err != cudaSuccess)
+        return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe expert GEMMs failed: %s", cudaGetErrorString(err));
+    const int64_t total = m * d->hidden;
+    k3_moe_combine_kernel<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(P, m, (uint16_t *)out, out_f32);
+    K3_CUDA_LAUNCH_CHECK(ctx, "moe combine kernel");
+    return K3_STATUS_SUCCESS;
+}
