@@ -14,6 +14,10 @@
 #include <string.h>
 #include <time.h>
 
+#ifdef K3_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "api/moe_internal.h"
 #include "cli.h"
 #include "../tests/ref_moe.h"
@@ -67,19 +71,105 @@ typedef struct demo_block {
     k3_latent_moe_desc d;
     k3_latent_moe_weights w;
     void *buf[16];
+    size_t size[16];
+    void *dev[16]; /* device copies of buf[] when the block runs on a CUDA context */
     int nbuf;
     size_t bytes_fp4, bytes_dense;
 } demo_block;
 
 static void *block_alloc(demo_block *b, size_t n) {
     void *p = malloc(n ? n : 1);
-    if (p) b->buf[b->nbuf++] = p;
+    if (p) {
+        b->size[b->nbuf] = n;
+        b->buf[b->nbuf++] = p;
+    }
     return p;
 }
 
+static void block_free(demo_block *b);
+
+/* ---- device copies for a CUDA context (the library takes device pointers there) ---- */
+#ifdef K3_HAVE_CUDA
+static void *dev_alloc(size_t n) {
+    void *d = NULL;
+    return cudaMalloc(&d, n ? n : 1) == cudaSuccess ? d : NULL;
+}
+static void dev_free(void *d) {
+    if (d) cudaFree(d);
+}
+static int dev_put(void *d, const void *h, size_t n) { return cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) == cudaSuccess; }
+static int dev_get(void *h, const void *d, size_t n) { return cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) == cudaSuccess; }
+static int dev_sync(void) { return cudaDeviceSynchronize() == cudaSuccess; }
+#else
+static void *dev_alloc(size_t n) { return (void)n, NULL; }
+static void dev_free(void *d) { (void)d; }
+static int dev_put(void *d, const void *h, size_t n) { return (void)d, (void)h, (void)n, 0; }
+static int dev_get(void *h, const void *d, size_t n) { return (void)h, (void)d, (void)n, 0; }
+static int dev_sync(void) { return 0; }
+#endif
+
+/* The device pointer mirroring host buffer p of the block (NULL stays NULL). */
+static const void *dev_of(const demo_block *b, const void *p) {
+    for (int i = 0; p && i < b->nbuf; i++)
+        if (b->buf[i] == p) return b->dev[i];
+    return NULL;
+}
+
+/* Copies every weight buffer to the device and returns the weights struct with device pointers in *dw. */
+static int block_to_device(demo_block *b, k3_latent_moe_weights *dw) {
+    for (int i = 0; i < b->nbuf; i++)
+        if (!(b->dev[i] = dev_alloc(b->size[i])) || !dev_put(b->dev[i], b->buf[i], b->size[i])) return 0;
+    const k3_latent_moe_weights *w = &b->w;
+    *dw = *w;
+    dw->gate = dev_of(b, w->gate);
+    dw->bias = (const float *)dev_of(b, w->bias);
+    dw->down_proj = dev_of(b, w->down_proj);
+    dw->norm = dev_of(b, w->norm);
+    dw->up_proj = dev_of(b, w->up_proj);
+    dw->shared_gate_up = dev_of(b, w->shared_gate_up);
+    dw->shared_down = dev_of(b, w->shared_down);
+    dw->experts.w13 = dev_of(b, w->experts.w13);
+    dw->experts.w13_scale = dev_of(b, w->experts.w13_scale);
+    dw->experts.w13_scale_2 = (const float *)dev_of(b, w->experts.w13_scale_2);
+    dw->experts.w2 = dev_of(b, w->experts.w2);
+    dw->experts.w2_scale = dev_of(b, w->experts.w2_scale);
+    dw->experts.w2_scale_2 = (const float *)dev_of(b, w->experts.w2_scale_2);
+    return 1;
+}
+
 static void block_free(demo_block *b) {
-    for (int i = 0; i < b->nbuf; i++) free(b->buf[i]);
+    for (int i = 0; i < b->nbuf; i++) {
+        free(b->buf[i]);
+        dev_free(b->dev[i]);
+        b->dev[i] = NULL;
+    }
     b->nbuf = 0;
+}
+
+/* Buffers of a run: host memory on the CPU backend, device memory (plus a host copy of y) on CUDA. */
+typedef struct demo_io {
+    int on_dev;
+    void *ws, *x, *y;
+    int32_t *ids;
+    float *wts;
+} demo_io;
+
+static int io_alloc(demo_io *io, int on_dev, size_t wsb, size_t xb, size_t yb, size_t routes) {
+    memset(io, 0, sizeof *io);
+    io->on_dev = on_dev;
+    void *(*al)(size_t) = on_dev ? dev_alloc : malloc;
+    io->ws = al(wsb ? wsb : 1);
+    io->x = al(xb);
+    io->y = al(yb);
+    io->ids = (int32_t *)al(routes * sizeof(int32_t));
+    io->wts = (float *)al(routes * sizeof(float));
+    return io->ws && io->x && io->y && io->ids && io->wts;
+}
+
+static void io_free(demo_io *io) {
+    void (*fr)(void *) = io->on_dev ? dev_free : free;
+    fr(io->ws), fr(io->x), fr(io->y), fr(io->ids), fr(io->wts);
+    memset(io, 0, sizeof *io);
 }
 
 /* Synthesizes the weights of descriptor b->d (NVFP4 experts, linear scales, shared scale_2). */
@@ -161,7 +251,8 @@ static void demo_help(void) {
            "count M (default 1,4,16), printing per-stage times (router, down, experts, norm+up, shared) and the\n"
            "total; then checks the library against an independent fp64 evaluation on a smaller block (E 16,\n"
            "top-4, L 256, I 64, H 512, Is 128) and prints 'correctness: rel-L2 X <= 1e-3: PASS'.\n"
-           "A backend without the MoE (the CUDA one, until issue 6) is reported and the CPU backend runs instead.\n\n"
+           "On a CUDA context the weights are copied to the device and the GPU block is timed (total only: the\n"
+           "per-stage breakdown is measured on the CPU backend); a backend without the MoE falls back to the CPU.\n\n"
            "  --device D   cpu, cuda or auto (default auto)\n"
            "  --m LIST     token counts, e.g. 1,4,16 or 1-8 (each 1..%d)\n\n"
            "exit status: 0 success, 1 failure (including a failed correctness check), 2 usage error\n",
@@ -183,6 +274,9 @@ static int check_small(k3_ctx *ctx) {
     double rw[4 * 4], *ref = NULL, *got = NULL;
     int ok = 0;
     size_t wsb = 0;
+    const int on_dev = k3_ctx_backend(ctx) == K3_BACKEND_CUDA;
+    demo_io io;
+    memset(&io, 0, sizeof io);
     if (!block_make(&b, &r)) goto oom;
     if (k3_latent_moe_plan_create(ctx, &b.d, &p) != K3_STATUS_SUCCESS) {
         fprintf(stderr, "k3 demo: correctness plan: %s\n", k3_ctx_last_error(ctx));
@@ -196,7 +290,22 @@ static int check_small(k3_ctx *ctx) {
     got = malloc(sizeof(double) * (size_t)(m * 512));
     if (!ws || !x || !y || !ref || !got) goto oom;
     fill_bf16(&r, x, (size_t)(m * 512), 1.0);
-    if (k3_latent_moe_run(p, m, x, &b.w, NULL, y, ids, wts, ws, wsb, NULL) != K3_STATUS_SUCCESS) {
+    if (on_dev) { /* the same block on the GPU: device copies in, results back */
+        k3_latent_moe_weights dw;
+        if (!block_to_device(&b, &dw) || !io_alloc(&io, 1, wsb, sizeof(uint16_t) * (size_t)(m * 512),
+                                                   sizeof(uint16_t) * (size_t)(m * 512), sizeof ids / sizeof ids[0]) ||
+            !dev_put(io.x, x, sizeof(uint16_t) * (size_t)(m * 512)))
+            goto oom;
+        if (k3_latent_moe_run(p, m, io.x, &dw, NULL, io.y, io.ids, io.wts, io.ws, wsb, NULL) != K3_STATUS_SUCCESS) {
+            fprintf(stderr, "k3 demo: correctness run: %s\n", k3_ctx_last_error(ctx));
+            goto done;
+        }
+        if (!dev_sync() || !dev_get(y, io.y, sizeof(uint16_t) * (size_t)(m * 512)) || !dev_get(ids, io.ids, sizeof ids) ||
+            !dev_get(wts, io.wts, sizeof wts)) {
+            fprintf(stderr, "k3 demo: correctness run on the GPU failed (CUDA error)\n");
+            goto done;
+        }
+    } else if (k3_latent_moe_run(p, m, x, &b.w, NULL, y, ids, wts, ws, wsb, NULL) != K3_STATUS_SUCCESS) {
         fprintf(stderr, "k3 demo: correctness run: %s\n", k3_ctx_last_error(ctx));
         goto done;
     }
@@ -204,15 +313,18 @@ static int check_small(k3_ctx *ctx) {
     for (int64_t i = 0; i < m * 512; i++) got[i] = k3_bf16_to_f32(y[i]);
     const double rel = ref_rel_l2(got, ref, m * 512);
     const int ids_ok = !memcmp(ids, rids, sizeof ids);
-    ok = ids_ok && rel <= 1e-3;
-    printf("correctness: E 16 top-4 L 256 I 64 H 512 Is 128 M %lld vs an independent fp64 evaluation: routing ids "
-           "%s, rel-L2 %.2e <= 1e-3: %s\n",
-           (long long)m, ids_ok ? "identical" : "DIFFER", rel, ok ? "PASS" : "FAIL");
+    /* the CPU backend is held to the reference bar, the GPU to the GPU-vs-reference W4A16 bar (issue 6) */
+    const double bar = on_dev ? 1e-2 : 1e-3;
+    ok = ids_ok && rel <= bar;
+    printf("correctness (%s): E 16 top-4 L 256 I 64 H 512 Is 128 M %lld vs an independent fp64 evaluation: routing "
+           "ids %s, rel-L2 %.2e <= %.0e: %s\n",
+           on_dev ? "cuda" : "cpu", (long long)m, ids_ok ? "identical" : "DIFFER", rel, bar, ok ? "PASS" : "FAIL");
     goto done;
 oom:
     fprintf(stderr, "k3 demo: out of memory\n");
 done:
     k3_latent_moe_plan_destroy(p);
+    io_free(&io);
     free(ws);
     free(x);
     free(y);
@@ -279,6 +391,8 @@ int k3_cmd_demo(int argc, char **argv) {
            on_cpu ? "cpu" : "cuda", arch.device_name);
 
     int rc = K3_EXIT_FAIL;
+    demo_io io;
+    memset(&io, 0, sizeof io);
     void *ws = NULL;
     uint16_t *x = NULL, *y = NULL;
     size_t wsb = 0;
@@ -293,14 +407,32 @@ int k3_cmd_demo(int argc, char **argv) {
     y = malloc(sizeof(uint16_t) * (size_t)(max_m * 7168));
     if (!ws || !x || !y) goto oom;
     fill_bf16(&r, x, (size_t)(max_m * 7168), 1.0);
+    k3_latent_moe_weights dw = b.w;
+    if (!on_cpu) {
+        t0 = now_s();
+        if (!block_to_device(&b, &dw) ||
+            !io_alloc(&io, 1, wsb, sizeof(uint16_t) * (size_t)(max_m * 7168), sizeof(uint16_t) * (size_t)(max_m * 7168),
+                      (size_t)(max_m * 16)) ||
+            !dev_put(io.x, x, sizeof(uint16_t) * (size_t)(max_m * 7168)))
+            goto oom;
+        printf("weights copied to the device in %.2f s\n", now_s() - t0);
+    }
 
     printf("\n%5s %9s %9s %9s %9s %9s %10s   %s\n", "M", "router", "down", "experts", "norm+up", "shared", "total ms",
            "(k3_latent_moe_run)");
     const k3_cpu_latent *cpu = k3_latent_moe_plan_cpu(plan);
     for (int i = 0; i < nm; i++) {
         const int64_t m = ms[i];
+        if (!on_cpu) { /* warm-up call (module load), then the timed one */
+            st = k3_latent_moe_run(plan, m, io.x, &dw, NULL, io.y, NULL, NULL, io.ws, wsb, NULL);
+            if (st == K3_STATUS_SUCCESS && !dev_sync()) st = K3_STATUS_CUDA_ERROR;
+        }
         t0 = now_s();
-        st = k3_latent_moe_run(plan, m, x, &b.w, NULL, y, NULL, NULL, ws, wsb, NULL);
+        if (on_cpu) st = k3_latent_moe_run(plan, m, x, &b.w, NULL, y, NULL, NULL, ws, wsb, NULL);
+        else if (st == K3_STATUS_SUCCESS) {
+            st = k3_latent_moe_run(plan, m, io.x, &dw, NULL, io.y, NULL, NULL, io.ws, wsb, NULL);
+            if (st == K3_STATUS_SUCCESS && !dev_sync()) st = K3_STATUS_CUDA_ERROR;
+        }
         const double total = now_s() - t0;
         if (st != K3_STATUS_SUCCESS) {
             fprintf(stderr, "k3 demo: run M=%lld: %s\n", (long long)m, k3_ctx_last_error(ctx));
@@ -311,8 +443,11 @@ int k3_cmd_demo(int argc, char **argv) {
         memset(&c, 0, sizeof c);
         c.last = now_s();
         if (on_cpu) k3_cpu_latent_run(cpu, m, x, &b.w, NULL, y, NULL, NULL, ws, on_stage, &c);
-        printf("%5lld %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f\n", (long long)m, 1e3 * c.t[0], 1e3 * c.t[1], 1e3 * c.t[2],
-               1e3 * c.t[3], 1e3 * c.t[4], 1e3 * total);
+        if (on_cpu)
+            printf("%5lld %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f\n", (long long)m, 1e3 * c.t[0], 1e3 * c.t[1],
+                   1e3 * c.t[2], 1e3 * c.t[3], 1e3 * c.t[4], 1e3 * total);
+        else /* the per-stage breakdown exists for the CPU form of the plan only */
+            printf("%5lld %9s %9s %9s %9s %9s %10.3f\n", (long long)m, "-", "-", "-", "-", "-", 1e3 * total);
     }
     printf("\n");
     rc = check_small(ctx) ? K3_EXIT_OK : K3_EXIT_FAIL;
@@ -321,6 +456,7 @@ int k3_cmd_demo(int argc, char **argv) {
 oom:
     fprintf(stderr, "k3 demo: out of memory (the TP8 block needs about 2.1 GB of host memory)\n");
 done:
+    io_free(&io);
     free(ws);
     free(x);
     free(y);

@@ -106,7 +106,8 @@ static double rel_l2(int64_t m, int64_t c0, int64_t cols, const uint16_t *y, int
     double num = 0, den = 0;
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = c0; j < c0 + cols; j++) {
-            const double v = bf(y[i * ld + j]), e = r[i * ldr + j];
+            /* vs the reference rounded to the output's bf16: the kernel's own error, not the output rounding */
+            const double v = bf(y[i * ld + j]), e = bf(k3_bf16_from_f32((float)r[i * ldr + j]));
             if (v != v) return INFINITY;
             num += (v - e) * (v - e);
             den += e * e;
