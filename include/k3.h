@@ -447,14 +447,15 @@ typedef struct k3_kda_proj_desc {
     int64_t fa_dim;             /* f_a width, 128 */
     int64_t packed_rows;        /* rows of the packed weight: 6288 at TP8 (12448 at TP4, 3216 at TP16) */
     int64_t max_tokens;         /* 1..16, default 16 */
-    int64_t overlap_max_tokens; /* overlap for m <= this (0 = never); default 14 */
+    int64_t overlap_max_tokens; /* overlap for m <= this (0 = never); default -1 = the value measured on this
+                                   architecture (src/plan/kda_tuning.c; 14 where none was measured) */
     int32_t run_n_rows_per_block; /* F_AB kernel split: 1 or 2 output rows per block; 0 (default) = the tuned
                                      per-M choice of this architecture (benchmarks force it to compare) */
 } k3_kda_proj_desc;
 
 typedef struct k3_kda_proj_plan k3_kda_proj_plan;
 
-/* Kimi-K3 at TP8: hidden 7168, 12 heads of 128, f_a 128, packed 6288, max 16 tokens, overlap through 14. */
+/* Kimi-K3 at TP8: hidden 7168, 12 heads of 128, f_a 128, packed 6288, max 16 tokens, tuned overlap range. */
 K3_API void k3_kda_proj_desc_init(k3_kda_proj_desc *d);
 K3_API k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda_proj_plan **out);
 K3_API void k3_kda_proj_plan_destroy(k3_kda_proj_plan *plan);

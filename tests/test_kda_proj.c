@@ -44,6 +44,8 @@ static void test_validation(k3_ctx *ctx) {
     bad = d;
     bad.overlap_max_tokens = 17;
     expect_plan_error(ctx, &bad, "overlap > max", "overlap_max_tokens");
+    bad.overlap_max_tokens = -2;
+    expect_plan_error(ctx, &bad, "overlap -2", "overlap_max_tokens");
     bad = d;
     bad.run_n_rows_per_block = 3;
     expect_plan_error(ctx, &bad, "rows per block 3", "run_n_rows_per_block");

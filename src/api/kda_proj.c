@@ -26,7 +26,7 @@ void k3_kda_proj_desc_init(k3_kda_proj_desc *d) {
     d->fa_dim = 128;
     d->packed_rows = 6288;
     d->max_tokens = 16;
-    d->overlap_max_tokens = 14;
+    d->overlap_max_tokens = -1;
     d->run_n_rows_per_block = 0;
 }
 
@@ -49,8 +49,9 @@ static k3_status kda_validate(k3_ctx *ctx, const k3_kda_proj_desc *d) {
                  "stay 16-byte aligned", (long long)fab);
     K3_CHECK_ARG(ctx, d->max_tokens >= 1 && d->max_tokens <= K3_KDA_MAX_TOKENS,
                  "kda: max_tokens must be in [1, %d], got %lld", K3_KDA_MAX_TOKENS, (long long)d->max_tokens);
-    K3_CHECK_ARG(ctx, d->overlap_max_tokens >= 0 && d->overlap_max_tokens <= d->max_tokens,
-                 "kda: overlap_max_tokens must be in [0, max_tokens], got %lld", (long long)d->overlap_max_tokens);
+    K3_CHECK_ARG(ctx, d->overlap_max_tokens >= -1 && d->overlap_max_tokens <= d->max_tokens,
+                 "kda: overlap_max_tokens must be -1 (tuned) or in [0, max_tokens], got %lld",
+                 (long long)d->overlap_max_tokens);
     K3_CHECK_ARG(ctx, d->run_n_rows_per_block >= 0 && d->run_n_rows_per_block <= 2,
                  "kda: run_n_rows_per_block must be 0 (tuned), 1 or 2, got %d", (int)d->run_n_rows_per_block);
     return K3_STATUS_SUCCESS;
@@ -70,6 +71,9 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
     p->fab_rows = d->packed_rows - p->qkvg_rows;
     p->fb_rows = d->local_heads * d->head_dim;
     k3_kda_tuning_for(ctx->arch.table, &p->tuning);
+    if (p->d.overlap_max_tokens < 0) /* the measured crossover, never past what the plan accepts */
+        p->d.overlap_max_tokens =
+            p->tuning.overlap_max_tokens < d->max_tokens ? p->tuning.overlap_max_tokens : d->max_tokens;
     if (d->run_n_rows_per_block > 0)
         for (int i = 1; i <= K3_KDA_MAX_TOKENS; i++) p->tuning.run_n_rows_per_block[i] = d->run_n_rows_per_block;
 
@@ -78,7 +82,7 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
     ld.max_m = d->max_tokens;
     k3_status st = k3_linear_plan_create(ctx, &ld, &p->qkvg);
     if (st == K3_STATUS_SUCCESS) st = k3_linear_workspace_size(p->qkvg, &p->ws_bytes);
-    if (st == K3_STATUS_SUCCESS && ctx->backend == K3_BACKEND_CUDA && d->overlap_max_tokens > 0)
+    if (st == K3_STATUS_SUCCESS && ctx->backend == K3_BACKEND_CUDA && p->d.overlap_max_tokens > 0)
         st = k3_fork_join_create(ctx, &p->fj);
     if (st != K3_STATUS_SUCCESS) {
         k3_kda_proj_plan_destroy(p);
