@@ -325,7 +325,8 @@ K3_API k3_status k3_router_workspace_size(const k3_router_plan *plan, size_t *ou
  * (s[ids] * scaling_factor without renormalize). SOFTMAX: p = softmax(logits), top-k by p, weights = p[ids] /
  * sum p[ids] * scaling_factor (p[ids] * scaling_factor without renormalize).
  * A NaN logit (or choice) ranks below every other expert (NaN experts come last, lowest id first) with weight 0.
- * CPU contexts only for now: on a CUDA context plan_create returns K3_STATUS_UNSUPPORTED (GPU router: issue 6).
+ * The CUDA router sums the logits in the CPU router's fixed order and shares its exp/sigmoid, so ids and weights
+ * are bitwise equal on both backends.
  */
 K3_API k3_status k3_router_run(k3_router_plan *plan, int64_t m, const void *x, const void *gate, const float *bias,
                                int32_t *topk_ids, float *topk_weights, void *ws, size_t ws_bytes, void *stream);
@@ -382,7 +383,9 @@ K3_API k3_status k3_moe_workspace_size(const k3_moe_plan *plan, size_t *out_byte
  * The activation output is rounded to BF16 (W4A16) or NVFP4 quantize-dequantized with gs = 1/w2_input_scale
  * (W4A4, where x is too, per row, with gs = 1/w13_input_scale); expert outputs are summed unrounded. A row of
  * out does not depend on the other tokens of the batch. An id outside [0, E) is K3_STATUS_INVALID_ARGUMENT
- * naming the token and slot. CUDA contexts: plan creation returns K3_STATUS_UNSUPPORTED until issue 6.
+ * naming the token and slot on the CPU backend; on CUDA (ids live in device memory and are not read back, so the
+ * call stays capturable) such a slot contributes nothing. CUDA requires L and I to be multiples of 32. CUDA runs
+ * refuse host pointers with INVALID_ARGUMENT (outside graph capture).
  */
 K3_API k3_status k3_moe_run(k3_moe_plan *plan, int64_t m, const void *x, const int32_t *topk_ids,
                             const float *topk_weights, const k3_moe_weights *w, void *out, float *out_f32,

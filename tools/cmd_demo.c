@@ -14,12 +14,9 @@
 #include <string.h>
 #include <time.h>
 
-#ifdef K3_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
-
 #include "api/moe_internal.h"
 #include "cli.h"
+#include "cli_mem.h"
 #include "../tests/ref_moe.h"
 
 #define DEMO_SEED 0x4b33446d6fULL /* "K3Dmo" */
@@ -72,7 +69,6 @@ typedef struct demo_block {
     k3_latent_moe_weights w;
     void *buf[16];
     size_t size[16];
-    void *dev[16]; /* device copies of buf[] when the block runs on a CUDA context */
     int nbuf;
     size_t bytes_fp4, bytes_dense;
 } demo_block;
@@ -86,90 +82,38 @@ static void *block_alloc(demo_block *b, size_t n) {
     return p;
 }
 
-static void block_free(demo_block *b);
-
-/* ---- device copies for a CUDA context (the library takes device pointers there) ---- */
-#ifdef K3_HAVE_CUDA
-static void *dev_alloc(size_t n) {
-    void *d = NULL;
-    return cudaMalloc(&d, n ? n : 1) == cudaSuccess ? d : NULL;
-}
-static void dev_free(void *d) {
-    if (d) cudaFree(d);
-}
-static int dev_put(void *d, const void *h, size_t n) { return cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) == cudaSuccess; }
-static int dev_get(void *h, const void *d, size_t n) { return cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) == cudaSuccess; }
-static int dev_sync(void) { return cudaDeviceSynchronize() == cudaSuccess; }
-#else
-static void *dev_alloc(size_t n) { return (void)n, NULL; }
-static void dev_free(void *d) { (void)d; }
-static int dev_put(void *d, const void *h, size_t n) { return (void)d, (void)h, (void)n, 0; }
-static int dev_get(void *h, const void *d, size_t n) { return (void)h, (void)d, (void)n, 0; }
-static int dev_sync(void) { return 0; }
-#endif
-
-/* The device pointer mirroring host buffer p of the block (NULL stays NULL). */
-static const void *dev_of(const demo_block *b, const void *p) {
-    for (int i = 0; p && i < b->nbuf; i++)
-        if (b->buf[i] == p) return b->dev[i];
-    return NULL;
-}
-
-/* Copies every weight buffer to the device and returns the weights struct with device pointers in *dw. */
-static int block_to_device(demo_block *b, k3_latent_moe_weights *dw) {
-    for (int i = 0; i < b->nbuf; i++)
-        if (!(b->dev[i] = dev_alloc(b->size[i])) || !dev_put(b->dev[i], b->buf[i], b->size[i])) return 0;
-    const k3_latent_moe_weights *w = &b->w;
-    *dw = *w;
-    dw->gate = dev_of(b, w->gate);
-    dw->bias = (const float *)dev_of(b, w->bias);
-    dw->down_proj = dev_of(b, w->down_proj);
-    dw->norm = dev_of(b, w->norm);
-    dw->up_proj = dev_of(b, w->up_proj);
-    dw->shared_gate_up = dev_of(b, w->shared_gate_up);
-    dw->shared_down = dev_of(b, w->shared_down);
-    dw->experts.w13 = dev_of(b, w->experts.w13);
-    dw->experts.w13_scale = dev_of(b, w->experts.w13_scale);
-    dw->experts.w13_scale_2 = (const float *)dev_of(b, w->experts.w13_scale_2);
-    dw->experts.w2 = dev_of(b, w->experts.w2);
-    dw->experts.w2_scale = dev_of(b, w->experts.w2_scale);
-    dw->experts.w2_scale_2 = (const float *)dev_of(b, w->experts.w2_scale_2);
-    return 1;
-}
-
 static void block_free(demo_block *b) {
-    for (int i = 0; i < b->nbuf; i++) {
-        free(b->buf[i]);
-        dev_free(b->dev[i]);
-        b->dev[i] = NULL;
-    }
+    for (int i = 0; i < b->nbuf; i++) free(b->buf[i]);
     b->nbuf = 0;
 }
 
-/* Buffers of a run: host memory on the CPU backend, device memory (plus a host copy of y) on CUDA. */
-typedef struct demo_io {
-    int on_dev;
-    void *ws, *x, *y;
-    int32_t *ids;
-    float *wts;
-} demo_io;
-
-static int io_alloc(demo_io *io, int on_dev, size_t wsb, size_t xb, size_t yb, size_t routes) {
-    memset(io, 0, sizeof *io);
-    io->on_dev = on_dev;
-    void *(*al)(size_t) = on_dev ? dev_alloc : malloc;
-    io->ws = al(wsb ? wsb : 1);
-    io->x = al(xb);
-    io->y = al(yb);
-    io->ids = (int32_t *)al(routes * sizeof(int32_t));
-    io->wts = (float *)al(routes * sizeof(float));
-    return io->ws && io->x && io->y && io->ids && io->wts;
+/* The size of the block's host buffer p (0 when p is not one of them, e.g. NULL). */
+static size_t block_size_of(const demo_block *b, const void *p) {
+    for (int i = 0; p && i < b->nbuf; i++)
+        if (b->buf[i] == p) return b->size[i];
+    return 0;
 }
 
-static void io_free(demo_io *io) {
-    void (*fr)(void *) = io->on_dev ? dev_free : free;
-    fr(io->ws), fr(io->x), fr(io->y), fr(io->ids), fr(io->wts);
-    memset(io, 0, sizeof *io);
+/* The block's weights as the context sees them (device copies on CUDA, the host buffers on the CPU). */
+static int block_weights_in(const demo_block *b, k3_cli_mem *mm, k3_latent_moe_weights *dw) {
+    int ok = 1;
+#define K3_DEMO_IN(field) (field) = k3_cli_mem_in(mm, (field), block_size_of(b, (field)), &ok)
+    *dw = b->w;
+    K3_DEMO_IN(dw->gate);
+    K3_DEMO_IN(dw->bias);
+    K3_DEMO_IN(dw->down_proj);
+    K3_DEMO_IN(dw->norm);
+    K3_DEMO_IN(dw->up_proj);
+    K3_DEMO_IN(dw->shared_gate_up);
+    K3_DEMO_IN(dw->shared_down);
+    K3_DEMO_IN(dw->experts.w13);
+    K3_DEMO_IN(dw->experts.w13_scale);
+    K3_DEMO_IN(dw->experts.w13_scale_2);
+    K3_DEMO_IN(dw->experts.w2);
+    K3_DEMO_IN(dw->experts.w2_scale);
+    K3_DEMO_IN(dw->experts.w2_scale_2);
+#undef K3_DEMO_IN
+    return ok;
 }
 
 /* Synthesizes the weights of descriptor b->d (NVFP4 experts, linear scales, shared scale_2). */
@@ -267,46 +211,41 @@ static int check_small(k3_ctx *ctx) {
     block_desc(&b.d, 16, 4, 512, 256, 64, 128, m);
     demo_rng r = {DEMO_SEED ^ 0x5a5a5a5aULL};
     k3_latent_moe_plan *p = NULL;
-    void *ws = NULL;
     uint16_t *x = NULL, *y = NULL;
     int32_t ids[4 * 4], rids[4 * 4];
     float wts[4 * 4];
     double rw[4 * 4], *ref = NULL, *got = NULL;
-    int ok = 0;
+    int ok = 0, in_ok = 1;
     size_t wsb = 0;
+    const size_t xb = sizeof(uint16_t) * (size_t)(m * 512);
     const int on_dev = k3_ctx_backend(ctx) == K3_BACKEND_CUDA;
-    demo_io io;
-    memset(&io, 0, sizeof io);
+    k3_cli_mem mm;
+    k3_cli_mem_init(&mm, ctx);
     if (!block_make(&b, &r)) goto oom;
     if (k3_latent_moe_plan_create(ctx, &b.d, &p) != K3_STATUS_SUCCESS) {
         fprintf(stderr, "k3 demo: correctness plan: %s\n", k3_ctx_last_error(ctx));
         goto done;
     }
     k3_latent_moe_workspace_size(p, &wsb);
-    ws = malloc(wsb);
-    x = malloc(sizeof(uint16_t) * (size_t)(m * 512));
-    y = malloc(sizeof(uint16_t) * (size_t)(m * 512));
+    x = malloc(xb);
+    y = malloc(xb);
     ref = malloc(sizeof(double) * (size_t)(m * 512));
     got = malloc(sizeof(double) * (size_t)(m * 512));
-    if (!ws || !x || !y || !ref || !got) goto oom;
+    if (!x || !y || !ref || !got) goto oom;
     fill_bf16(&r, x, (size_t)(m * 512), 1.0);
-    if (on_dev) { /* the same block on the GPU: device copies in, results back */
-        k3_latent_moe_weights dw;
-        if (!block_to_device(&b, &dw) || !io_alloc(&io, 1, wsb, sizeof(uint16_t) * (size_t)(m * 512),
-                                                   sizeof(uint16_t) * (size_t)(m * 512), sizeof ids / sizeof ids[0]) ||
-            !dev_put(io.x, x, sizeof(uint16_t) * (size_t)(m * 512)))
-            goto oom;
-        if (k3_latent_moe_run(p, m, io.x, &dw, NULL, io.y, io.ids, io.wts, io.ws, wsb, NULL) != K3_STATUS_SUCCESS) {
-            fprintf(stderr, "k3 demo: correctness run: %s\n", k3_ctx_last_error(ctx));
-            goto done;
-        }
-        if (!dev_sync() || !dev_get(y, io.y, sizeof(uint16_t) * (size_t)(m * 512)) || !dev_get(ids, io.ids, sizeof ids) ||
-            !dev_get(wts, io.wts, sizeof wts)) {
-            fprintf(stderr, "k3 demo: correctness run on the GPU failed (CUDA error)\n");
-            goto done;
-        }
-    } else if (k3_latent_moe_run(p, m, x, &b.w, NULL, y, ids, wts, ws, wsb, NULL) != K3_STATUS_SUCCESS) {
+    k3_latent_moe_weights cw; /* the weights as the context sees them */
+    void *cws = k3_cli_mem_alloc(&mm, wsb), *cy = k3_cli_mem_alloc(&mm, xb);
+    int32_t *cids = k3_cli_mem_alloc(&mm, sizeof ids);
+    float *cwts = k3_cli_mem_alloc(&mm, sizeof wts);
+    const void *cx = k3_cli_mem_in(&mm, x, xb, &in_ok);
+    if (!block_weights_in(&b, &mm, &cw) || !in_ok || !cws || !cy || !cids || !cwts) goto oom;
+    if (k3_latent_moe_run(p, m, cx, &cw, NULL, cy, cids, cwts, cws, wsb, NULL) != K3_STATUS_SUCCESS) {
         fprintf(stderr, "k3 demo: correctness run: %s\n", k3_ctx_last_error(ctx));
+        goto done;
+    }
+    if (!k3_cli_mem_out(&mm, y, cy, xb) || !k3_cli_mem_out(&mm, ids, cids, sizeof ids) ||
+        !k3_cli_mem_out(&mm, wts, cwts, sizeof wts)) {
+        fprintf(stderr, "k3 demo: correctness run: copying the results back failed (CUDA error)\n");
         goto done;
     }
     ref_latent(&b.d, &b.w, m, x, NULL, ref, rids, rw);
@@ -324,8 +263,7 @@ oom:
     fprintf(stderr, "k3 demo: out of memory\n");
 done:
     k3_latent_moe_plan_destroy(p);
-    io_free(&io);
-    free(ws);
+    k3_cli_mem_free(&mm);
     free(x);
     free(y);
     free(ref);
@@ -390,11 +328,10 @@ int k3_cmd_demo(int argc, char **argv) {
            "backend: %s (%s)\n",
            on_cpu ? "cpu" : "cuda", arch.device_name);
 
-    int rc = K3_EXIT_FAIL;
-    demo_io io;
-    memset(&io, 0, sizeof io);
-    void *ws = NULL;
-    uint16_t *x = NULL, *y = NULL;
+    int rc = K3_EXIT_FAIL, in_ok = 1;
+    k3_cli_mem mm;
+    k3_cli_mem_init(&mm, ctx);
+    uint16_t *x = NULL;
     size_t wsb = 0;
     demo_rng r = {DEMO_SEED};
     double t0 = now_s();
@@ -402,37 +339,28 @@ int k3_cmd_demo(int argc, char **argv) {
     printf("weights: synthesized from seed 0x%llx in %.2f s (%.2f GB NVFP4 experts + %.2f GB BF16 dense)\n",
            (unsigned long long)DEMO_SEED, now_s() - t0, (double)b.bytes_fp4 / 1e9, (double)b.bytes_dense / 1e9);
     k3_latent_moe_workspace_size(plan, &wsb);
-    ws = malloc(wsb);
-    x = malloc(sizeof(uint16_t) * (size_t)(max_m * 7168));
-    y = malloc(sizeof(uint16_t) * (size_t)(max_m * 7168));
-    if (!ws || !x || !y) goto oom;
+    const size_t xb = sizeof(uint16_t) * (size_t)(max_m * 7168);
+    if (!(x = malloc(xb))) goto oom;
     fill_bf16(&r, x, (size_t)(max_m * 7168), 1.0);
-    k3_latent_moe_weights dw = b.w;
-    if (!on_cpu) {
-        t0 = now_s();
-        if (!block_to_device(&b, &dw) ||
-            !io_alloc(&io, 1, wsb, sizeof(uint16_t) * (size_t)(max_m * 7168), sizeof(uint16_t) * (size_t)(max_m * 7168),
-                      (size_t)(max_m * 16)) ||
-            !dev_put(io.x, x, sizeof(uint16_t) * (size_t)(max_m * 7168)))
-            goto oom;
-        printf("weights copied to the device in %.2f s\n", now_s() - t0);
-    }
+    t0 = now_s();
+    k3_latent_moe_weights cw; /* the weights as the context sees them (device copies on CUDA) */
+    void *cws = k3_cli_mem_alloc(&mm, wsb), *cy = k3_cli_mem_alloc(&mm, xb);
+    const void *cx = k3_cli_mem_in(&mm, x, xb, &in_ok);
+    if (!block_weights_in(&b, &mm, &cw) || !in_ok || !cws || !cy) goto oom;
+    if (!on_cpu) printf("weights copied to the device in %.2f s\n", now_s() - t0);
 
     printf("\n%5s %9s %9s %9s %9s %9s %10s   %s\n", "M", "router", "down", "experts", "norm+up", "shared", "total ms",
            "(k3_latent_moe_run)");
     const k3_cpu_latent *cpu = k3_latent_moe_plan_cpu(plan);
     for (int i = 0; i < nm; i++) {
         const int64_t m = ms[i];
-        if (!on_cpu) { /* warm-up call (module load), then the timed one */
-            st = k3_latent_moe_run(plan, m, io.x, &dw, NULL, io.y, NULL, NULL, io.ws, wsb, NULL);
-            if (st == K3_STATUS_SUCCESS && !dev_sync()) st = K3_STATUS_CUDA_ERROR;
+        if (!on_cpu) { /* warm-up call (module load, first-touch), then the timed one */
+            st = k3_latent_moe_run(plan, m, cx, &cw, NULL, cy, NULL, NULL, cws, wsb, NULL);
+            if (st == K3_STATUS_SUCCESS && !k3_cli_mem_sync(&mm)) st = K3_STATUS_CUDA_ERROR;
         }
         t0 = now_s();
-        if (on_cpu) st = k3_latent_moe_run(plan, m, x, &b.w, NULL, y, NULL, NULL, ws, wsb, NULL);
-        else if (st == K3_STATUS_SUCCESS) {
-            st = k3_latent_moe_run(plan, m, io.x, &dw, NULL, io.y, NULL, NULL, io.ws, wsb, NULL);
-            if (st == K3_STATUS_SUCCESS && !dev_sync()) st = K3_STATUS_CUDA_ERROR;
-        }
+        if (st == K3_STATUS_SUCCESS) st = k3_latent_moe_run(plan, m, cx, &cw, NULL, cy, NULL, NULL, cws, wsb, NULL);
+        if (st == K3_STATUS_SUCCESS && !k3_cli_mem_sync(&mm)) st = K3_STATUS_CUDA_ERROR;
         const double total = now_s() - t0;
         if (st != K3_STATUS_SUCCESS) {
             fprintf(stderr, "k3 demo: run M=%lld: %s\n", (long long)m, k3_ctx_last_error(ctx));
@@ -442,7 +370,7 @@ int k3_cmd_demo(int argc, char **argv) {
         stage_clock c;
         memset(&c, 0, sizeof c);
         c.last = now_s();
-        if (on_cpu) k3_cpu_latent_run(cpu, m, x, &b.w, NULL, y, NULL, NULL, ws, on_stage, &c);
+        if (on_cpu) k3_cpu_latent_run(cpu, m, x, &b.w, NULL, (uint16_t *)cy, NULL, NULL, cws, on_stage, &c);
         if (on_cpu)
             printf("%5lld %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f\n", (long long)m, 1e3 * c.t[0], 1e3 * c.t[1],
                    1e3 * c.t[2], 1e3 * c.t[3], 1e3 * c.t[4], 1e3 * total);
@@ -456,10 +384,8 @@ int k3_cmd_demo(int argc, char **argv) {
 oom:
     fprintf(stderr, "k3 demo: out of memory (the TP8 block needs about 2.1 GB of host memory)\n");
 done:
-    io_free(&io);
-    free(ws);
+    k3_cli_mem_free(&mm);
     free(x);
-    free(y);
     block_free(&b);
     k3_latent_moe_plan_destroy(plan);
     k3_ctx_destroy(ctx);

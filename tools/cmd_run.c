@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_mem.h"
 #include "core/safetensors.h"
 
 #define CMD "k3 run moe"
@@ -482,8 +483,38 @@ static int plan_fail(k3_ctx *ctx, const char *what, k3_status st) {
     return K3_EXIT_FAIL;
 }
 
+/* Bytes of the tensor whose data is p (in either file), 0 when none. */
+static size_t data_bytes(const k3_st_file *wf, const k3_st_file *xf, const void *p) {
+    const k3_st_file *fs[2] = {wf, xf};
+    for (int f = 0; p && f < 2; f++)
+        for (int32_t i = 0; i < k3_st_count(fs[f]); i++)
+            if (k3_st_at(fs[f], i)->data == p) return k3_st_at(fs[f], i)->nbytes;
+    return 0;
+}
+
+/* The run's tensors as the context sees them: the file data itself on the CPU, device copies on CUDA. */
+static int tensors_in(k3_cli_mem *mm, const k3_st_file *wf, const k3_st_file *xf, run_setup *s) {
+    int ok = 1;
+#define K3_RUN_IN(field) (field) = k3_cli_mem_in(mm, (field), data_bytes(wf, xf, (field)), &ok)
+    K3_RUN_IN(s->mw.w13);
+    K3_RUN_IN(s->mw.w13_scale);
+    K3_RUN_IN(s->mw.w13_scale_2);
+    K3_RUN_IN(s->mw.w13_input_scale);
+    K3_RUN_IN(s->mw.w2);
+    K3_RUN_IN(s->mw.w2_scale);
+    K3_RUN_IN(s->mw.w2_scale_2);
+    K3_RUN_IN(s->mw.w2_input_scale);
+    K3_RUN_IN(s->lw.down_proj);
+    K3_RUN_IN(s->lw.norm);
+    K3_RUN_IN(s->lw.up_proj);
+    K3_RUN_IN(s->lw.shared_gate_up);
+    K3_RUN_IN(s->lw.shared_down);
+#undef K3_RUN_IN
+    return ok;
+}
+
 /* Plans and runs what the files describe; writes the output file. */
-static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s) {
+static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_file *wf, const k3_st_file *xf) {
     const int64_t m = s->m, k = s->md.top_k;
     const int routed = s->ids == NULL;
     const int64_t ycols = s->latent ? s->h : s->l;
@@ -494,11 +525,24 @@ static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s) {
     k3_latent_moe_plan *lp = NULL;
     void *ws = NULL, *rws = NULL;
     size_t wsb = 0, rwsb = 0;
-    uint16_t *y = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(m * ycols));
-    int32_t *ids = routed ? (int32_t *)malloc(sizeof(int32_t) * (size_t)(m * k)) : NULL;
-    float *wts = routed ? (float *)malloc(sizeof(float) * (size_t)(m * k)) : NULL;
-    if (!y || (routed && (!ids || !wts))) {
-        fprintf(stderr, CMD ": out of memory\n");
+    k3_cli_mem mm; /* context-side buffers: device memory on CUDA */
+    k3_cli_mem_init(&mm, ctx);
+    const size_t yb = sizeof(uint16_t) * (size_t)(m * ycols), ib = sizeof(int32_t) * (size_t)(m * k),
+                 fb = sizeof(float) * (size_t)(m * k);
+    uint16_t *y = (uint16_t *)malloc(yb);
+    int32_t *ids = routed ? (int32_t *)malloc(ib) : NULL;
+    float *wts = routed ? (float *)malloc(fb) : NULL;
+    int in_ok = 1;
+    void *cy = k3_cli_mem_alloc(&mm, yb);
+    int32_t *cids = routed ? (int32_t *)k3_cli_mem_alloc(&mm, ib) : NULL;
+    float *cwts = routed ? (float *)k3_cli_mem_alloc(&mm, fb) : NULL;
+    const void *cx = k3_cli_mem_in(&mm, s->x->data, s->x->nbytes, &in_ok);
+    const void *cgate = s->gate ? k3_cli_mem_in(&mm, s->gate->data, s->gate->nbytes, &in_ok) : NULL;
+    const float *cbias = s->bias ? (const float *)k3_cli_mem_in(&mm, s->bias->data, s->bias->nbytes, &in_ok) : NULL;
+    const int32_t *in_ids = s->ids ? (const int32_t *)k3_cli_mem_in(&mm, s->ids->data, s->ids->nbytes, &in_ok) : NULL;
+    const float *in_wts = s->wts ? (const float *)k3_cli_mem_in(&mm, s->wts->data, s->wts->nbytes, &in_ok) : NULL;
+    if (!y || !cy || (routed && (!ids || !wts || !cids || !cwts)) || !in_ok || !tensors_in(&mm, wf, xf, s)) {
+        fprintf(stderr, CMD ": out of %s memory\n", mm.on_device ? "device" : "host");
         goto done;
     }
     s->md.max_tokens = m;
@@ -524,11 +568,11 @@ static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s) {
             goto done;
         }
         k3_latent_moe_workspace_size(lp, &wsb);
-        s->lw.gate = s->gate->data;
-        s->lw.bias = s->bias ? (const float *)s->bias->data : NULL;
+        s->lw.gate = cgate;
+        s->lw.bias = cbias;
         s->lw.experts = s->mw;
-        if (!(ws = malloc(wsb ? wsb : 1))) goto oom;
-        if ((st = k3_latent_moe_run(lp, m, s->x->data, &s->lw, NULL, y, ids, wts, ws, wsb, NULL)) !=
+        if (!(ws = k3_cli_mem_alloc(&mm, wsb))) goto oom;
+        if ((st = k3_latent_moe_run(lp, m, cx, &s->lw, NULL, cy, cids, cwts, ws, wsb, NULL)) !=
             K3_STATUS_SUCCESS) {
             rc = plan_fail(ctx, "latent-MoE run", st);
             goto done;
@@ -539,28 +583,32 @@ static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s) {
             goto done;
         }
         k3_moe_workspace_size(mp, &wsb);
-        if (!(ws = malloc(wsb ? wsb : 1))) goto oom;
-        const int32_t *run_ids = routed ? ids : (const int32_t *)s->ids->data;
-        const float *run_wts = routed ? wts : (const float *)s->wts->data;
+        if (!(ws = k3_cli_mem_alloc(&mm, wsb))) goto oom;
+        const int32_t *run_ids = routed ? cids : in_ids;
+        const float *run_wts = routed ? cwts : in_wts;
         if (routed) {
             if ((st = k3_router_plan_create(ctx, &rd, &rp)) != K3_STATUS_SUCCESS) {
                 rc = plan_fail(ctx, "router plan", st);
                 goto done;
             }
             k3_router_workspace_size(rp, &rwsb);
-            if (!(rws = malloc(rwsb ? rwsb : 1))) goto oom;
-            st = k3_router_run(rp, m, s->x->data, s->gate->data, s->bias ? (const float *)s->bias->data : NULL, ids,
-                               wts, rws, rwsb, NULL);
+            if (!(rws = k3_cli_mem_alloc(&mm, rwsb))) goto oom;
+            st = k3_router_run(rp, m, cx, cgate, cbias, cids, cwts, rws, rwsb, NULL);
             if (st != K3_STATUS_SUCCESS) {
                 rc = plan_fail(ctx, "router run", st);
                 goto done;
             }
         }
-        st = k3_moe_run(mp, m, s->x->data, run_ids, run_wts, &s->mw, y, NULL, ws, wsb, NULL);
+        st = k3_moe_run(mp, m, cx, run_ids, run_wts, &s->mw, cy, NULL, ws, wsb, NULL);
         if (st != K3_STATUS_SUCCESS) {
             rc = plan_fail(ctx, "MoE run", st);
             goto done;
         }
+    }
+    if (!k3_cli_mem_out(&mm, y, cy, yb) || (routed && (!k3_cli_mem_out(&mm, ids, cids, ib) ||
+                                                        !k3_cli_mem_out(&mm, wts, cwts, fb)))) {
+        fprintf(stderr, CMD ": copying the results back from the device failed\n");
+        goto done;
     }
     if (save_output(o, s, y, ycols, ids, wts)) {
         printf("k3 run moe: %s%s, %s experts (E %d, L %lld, I %lld, top-%lld, %s, %s), M %lld -> %s\n",
@@ -579,8 +627,7 @@ done:
     k3_moe_plan_destroy(mp);
     k3_router_plan_destroy(rp);
     k3_latent_moe_plan_destroy(lp);
-    free(ws);
-    free(rws);
+    k3_cli_mem_free(&mm);
     free(y);
     free(ids);
     free(wts);
@@ -630,7 +677,7 @@ static int run_moe(int argc, char **argv) {
     memset(&s, 0, sizeof s);
     if (!read_experts(wf, &s, &act, o.mode) || !read_routing(wf, xf, &s, &o)) goto done;
     if (!(ctx = k3_cli_ctx(o.device))) goto done;
-    rc = execute(ctx, &o, &s);
+    rc = execute(ctx, &o, &s, wf, xf);
 done:
     k3_ctx_destroy(ctx);
     k3_st_close(wf);
