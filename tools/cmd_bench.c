@@ -143,28 +143,12 @@ static int bench_gemm(int argc, char **argv) {
     static k3_shape shapes[K3_SHAPES_MAX];
     int n_shapes = k3_shapes_parse(shapes_arg, "tp8", 0, shapes, K3_SHAPES_MAX);
     if (!n_shapes) return K3_EXIT_USAGE;
-    int64_t ms[BENCH_MAX_M_LIST];
-    int n_m = k3_cli_parse_list(m_arg, "--m", ms, BENCH_MAX_M_LIST);
+    int64_t ms[BENCH_MAX_M_LIST], max_m = 0;
+    const int n_m = k3b_parse_m(m_arg, "k3 bench gemm", K3B_MAX_M, ms, BENCH_MAX_M_LIST, &max_m);
     if (!n_m) return K3_EXIT_USAGE;
-    int64_t max_m = 0;
-    for (int i = 0; i < n_m; i++) {
-        if (ms[i] < 1 || ms[i] > K3B_MAX_M) {
-            fprintf(stderr, "k3 bench gemm: --m values must be 1..%d\n", K3B_MAX_M);
-            return K3_EXIT_USAGE;
-        }
-        if (ms[i] > max_m) max_m = ms[i];
-    }
-
-    k3_ctx_options opt;
-    k3_ctx_options_init(&opt);
-    opt.backend = K3_BACKEND_CUDA;
-    k3_ctx *ctx = NULL;
-    k3_status st = k3_ctx_create(&opt, &ctx);
-    if (st != K3_STATUS_SUCCESS) {
-        fprintf(stderr, "k3 bench gemm: needs a CUDA GPU and a CUDA build of k3 (%s); nothing was measured\n",
-                k3_status_string(st));
-        return K3_EXIT_FAIL;
-    }
+    k3_ctx *ctx = k3b_open_cuda("k3 bench gemm");
+    if (!ctx) return K3_EXIT_FAIL;
+    k3_status st;
     if (table && (st = k3_ctx_load_table(ctx, table, force)) != K3_STATUS_SUCCESS) {
         fprintf(stderr, "k3 bench gemm: %s: %s\n", k3_status_string(st), k3_ctx_last_error(ctx));
         k3_ctx_destroy(ctx);

@@ -127,28 +127,12 @@ int k3_cmd_tune(int argc, char **argv) {
     static k3_shape shapes[K3_SHAPES_MAX];
     const int n_shapes = k3_shapes_parse(shapes_arg, "all", 1, shapes, K3_SHAPES_MAX);
     if (!n_shapes) return K3_EXIT_USAGE;
-    int64_t ms[K3_TABLE_MAX_M];
-    const int n_m = k3_cli_parse_list(m_arg, "--m", ms, K3_TABLE_MAX_M);
+    int64_t ms[K3_TABLE_MAX_M], max_m = 0;
+    const int n_m = k3b_parse_m(m_arg, "k3 tune", K3_TABLE_MAX_M, ms, K3_TABLE_MAX_M, &max_m);
     if (!n_m) return K3_EXIT_USAGE;
-    int64_t max_m = 0;
-    for (int i = 0; i < n_m; i++) {
-        if (ms[i] < 1 || ms[i] > K3_TABLE_MAX_M) {
-            fprintf(stderr, "k3 tune: --m values must be 1..%d\n", K3_TABLE_MAX_M);
-            return K3_EXIT_USAGE;
-        }
-        if (ms[i] > max_m) max_m = ms[i];
-    }
-
-    k3_ctx_options opt;
-    k3_ctx_options_init(&opt);
-    opt.backend = K3_BACKEND_CUDA;
-    k3_ctx *ctx = NULL;
-    k3_status st = k3_ctx_create(&opt, &ctx);
-    if (st != K3_STATUS_SUCCESS) {
-        fprintf(stderr, "k3 tune: needs a CUDA GPU and a CUDA build of k3 (%s); nothing was measured\n",
-                k3_status_string(st));
-        return K3_EXIT_FAIL;
-    }
+    k3_ctx *ctx = k3b_open_cuda("k3 tune");
+    if (!ctx) return K3_EXIT_FAIL;
+    k3_status st;
     k3_arch_info a;
     k3_ctx_arch(ctx, &a);
     if (a.table == K3_TABLE_NONE) {

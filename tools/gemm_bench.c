@@ -2,6 +2,7 @@
 #include "gemm_bench.h"
 
 #include "bench_graph.h"
+#include "cli.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +16,33 @@ double k3b_bytes(int64_t n, int64_t k, int64_t m) { return 2.0 * ((double)n * (d
 double k3b_percent_of_ceiling(int64_t n, int64_t k, int64_t m, double us) {
     if (!(us > 0)) return 0;
     return 100.0 * k3b_bytes(n, k, m) / (us * 1e-6) / K3B_CEILING_BYTES_PER_S;
+}
+
+int k3b_parse_m(const char *arg, const char *cmd, int64_t limit, int64_t *ms, int cap, int64_t *max_m) {
+    const int n = k3_cli_parse_list(arg, "--m", ms, cap);
+    *max_m = 0;
+    for (int i = 0; i < n; i++) {
+        if (ms[i] < 1 || ms[i] > limit) {
+            fprintf(stderr, "%s: --m values must be 1..%lld\n", cmd, (long long)limit);
+            return 0;
+        }
+        if (ms[i] > *max_m) *max_m = ms[i];
+    }
+    return n;
+}
+
+k3_ctx *k3b_open_cuda(const char *cmd) {
+    k3_ctx_options opt;
+    k3_ctx_options_init(&opt);
+    opt.backend = K3_BACKEND_CUDA;
+    k3_ctx *ctx = NULL;
+    const k3_status st = k3_ctx_create(&opt, &ctx);
+    if (st != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "%s: needs a CUDA GPU and a CUDA build of k3 (%s); nothing was measured\n", cmd,
+                k3_status_string(st));
+        return NULL;
+    }
+    return ctx;
 }
 
 int k3b_candidates(int64_t n, int64_t k, int64_t m, int with_cublaslt, k3b_candidate *out, int cap) {

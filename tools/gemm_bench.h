@@ -64,6 +64,12 @@ int k3b_candidates(int64_t n, int64_t k, int64_t m, int with_cublaslt, k3b_candi
 /* A plan description forcing candidate c for shape (n, k). */
 void k3b_candidate_desc(const k3b_candidate *c, int64_t n, int64_t k, k3_linear_desc *d);
 
+/* Parses --m LIST for command `cmd` (values 1..limit) into ms (at most cap); returns the count and the largest
+ * value in *max_m, or 0 after printing why. */
+int k3b_parse_m(const char *arg, const char *cmd, int64_t limit, int64_t *ms, int cap, int64_t *max_m);
+/* A CUDA context for command `cmd`, or NULL after printing that nothing was measured. */
+k3_ctx *k3b_open_cuda(const char *cmd);
+
 /* Bytes one call moves: weights + x + y (BF16). */
 double k3b_bytes(int64_t n, int64_t k, int64_t m);
 /* Percent of the read ceiling reached by one call of `us` microseconds. */
