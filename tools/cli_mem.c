@@ -52,7 +52,7 @@ void *k3_cli_mem_alloc(k3_cli_mem *mm, size_t n) {
         }
         return d;
     }
-    void *h = malloc(n ? n : 1);
+    void *h = calloc(1, n ? n : 1); /* zeroed: host scratch is never read before the library writes it */
     if (h && !remember(mm, h, NULL, 1)) {
         free(h);
         h = NULL;
