@@ -18,9 +18,7 @@ static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 int64_t k3_scale_offset(k3_scale_layout layout, int64_t row, int64_t col, int64_t rows, int64_t scale_cols) {
     (void)rows;
-    if (layout != K3_SCALE_SWIZZLED) return row * scale_cols + col;
-    int64_t kp = round_up(scale_cols, K3_SWIZZLE_COLS);
-    return ((row / 128) * (kp / 4) + col / 4) * 512 + (row % 32) * 16 + ((row % 128) / 32) * 4 + col % 4;
+    return k3_scale_offset_hd(layout, row, col, scale_cols); /* one formula for host and device */
 }
 
 float k3_nvfp4_global_scale(float amax) {
