@@ -19,12 +19,13 @@
 namespace {
 
 constexpr int DT = 1024;
+static_assert(DT == 32 * 32, "the scan of warp totals is one warp wide");
 
 __global__ void __launch_bounds__(DT)
     k3_moe_dispatch_kernel(const int32_t *__restrict__ ids, int32_t np, int32_t ne, int32_t *__restrict__ offs,
                            int32_t *cur, int32_t *__restrict__ active, int32_t *__restrict__ n_active,
                            int32_t *__restrict__ list) {
-    __shared__ unsigned long long scan[DT];
+    __shared__ unsigned long long wsum[DT / 32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     /* 1. counts (in cur) */
@@ -44,15 +45,28 @@ __global__ void __launch_bounds__(DT)
         const int32_t c = cur[e];
         local += ((unsigned long long)c << 32) + (c > 0 ? 1ull : 0ull);
     }
-    scan[tid] = local;
-    __syncthreads();
-    for (int o = 1; o < DT; o *= 2) { /* Hillis-Steele inclusive scan */
-        const unsigned long long v = tid >= o ? scan[tid - o] : 0ull;
-        __syncthreads();
-        scan[tid] += v;
-        __syncthreads();
+    /* warp-shuffle scan, then one scan of the 32 warp totals: two barriers instead of the twenty of a
+     * block-wide Hillis-Steele scan (the dispatch is on the decode critical path) */
+    unsigned long long incl = local;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+        const unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
     }
-    unsigned long long run = scan[tid] - local; /* exclusive */
+    if (lane == 31) wsum[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned long long t = wsum[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2) {
+            const unsigned long long v = __shfl_up_sync(0xffffffffu, t, o);
+            if (lane >= o) t += v;
+        }
+        wsum[lane] = t; /* inclusive over warps */
+    }
+    __syncthreads();
+    const unsigned long long total = wsum[DT / 32 - 1];
+    unsigned long long run = incl - local + (warp > 0 ? wsum[warp - 1] : 0ull); /* exclusive */
     int32_t off = (int32_t)(run >> 32), act = (int32_t)(run & 0xffffffffull);
     for (int32_t e = s0; e < s1; e++) {
         const int32_t c = cur[e];
@@ -62,8 +76,8 @@ __global__ void __launch_bounds__(DT)
         off += c;
     }
     if (tid == DT - 1) {
-        offs[ne] = (int32_t)(scan[DT - 1] >> 32);
-        *n_active = (int32_t)(scan[DT - 1] & 0xffffffffull);
+        offs[ne] = (int32_t)(total >> 32);
+        *n_active = (int32_t)(total & 0xffffffffull);
     }
     __syncthreads();
 

@@ -12,7 +12,8 @@
  *              A block owns 16 gate rows AND the matching 16 up rows, so the activation runs in the epilogue:
  *              h = bf16(acc * scale_2), act in fp32, one rounding (BF16, or the W4A4 NVFP4 requantization of
  *              the 16-wide block this tile is) -> a[pair, I]. Its 4 warps split K, summed in a fixed order.
- *   GEMM2      grid (slots, L / 64): each warp 16 rows of W2, out_pair = weight * ((a . W2^T) * scale_2) in
+ *   GEMM2      grid (slots, L / 64): each warp 16 rows of W2, or (long K: I >= 1024) grid (slots, L / 16):
+ *              a block per 16 rows, its 4 warps splitting K; out_pair = weight * ((a . W2^T) * scale_2) in
  *              fp32 -> pair_out[token * top_k + slot, L]
  *   combine    out = bf16(sum over slots in order): deterministic, no float atomics.
  * Weights as the MMA's M dimension (16-row tiles), the expert's tokens as N (8 per MMA, NT MMAs per pass):
@@ -23,7 +24,10 @@
  * (and row g + 8) and B[same k][token g]. Logical k (2q, 2q+1 | 2q+8, 2q+9) of step s maps to the physical
  * elements p .. p + 3 with p = 128 c + 32 q + 4 s in a 128-element chunk c (s = 0..7: the lane reads 16
  * consecutive bytes of FP4 per row and chunk: one or two whole scale blocks), or p = k0 + 4 q in a 16-element
- * tail step at k0. The map depends on k alone, so A and B always meet at the same physical k.
+ * tail step at k0. The map depends on k alone, so A and B always meet at the same physical k. That is the BF16
+ * weights' map; FP4 chunks use the one described above mma_range_fp4 (pairs p + i, p + i + 4, so the E2M1 ->
+ * BF16 expansion is a few integer ops per register), with a register ring of several chunks (weights and
+ * block scales) in flight per lane. Measurements and the diagnosis: bench/NOTES-moe.md.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -39,7 +43,9 @@
 namespace {
 
 constexpr int G1_WARPS = 4; /* split-K warps of a GEMM1 block */
-constexpr int G2_WARPS = 4; /* 16-row tiles of a GEMM2 block (one per warp) */
+constexpr int G2_WARPS = 4; /* warps of a GEMM2 block: 4 tiles of 16 rows, or 1 tile split 4 ways along K */
+constexpr int G1_DEPTH = 4; /* FP4 chunks in flight per lane (GEMM1: 4 rows per chunk, 64 bytes + scales) */
+constexpr int G2_DEPTH = 8; /* GEMM2: 2 rows per chunk, 32 bytes + scales */
 constexpr int ALIGN = 256;
 
 enum { FMT_BF16 = 0, FMT_NVFP4 = 1, FMT_MXFP4 = 2 };
@@ -204,6 +210,209 @@ __device__ __forceinline__ void mma_range(const uint8_t *const (&wrow)[SETS][2],
     }
 }
 
+/* ---- FP4 main loop: deep register pipeline, cheap decode --------------------------------------------------
+ * Why: a lane must keep several chunks (weights AND their block scales) in flight to cover HBM latency, and the
+ * E2M1 -> BF16 expansion must cost a few integer ops per byte or the SM issue rate, not HBM, sets the speed.
+ * FP4 chunks use their own logical -> physical k map: lane q's 16 bytes of chunk c are 4 words j of 8 elements
+ * P = 128 c + 32 q + 8 j; register a[4 j + i] holds elements (P + i, P + i + 4), so one shift-and-mask turns
+ * a word into BF16 pairs; step st = 2 j + h uses a[2 st] (k 2q, 2q+1) and a[2 st + 1] (k 2q+8, 2q+9), and the
+ * activations are permuted to match (byte_perm of one 16-byte load). */
+
+/* NVFP4 codes i and i + 4 of word w as BF16 bit patterns worth code * 2^-126 (E2M1 with e = 0 lands on BF16
+ * subnormals, which the BF16 FMA takes exactly): sign to bit 15, the 3 magnitude bits to 8..6. */
+__device__ __forceinline__ uint32_t e2m1_pair_raw(uint32_t w, int i) {
+    const uint32_t u = w << (12 - 4 * i);
+    return (u & 0x80008000u) | ((u >> 6) & 0x01c001c0u);
+}
+
+/* BF16x2 a * b (+ -0, which keeps the sign of a zero product). Exact here: at most 6 significant bits. */
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
+    return r;
+}
+
+/* e4m3 block scale times 2^117 as BF16x2 (exact: 4 significant bits, 2^108 .. 2^126): times the 2^-126 of
+ * e2m1_pair_raw, the operands are weight * 2^-9; the accumulators are multiplied back by NV_ACC (2^9, exact). */
+constexpr float NV_ACC = 512.0f;
+__device__ __forceinline__ void nv_scales_bf16x2(uint32_t two, uint32_t &s0, uint32_t &s1) {
+    float f0, f1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    /* the hardware e4m3 -> f16 conversion (exact, subnormals and NaN included): 7 ops for two scales */
+    uint32_t h2;
+    asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(h2) : "r"(two));
+    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %2; cvt.f32.f16 %0, lo; cvt.f32.f16 %1, hi; }"
+        : "=f"(f0), "=f"(f1)
+        : "r"(h2));
+#else
+    f0 = k3_e4m3_decode((uint8_t)(two & 0xffu)), f1 = k3_e4m3_decode((uint8_t)(two >> 8));
+#endif
+    f0 *= 0x1p117f, f1 *= 0x1p117f;
+    s0 = pack_bf16x2(f0, f0), s1 = pack_bf16x2(f1, f1);
+}
+
+/* One lane's 16 loaded bytes of one row (4 words) and its scale byte(s) -> a[16] in the FP4 chunk map. */
+template <int FMT>
+__device__ __forceinline__ void decode_fp4_pairs(uint4 v, uint32_t sc, uint32_t (&a)[16]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    if (FMT == FMT_NVFP4) {
+        uint32_t s0, s1;
+        nv_scales_bf16x2(sc, s0, s1);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[4 * j + i] = mul_bf16x2(e2m1_pair_raw(w[j], i), j < 2 ? s0 : s1);
+    } else {
+        const float sf = k3_ue8m0_decode((uint8_t)sc);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                a[4 * j + i] = pack_bf16x2(e2m1f(w[j] >> (4 * i)) * sf, e2m1f(w[j] >> (4 * i + 16)) * sf);
+    }
+}
+
+/* Byte offset of the first scale this lane needs in chunk 0 of row `row`, and the offset step per chunk:
+ * NVFP4 needs blocks 8c + 2q and + 1 (adjacent bytes in both layouts), MXFP4 block 4c + q. */
+template <int FMT>
+__device__ __forceinline__ void scale_walk(int32_t layout, int64_t row, int64_t cols, int q, int64_t &off,
+                                           int64_t &step) {
+    const int64_t bs = FMT == FMT_NVFP4 ? 16 : 32, sc = cols / bs;
+    off = k3_scale_offset_hd((k3_scale_layout)layout, row, FMT == FMT_NVFP4 ? 2 * q : q, sc);
+    const bool swz = (k3_scale_layout)layout == K3_SCALE_SWIZZLED;
+    step = FMT == FMT_NVFP4 ? (swz ? 1024 : 8) : (swz ? 512 : 4);
+}
+
+template <int FMT, int SETS>
+__device__ __forceinline__ void load_fp4_chunk(const uint8_t *const (&wrow)[SETS][2],
+                                               const uint8_t *const (&srow)[SETS][2], int64_t sstep, int c, int q,
+                                               uint64_t pol, uint4 (&w)[SETS][2], uint32_t (&sc)[SETS][2]) {
+#pragma unroll
+    for (int s = 0; s < SETS; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            w[s][h] = k3_ld_stream(wrow[s][h] + (int64_t)c * 64 + 16 * q, pol);
+            const uint8_t *sp = srow[s][h] + (int64_t)c * sstep;
+            sc[s][h] = FMT == FMT_NVFP4 ? (uint32_t)__ldg(sp) | ((uint32_t)__ldg(sp + 1) << 8) : (uint32_t)__ldg(sp);
+        }
+}
+
+__device__ __forceinline__ uint4 ld_b8(const uint16_t *brow, int64_t p) {
+    return brow ? __ldg((const uint4 *)(brow + p)) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* The 16-element tail steps (cols % 128) in the per-step map of decode_step: shared by both main loops. */
+template <int FMT, int SETS, int NT>
+__device__ __forceinline__ void mma_tail(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
+                                         const uint8_t *sexp, int32_t layout, int64_t cols,
+                                         const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
+                                         float (&acc)[SETS][NT][4]) {
+    const int chunks = (int)(cols / 128);
+    const int tail = (int)((cols % 128) / 16);
+    for (int j = c0; j < tail; j += cstep) {
+        const int64_t k0 = (int64_t)chunks * 128 + 16 * j;
+        uint32_t lo[SETS][2], hi[SETS][2];
+#pragma unroll
+        for (int s = 0; s < SETS; s++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) decode_step<FMT>(wrow[s][h], sexp, layout, row[s][h], cols, k0, q, lo[s][h], hi[s][h]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (nt >= ntv) break;
+            const uint2 xv = ld_b(brow[nt], k0 + 4 * q);
+#pragma unroll
+            for (int s = 0; s < SETS; s++) mma16816(acc[s][nt], lo[s][0], lo[s][1], hi[s][0], hi[s][1], xv.x, xv.y);
+        }
+    }
+}
+
+/* FP4 version of mma_range: D chunks (weights and scales) in flight per lane in a register ring; a slot is
+ * refilled right after it is decoded, so D - 1 loads are outstanding while a chunk's MMAs issue. For NVFP4
+ * the accumulators come out scaled by 1 / NV_ACC. */
+template <int FMT, int SETS, int NT, int D>
+__device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
+                                              const uint8_t *sexp, int32_t layout, int64_t cols,
+                                              const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
+                                              uint64_t pol, float (&acc)[SETS][NT][4]) {
+    const int chunks = (int)(cols / 128);
+    const uint8_t *srow[SETS][2];
+    int64_t sstep = 0;
+#pragma unroll
+    for (int s = 0; s < SETS; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int64_t off;
+            scale_walk<FMT>(layout, row[s][h], cols, q, off, sstep);
+            srow[s][h] = sexp + off;
+        }
+    uint4 bw[D][SETS][2];
+    uint32_t bsc[D][SETS][2];
+#pragma unroll
+    for (int d = 0; d < D; d++)
+        if (c0 + d * cstep < chunks) load_fp4_chunk<FMT, SETS>(wrow, srow, sstep, c0 + d * cstep, q, pol, bw[d], bsc[d]);
+    for (int c = c0; c < chunks; c += D * cstep) {
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const int cc = c + d * cstep;
+            if (cc >= chunks) break; /* warp-uniform */
+            uint32_t a[SETS][2][16];
+#pragma unroll
+            for (int s = 0; s < SETS; s++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) decode_fp4_pairs<FMT>(bw[d][s][h], bsc[d][s][h], a[s][h]);
+            if (cc + D * cstep < chunks)
+                load_fp4_chunk<FMT, SETS>(wrow, srow, sstep, cc + D * cstep, q, pol, bw[d], bsc[d]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (nt >= ntv) break;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const uint4 xv = ld_b8(brow[nt], (int64_t)cc * 128 + 32 * q + 8 * j);
+                    const uint32_t b00 = __byte_perm(xv.x, xv.z, 0x5410), b01 = __byte_perm(xv.x, xv.z, 0x7632);
+                    const uint32_t b10 = __byte_perm(xv.y, xv.w, 0x5410), b11 = __byte_perm(xv.y, xv.w, 0x7632);
+#pragma unroll
+                    for (int s = 0; s < SETS; s++) {
+                        mma16816(acc[s][nt], a[s][0][4 * j], a[s][1][4 * j], a[s][0][4 * j + 1], a[s][1][4 * j + 1],
+                                 b00, b01);
+                        mma16816(acc[s][nt], a[s][0][4 * j + 2], a[s][1][4 * j + 2], a[s][0][4 * j + 3],
+                                 a[s][1][4 * j + 3], b10, b11);
+                    }
+                }
+            }
+        }
+    }
+    if (FMT == FMT_NVFP4 && (cols % 128) != 0) {
+        /* the tail steps decode exact weights: bring them to the same 2^-9 scale (exact) */
+        float t[SETS][NT][4];
+#pragma unroll
+        for (int s = 0; s < SETS; s++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) t[s][nt][0] = t[s][nt][1] = t[s][nt][2] = t[s][nt][3] = 0.0f;
+        mma_tail<FMT, SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, t);
+#pragma unroll
+        for (int s = 0; s < SETS; s++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) acc[s][nt][k] = __fadd_rn(acc[s][nt][k], __fmul_rn(t[s][nt][k], 1.0f / NV_ACC));
+    } else {
+        mma_tail<FMT, SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, acc);
+    }
+}
+
+/* The main loop of either kind; FP4 accumulators are scaled by 1 / acc_scale<FMT>(). */
+template <int FMT>
+__device__ __forceinline__ constexpr float acc_scale() { return FMT == FMT_NVFP4 ? NV_ACC : 1.0f; }
+
+template <int FMT, int SETS, int NT, int D>
+__device__ __forceinline__ void mma_any(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
+                                        const uint8_t *sexp, int32_t layout, int64_t cols,
+                                        const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
+                                        uint64_t pol, float (&acc)[SETS][NT][4]) {
+    if (FMT == FMT_BF16) mma_range<FMT, SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, pol, acc);
+    else mma_range_fp4<FMT, SETS, NT, D>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, pol, acc);
+}
+
 /* Everything a GEMM1 / GEMM2 launch needs (by value: kernel parameters). */
 struct moe_params {
     int64_t L, I;
@@ -272,7 +481,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32) k3_moe_gemm1_kernel(const moe_p
             }
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
-        mma_range<FMT, SETS, NT>(wrow, row, sexp, P.layout, P.L, brow, ntv, warp, G1_WARPS, q, pol, acc);
+        mma_any<FMT, SETS, NT, G1_DEPTH>(wrow, row, sexp, P.layout, P.L, brow, ntv, warp, G1_WARPS, q, pol, acc);
 
         /* split-K sum in warp order: warp 0 + warp 1 + warp 2 + warp 3 */
         if (warp > 0) {
@@ -293,6 +502,12 @@ __global__ void __launch_bounds__(G1_WARPS * 32) k3_moe_gemm1_kernel(const moe_p
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                         for (int c = 0; c < 4; c++) acc[s][nt][c] = __fadd_rn(acc[s][nt][c], red[w][s][nt][c][lane]);
+#pragma unroll
+            for (int s = 0; s < SETS; s++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) acc[s][nt][c] = __fmul_rn(acc[s][nt][c], acc_scale<FMT>()); /* exact */
             /* epilogue: c0 (row g, token 2q), c1 (row g, 2q+1), c2 (row g+8, 2q), c3 (row g+8, 2q+1) */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -335,13 +550,17 @@ __global__ void __launch_bounds__(G1_WARPS * 32) k3_moe_gemm1_kernel(const moe_p
     }
 }
 
-template <int FMT, int NT>
+/* KS = 1: each warp owns a 16-row tile and the whole K (short K: I / 128 small). KS = G2_WARPS: the block owns
+ * one tile and its warps split K, summed in warp order (long K with few experts: more blocks, more bytes in
+ * flight). */
+template <int FMT, int NT, int KS>
 __global__ void __launch_bounds__(G2_WARPS * 32) k3_moe_gemm2_kernel(const moe_params P) {
+    __shared__ float red[KS > 1 ? KS - 1 : 1][NT][4][32];
     const int slot = blockIdx.x;
     if (slot >= __ldg(P.n_active)) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    const int64_t r0 = ((int64_t)blockIdx.y * G2_WARPS + warp) * 16;
-    if (r0 >= P.L) return; /* warp-uniform; this kernel has no block barrier */
+    const int64_t r0 = KS > 1 ? (int64_t)blockIdx.y * 16 : ((int64_t)blockIdx.y * G2_WARPS + warp) * 16;
+    if (r0 >= P.L) return; /* KS = 1: warp-uniform, no block barrier; KS > 1: block-uniform */
     const int32_t e = __ldg(P.active + slot);
     const int32_t p0 = __ldg(P.offs + e), cnt = __ldg(P.offs + e + 1) - p0;
     const uint64_t pol = k3_policy_evict_first();
@@ -368,17 +587,38 @@ __global__ void __launch_bounds__(G2_WARPS * 32) k3_moe_gemm2_kernel(const moe_p
             brow[nt] = n < cnt ? P.a + (int64_t)(p0 + n) * P.I : nullptr;
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
-        mma_range<FMT, 1, NT>(wrow, row, sexp, P.layout, P.I, brow, ntv, 0, 1, q, pol, acc);
+        mma_any<FMT, 1, NT, G2_DEPTH>(wrow, row, sexp, P.layout, P.I, brow, ntv, KS > 1 ? warp : 0, KS, q, pol, acc);
+        if (KS > 1) {
+            if (warp > 0) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int n = pass + nt * 8 + 2 * q + (c & 1);
-                if (n >= cnt) continue;
-                const int32_t pair = __ldg(P.list + p0 + n);
-                const float dot = __fmul_rn(__fmul_rn(acc[0][nt][c], inv_gs), alpha);
-                P.pair_out[(int64_t)pair * P.L + r0 + g + 8 * (c >> 1)] = __fmul_rn(__ldg(P.wts + pair), dot);
+                    for (int c = 0; c < 4; c++) red[warp - 1][nt][c][lane] = acc[0][nt][c];
             }
+            __syncthreads();
+            if (warp == 0) {
+#pragma unroll
+                for (int w = 0; w < KS - 1; w++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) acc[0][nt][c] = __fadd_rn(acc[0][nt][c], red[w][nt][c][lane]);
+            }
+        }
+        if (KS == 1 || warp == 0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int n = pass + nt * 8 + 2 * q + (c & 1);
+                    if (n >= cnt) continue;
+                    const int32_t pair = __ldg(P.list + p0 + n);
+                    const float dot =
+                        __fmul_rn(__fmul_rn(__fmul_rn(acc[0][nt][c], acc_scale<FMT>()), inv_gs), alpha);
+                    P.pair_out[(int64_t)pair * P.L + r0 + g + 8 * (c >> 1)] = __fmul_rn(__ldg(P.wts + pair), dot);
+                }
+        }
+        if (KS > 1) __syncthreads(); /* red is reused by the next pass */
     }
 }
 
@@ -456,14 +696,19 @@ cudaError_t launch_gemm1_nt(int nt, dim3 grid, const moe_params &P, cudaStream_t
     return cudaGetLastError();
 }
 
+template <int FMT, int KS>
+cudaError_t launch_gemm2_nt(int nt, dim3 grid, const moe_params &P, cudaStream_t s) {
+    if (nt == 1) k3_moe_gemm2_kernel<FMT, 1, KS><<<grid, G2_WARPS * 32, 0, s>>>(P);
+    else if (nt == 2) k3_moe_gemm2_kernel<FMT, 2, KS><<<grid, G2_WARPS * 32, 0, s>>>(P);
+    else k3_moe_gemm2_kernel<FMT, 4, KS><<<grid, G2_WARPS * 32, 0, s>>>(P);
+    return cudaGetLastError();
+}
+
 template <int FMT>
-cudaError_t launch_fmt(int nt, bool gated, dim3 g1, dim3 g2, const moe_params &P, cudaStream_t s) {
+cudaError_t launch_fmt(int nt, bool gated, bool g2_split, dim3 g1, dim3 g2, const moe_params &P, cudaStream_t s) {
     cudaError_t err = gated ? launch_gemm1_nt<FMT, true>(nt, g1, P, s) : launch_gemm1_nt<FMT, false>(nt, g1, P, s);
     if (err != cudaSuccess) return err;
-    if (nt == 1) k3_moe_gemm2_kernel<FMT, 1><<<g2, G2_WARPS * 32, 0, s>>>(P);
-    else if (nt == 2) k3_moe_gemm2_kernel<FMT, 2><<<g2, G2_WARPS * 32, 0, s>>>(P);
-    else k3_moe_gemm2_kernel<FMT, 4><<<g2, G2_WARPS * 32, 0, s>>>(P);
-    return cudaGetLastError();
+    return g2_split ? launch_gemm2_nt<FMT, G2_WARPS>(nt, g2, P, s) : launch_gemm2_nt<FMT, 1>(nt, g2, P, s);
 }
 
 } // namespace
@@ -477,7 +722,7 @@ extern "C" k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_m
                        "moe plan: the CUDA kernels need hidden (L) and inter (I) to be multiples of 32 (got L = %lld, "
                        "I = %lld)",
                        (long long)l, (long long)inter);
-    if (inter / 16 > 65535 || l / (16 * G2_WARPS) > 65535)
+    if (inter / 16 > 65535 || l / 16 > 65535)
         return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "moe plan: L = %lld or I = %lld is too large for the CUDA grid",
                        (long long)l, (long long)inter);
     if ((int64_t)d->max_tokens * d->top_k > INT32_MAX / 2)
@@ -550,10 +795,14 @@ extern "C" k3_status k3_cuda_moe_run(k3_ctx *ctx, const k3_cuda_moe *p, int64_t 
     const int nt = m <= 8 ? 1 : (m <= 16 ? 2 : 4);
     const bool gated = d->act.kind != K3_ACT_RELU2_NO_MUL;
     const dim3 g1((unsigned)slots, (unsigned)(d->inter / 16));
-    const dim3 g2((unsigned)slots, (unsigned)((d->hidden / 16 + G2_WARPS - 1) / G2_WARPS));
-    cudaError_t err = d->format == K3_WEIGHT_NVFP4   ? launch_fmt<FMT_NVFP4>(nt, gated, g1, g2, P, s)
-                      : d->format == K3_WEIGHT_MXFP4 ? launch_fmt<FMT_MXFP4>(nt, gated, g1, g2, P, s)
-                                                     : launch_fmt<FMT_BF16>(nt, gated, g1, g2, P, s);
+    /* GEMM2 splits K across the block's warps when K has at least 2 chunks of 128 per warp (EP16: I = 3072):
+     * 4x the blocks (one expert alone then fills the GPU) and a quarter of the serial chunk walk per warp */
+    const bool g2_split = d->inter / 128 >= 2 * G2_WARPS;
+    const dim3 g2((unsigned)slots,
+                  (unsigned)(g2_split ? d->hidden / 16 : (d->hidden / 16 + G2_WARPS - 1) / G2_WARPS));
+    cudaError_t err = d->format == K3_WEIGHT_NVFP4   ? launch_fmt<FMT_NVFP4>(nt, gated, g2_split, g1, g2, P, s)
+                      : d->format == K3_WEIGHT_MXFP4 ? launch_fmt<FMT_MXFP4>(nt, gated, g2_split, g1, g2, P, s)
+                                                     : launch_fmt<FMT_BF16>(nt, gated, g2_split, g1, g2, P, s);
     if (err != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe expert GEMMs failed: %s", cudaGetErrorString(err));
     const int64_t total = m * d->hidden;
