@@ -490,6 +490,6 @@ int main(void) {
     test_errors();
 
     k3_ctx_destroy(g_ctx);
-    sh("rm -rf %s", g_dir); /* our own temporary directory */
+    if (!getenv("K3_TEST_KEEP_FILES")) sh("rm -rf %s", g_dir); /* our own temporary directory (kept on request) */
     return k3t_finish();
 }
