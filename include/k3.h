@@ -269,7 +269,8 @@ K3_API k3_status k3_linear_plan_create(k3_ctx *ctx, const k3_linear_desc *d, k3_
 K3_API void k3_linear_plan_destroy(k3_linear_plan *plan);
 /* Bytes of workspace a run call needs (0 is a valid answer; then ws may be NULL). */
 K3_API k3_status k3_linear_workspace_size(const k3_linear_plan *plan, size_t *out_bytes);
-/* Which kernel and configuration the plan runs for m tokens, e.g. "skinny b256_o4_u2" or "cublaslt algo 3". */
+/* Which kernel and configuration the plan runs for m tokens, e.g. "mma w8_t1_u4_c8" or "cublaslt h0 (algo id 66)";
+ * on a CPU context the reference loop plus what the table would pick on a GPU. */
 K3_API k3_status k3_linear_plan_kernel(const k3_linear_plan *plan, int64_t m, char *buf, size_t buf_size);
 /*
  * y[m, n] = x[m, k] . w[n, k]^T (+ residual[m, n]), BF16 in and out, fp32 accumulation (fp64 when asked on CPU),

@@ -36,6 +36,8 @@ int k3_cli_parse_i64(const char *s, const char *what, int64_t *out);
 int k3_cli_parse_f32(const char *s, const char *what, float *out);
 /* Parses "1,2,4" or "1-16" or "1-4,8,16" into out[] (at most cap), returns the count, 0 on error. */
 int k3_cli_parse_list(const char *s, const char *what, int64_t *out, int cap);
+/* 1 when s names a backend ("cpu", "cuda", "auto"); else prints a usage error for option `what` and returns 0. */
+int k3_cli_device_name_ok(const char *s, const char *what);
 /* Creates a context for "cpu", "cuda" or "auto"; prints the failure and returns NULL on error. */
 k3_ctx *k3_cli_ctx(const char *device);
 

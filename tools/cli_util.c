@@ -75,6 +75,12 @@ bad:
     return 0;
 }
 
+int k3_cli_device_name_ok(const char *s, const char *what) {
+    if (s && (!strcmp(s, "cpu") || !strcmp(s, "cuda") || !strcmp(s, "auto"))) return 1;
+    fprintf(stderr, "k3: %s must be cpu, cuda or auto (got '%s')\n", what, s ? s : "");
+    return 0;
+}
+
 k3_ctx *k3_cli_ctx(const char *device) {
     k3_ctx_options opt;
     k3_ctx_options_init(&opt);

@@ -282,7 +282,8 @@ int k3_cmd_demo(int argc, char **argv) {
     }
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device")) {
-            if (!(device = k3_cli_value(argc, argv, &i, "--device"))) return K3_EXIT_USAGE;
+            if (!(device = k3_cli_value(argc, argv, &i, "--device")) || !k3_cli_device_name_ok(device, "--device"))
+                return K3_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--m")) {
             const char *v = k3_cli_value(argc, argv, &i, "--m");
             if (!v || !(nm = k3_cli_parse_list(v, "--m", ms, MAX_M))) return K3_EXIT_USAGE;

@@ -29,7 +29,8 @@ int k3_cmd_info(int argc, char **argv) {
         else if (!strcmp(argv[i], "--arch")) {
             if (!(arch = k3_cli_value(argc, argv, &i, "--arch"))) return K3_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--device")) {
-            if (!(device = k3_cli_value(argc, argv, &i, "--device"))) return K3_EXIT_USAGE;
+            if (!(device = k3_cli_value(argc, argv, &i, "--device")) || !k3_cli_device_name_ok(device, "--device"))
+                return K3_EXIT_USAGE;
         } else {
             fprintf(stderr, "k3 info: unknown option '%s' (see k3 info --help)\n", argv[i]);
             return K3_EXIT_USAGE;

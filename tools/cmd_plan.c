@@ -131,7 +131,8 @@ int k3_cmd_plan(int argc, char **argv) {
         else if (!strcmp(argv[i], "--arch")) {
             if (!(arch = k3_cli_value(argc, argv, &i, "--arch"))) return K3_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--device")) {
-            if (!(device = k3_cli_value(argc, argv, &i, "--device"))) return K3_EXIT_USAGE;
+            if (!(device = k3_cli_value(argc, argv, &i, "--device")) || !k3_cli_device_name_ok(device, "--device"))
+                return K3_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--table")) {
             if (!(table = k3_cli_value(argc, argv, &i, "--table"))) return K3_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--shapes")) {

@@ -154,8 +154,10 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
             o->input = v;
         else if (!strcmp(a, "--output"))
             o->output = v;
-        else if (!strcmp(a, "--device"))
+        else if (!strcmp(a, "--device")) {
+            if (!k3_cli_device_name_ok(v, a)) return 0;
             o->device = v;
+        }
         else if (!strcmp(a, "--act"))
             o->act = v;
         else if (!strcmp(a, "--situ-beta")) {
