@@ -3,23 +3,8 @@
 # reports it, the plain-text form, the real backend of this build, and exit codes (0 ok, 2 usage).
 # usage: bash tests/cli_info.sh path/to/k3
 set -u
-K3=${1:?usage: cli_info.sh path/to/k3}
-T=$(mktemp -d "${TMPDIR:-/tmp}/k3_cli_info.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-expect() { # CODE DESCRIPTION -- command...
-    local want=$1 what=$2
-    shift 3
-    "$@" >"$T/out" 2>"$T/err"
-    local got=$?
-    if [ "$got" = "$want" ]; then ok; else bad "$what: exit $got, want $want ($(head -c 300 "$T/err"))"; fi
-}
-contains() { # FILE TEXT DESCRIPTION
-    if grep -aqF -- "$2" "$1"; then ok; else bad "$3: '$2' not in $(head -c 400 "$1")"; fi
-}
+NAME=cli_info
+. "$(dirname "$0")/lib_cli.sh"
 
 expect 0 "k3 --help" -- "$K3" --help
 for c in info quant dequant run demo plan bench tune; do contains "$T/out" "  $c " "k3 --help lists $c"; done
@@ -68,5 +53,4 @@ expect 0 "info --device cpu" -- "$K3" info --device cpu --json
 contains "$T/out" '"backend": "cpu"' "forced cpu backend"
 expect 2 "info bad device" -- "$K3" info --device tpu
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish

@@ -3,23 +3,8 @@
 # table files (good, malformed, key mismatch), exit codes; bench and tune without a GPU say so and exit 1.
 # usage: bash tests/cli_plan.sh path/to/k3
 set -u
-K3=${1:?usage: cli_plan.sh path/to/k3}
-T=$(mktemp -d "${TMPDIR:-/tmp}/k3_cli_plan.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-expect() { # CODE DESCRIPTION -- command...
-    local want=$1 what=$2
-    shift 3
-    "$@" >"$T/out" 2>"$T/err"
-    local got=$?
-    if [ "$got" = "$want" ]; then ok; else bad "$what: exit $got, want $want ($(head -c 300 "$T/err"))"; fi
-}
-contains() { # FILE TEXT DESCRIPTION
-    if grep -aqF -- "$2" "$1"; then ok; else bad "$3: '$2' not in $(head -c 400 "$1")"; fi
-}
+NAME=cli_plan
+. "$(dirname "$0")/lib_cli.sh"
 
 expect 0 "help" -- "$K3" plan --help
 contains "$T/out" "--arch X.Y" "plan help"
@@ -81,5 +66,4 @@ if ! "$K3" info --json 2>/dev/null | grep -q '"backend": "cuda"'; then
     contains "$T/err" "needs a CUDA GPU" "tune says why"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ] && [ "$pass" -gt 0 ]
+finish

@@ -4,25 +4,8 @@
 # so MXFP4 round-trips exactly and NVFP4 within fp32 rounding of its 1/gs factor.
 # usage: bash tests/cli_quant.sh path/to/k3
 set -u
-K3=${1:?usage: cli_quant.sh path/to/k3}
-T=$(mktemp -d "${TMPDIR:-/tmp}/k3_cli_quant.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-
-# expect CODE DESCRIPTION -- command...   (stderr of the command goes to $T/err)
-expect() {
-    local want=$1 what=$2
-    shift 3
-    "$@" >"$T/out" 2>"$T/err"
-    local got=$?
-    if [ "$got" = "$want" ]; then ok; else bad "$what: exit $got, want $want ($(head -c 300 "$T/err"))"; fi
-}
-contains() { # FILE TEXT DESCRIPTION
-    if grep -aqF -- "$2" "$1"; then ok; else bad "$3: '$2' not in $(head -c 300 "$1")"; fi
-}
+NAME=cli_quant
+. "$(dirname "$0")/lib_cli.sh"
 
 # ---- fixture -------------------------------------------------------------------------------------------
 f32le() { printf "\\x${1:6:2}\\x${1:4:2}\\x${1:2:2}\\x${1:0:2}"; }
@@ -165,5 +148,4 @@ while [ $(((8 + ${#hdr}) % 8)) -ne 0 ]; do hdr+=' '; done
 expect 1 "companion name clash" -- "$K3" quant nvfp4 --input "$T/clash.safetensors" --output "$T/q2.safetensors"
 contains "$T/err" "a_scale" "the clash is named"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]
+finish
