@@ -26,12 +26,7 @@ static int cuda_ok(cudaError_t e, const char *what) {
     return e == cudaSuccess;
 }
 
-static double bf16_val(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+static double bf16_val(uint16_t b) { return k3t_bf16_to_f32(b); }
 
 /* double -> BF16 value, round to nearest even through float (double rounding is negligible at 2e-3). */
 static double round_bf16(double v) {

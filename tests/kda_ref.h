@@ -6,12 +6,9 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline double kref_bf16(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return (double)f;
-}
+#include "test_util.h"
+
+static inline double kref_bf16(uint16_t b) { return k3t_bf16_to_f32(b); }
 
 /* Round a double to bf16 (via fp32 then RNE on the bits; inputs here are finite). */
 static inline uint16_t kref_to_bf16(double v) {

@@ -15,14 +15,7 @@
 static k3t_rng rng;
 
 /* ---- independent helpers (no library code) ---- */
-static float t_bf16_to_f32(uint16_t b) {
-    union {
-        uint32_t u;
-        float f;
-    } v;
-    v.u = (uint32_t)b << 16;
-    return v.f;
-}
+static float t_bf16_to_f32(uint16_t b) { return k3t_bf16_to_f32(b); }
 
 /* Rounds a double to bf16 (8 significant bits, round half to even) via frexp/nearbyint; normal range only. */
 static uint16_t t_bf16_from_f64(double v) {

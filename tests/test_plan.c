@@ -656,12 +656,7 @@ static uint16_t ref_bf16(double v) {
     return (uint16_t)((u + 0x7fffu + lsb) >> 16);
 }
 
-static double bf16_val(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+static double bf16_val(uint16_t b) { return k3t_bf16_to_f32(b); }
 
 /* One CPU-backend run against the fp64 loop below; strided x and y, optional residual (possibly aliasing y). */
 static void check_cpu_run(k3_ctx *ctx, int64_t n, int64_t k, int64_t m, int64_t xs, int64_t ys, int residual_mode,

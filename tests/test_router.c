@@ -12,14 +12,7 @@
 
 static k3t_rng rng;
 
-static float t_bf16_to_f32(uint16_t b) {
-    union {
-        uint32_t u;
-        float f;
-    } v;
-    v.u = (uint32_t)b << 16;
-    return v.f;
-}
+static float t_bf16_to_f32(uint16_t b) { return k3t_bf16_to_f32(b); }
 static uint16_t t_trunc_bf16(float x) {
     union {
         uint32_t u;

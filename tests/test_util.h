@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int k3t_passed, k3t_failed;
 
@@ -20,6 +21,15 @@ static int k3t_passed, k3t_failed;
             fputc('\n', stderr);                                                                             \
         }                                                                                                    \
     } while (0)
+
+/* BF16 bits -> value, written here (not the library's codec) so references stay independent of the code under
+ * test. Exact: a BF16 value widens to fp32 by a 16-bit shift. */
+static inline float k3t_bf16_to_f32(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 /* Ends a test program: prints the closing line, returns the exit status. */
 static inline int k3t_finish(void) {
