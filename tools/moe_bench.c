@@ -11,11 +11,14 @@
 
 #define MB_H 7168         /* router input width (the K3 hidden size) */
 #define MB_CEILING 4.37e12 /* HBM read ceiling of the H200 (BENCHMARKS.md) */
-#define MB_MAX_M 64
+#define MB_MAX_M 4096     /* prefill sizes: throughput only */
+#define MB_MAX_LIST 16
+#define MB_DECODE_MAX_M 64 /* up to here the read-ceiling bar applies (M >= 4); above, TFLOP/s is the measure */
+#define MB_CHECK_MAX_M 16  /* the CPU reference check (its time grows with M) */
 #define MB_BASE_MAX_M 16  /* the baseline's linear plans take <= 32 tokens per expert: measured for M <= 16 */
 
 static void moe_bench_help(void) {
-    printf("usage: k3 bench moe [--config tp8|ep16|both] [--m LIST] [--top-k K] [--reps R] [--json]\n\n"
+    printf("usage: k3 bench moe [--config tp8|ep16|both] [--m LIST] [--top-k K] [--reps R] [--stages] [--json]\n\n"
            "Times the GPU routed experts (NVFP4 weights, linear scales, SiTU 4/25, W4A16) per call, for each M:\n"
            "  tp8   896 experts, L = 3584, I = 384, top-k 16 (default)\n"
            "  ep16  56 local experts, L = 3584, I = 3072, top-k 1 (the average local share of a top-16 token at\n"
@@ -25,10 +28,14 @@ static void moe_bench_help(void) {
            "the same touched experts in BF16, GEMM1 and GEMM2 per expert through cuBLASLt (M <= 16).\n"
            "Method: calls captured into a CUDA graph over weight copies exceeding 3x the L2, replayed R times\n"
            "(default 11), median per call. Bars (issue 6): %% of ceiling >= 60 (tp8) / 70 (ep16) at M >= 4;\n"
-           "speedup over the baseline >= 2.5x at M <= 16.\n"
-           "  --m LIST    token counts (default 1,2,4,8,16,32,64; at most %d)\n"
+           "speedup over the baseline >= 2.5x at M <= 16. Every row also gives TFLOP/s (2 x M x top-k x 3 x I x L\n"
+           "flops): the measure at prefill sizes (M > %d: no bandwidth bar, no CPU check above M = %d).\n"
+           "  --m LIST    token counts (default 1,2,4,8,16,32,64; 1..%d, at most %d values; e.g. 512,4096)\n"
+           "  --stages    also time the pipeline cut after each stage (graph replay, median): the router alone,\n"
+           "              dispatch, + GEMM1 (with the activation), + GEMM2 (weighted pair outputs), + combine (the\n"
+           "              whole call); the differences are each stage's share of the call\n"
            "exit status: 0 measured and correct, 1 failure or an incorrect result, 2 usage\n",
-           MB_MAX_M);
+           MB_DECODE_MAX_M, MB_CHECK_MAX_M, MB_MAX_M, MB_MAX_LIST);
 }
 
 #ifndef K3_HAVE_CUDA
@@ -42,6 +49,8 @@ int k3_bench_moe(int argc, char **argv) {
 }
 #else
 #include <cuda_runtime.h>
+
+#include "cuda/moe.h"
 
 typedef struct moe_bench {
     k3_ctx *ctx;
@@ -60,6 +69,13 @@ typedef struct moe_bench {
     k3_linear_plan *lt1, *lt2;
     int32_t n_touched;
     int32_t *touched, *cnt; /* [E] */
+    k3_cuda_moe cm;         /* the same MoE as plan, for the per-stage cuts */
+    int32_t stages;
+    k3_router_plan *rp;
+    uint16_t *dxr, *dgate;
+    float *dbias;
+    void *rws;
+    size_t rws_bytes;
 } moe_bench;
 
 static uint64_t mb_rng = 0x6d6f6542u;
@@ -80,6 +96,22 @@ static k3_status call_moe(void *u, int32_t c, void *s, char *err, size_t err_siz
     (void)err, (void)err_size;
     return mb_report(b, k3_moe_run(b->plan, b->m, b->x, b->ids, b->wts, &b->w[c], b->out, NULL, b->ws, b->ws_bytes, s),
                      "moe run");
+}
+
+static k3_status call_stages(void *u, int32_t c, void *s, char *err, size_t err_size) {
+    moe_bench *b = (moe_bench *)u;
+    (void)err, (void)err_size;
+    return mb_report(b,
+                     k3_cuda_moe_run_stages(b->ctx, &b->cm, b->m, b->x, b->ids, b->wts, &b->w[c], b->out, NULL, b->ws,
+                                            s, b->stages),
+                     "moe stages");
+}
+
+static k3_status call_router(void *u, int32_t c, void *s, char *err, size_t err_size) {
+    moe_bench *b = (moe_bench *)u;
+    (void)c, (void)err, (void)err_size;
+    return mb_report(b, k3_router_run(b->rp, b->m, b->dxr, b->dgate, b->dbias, b->ids, b->wts, b->rws, b->rws_bytes, s),
+                     "router");
 }
 
 static k3_status call_base(void *u, int32_t c, void *s, char *err, size_t err_size) {
@@ -109,7 +141,7 @@ static void fill_bytes(uint8_t *p, size_t n) {
 }
 
 static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const int64_t *ms, int nm, int64_t reps,
-                        int json, int *first_row) {
+                        int json, int stages, int *first_row) {
     const int64_t L = 3584;
     int64_t max_m = 1;
     for (int i = 0; i < nm; i++) max_m = ms[i] > max_m ? ms[i] : max_m;
@@ -221,6 +253,7 @@ static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const
     size_t rws_b = 0;
     if (mb_report(&b, k3_router_plan_create(b.ctx, &rd, &rp), "router plan")) goto done;
     k3_router_workspace_size(rp, &rws_b);
+    if (mb_report(&b, k3_cuda_moe_prepare(b.ctx, &b.cm, &b.d), "moe stages plan")) goto done;
     if (cudaMalloc((void **)&b.x, (size_t)(max_m * L) * 2) != cudaSuccess ||
         cudaMalloc((void **)&b.out, (size_t)(max_m * L) * 2) != cudaSuccess ||
         cudaMalloc((void **)&b.h1, (size_t)(32 * 2 * I) * 2) != cudaSuccess ||
@@ -240,6 +273,7 @@ static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const
         fprintf(stderr, "k3 bench moe: device allocation failed\n");
         goto done;
     }
+    b.rp = rp, b.dxr = dxr, b.dgate = dgate, b.dbias = dbias, b.rws = rws, b.rws_bytes = rws_b;
     if (mb_report(&b, k3_moe_plan_create(cpu, &b.d, &cpu_plan), "cpu moe plan")) goto done;
     size_t cws_b = 0;
     k3_moe_workspace_size(cpu_plan, &cws_b);
@@ -247,10 +281,10 @@ static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const
     if (!json)
         printf("k3 bench moe %s on %s: E=%d top-k=%d L=%lld I=%lld, NVFP4 SiTU W4A16, %d weight copies (%.0f MB "
                "FP4, %.0f MB BF16 baseline), %lld replays, median us per call\n"
-               "%4s %8s %9s %10s %8s %8s %11s %8s %10s %s\n",
+               "%4s %8s %9s %10s %8s %8s %8s %11s %8s %10s %s\n",
                name, arch.device_name, (int)E, (int)k, (long long)L, (long long)I, (int)b.copies,
                b.copies * all_fp4 / 1e6, b.copies * (double)(3 * I * L) * 2 * E / 1e6, (long long)reps, "M",
-               "experts", "MB", "moe us", "TB/s", "%ceil", "bf16-lt us", "speedup", "check", "bars");
+               "experts", "MB", "moe us", "TB/s", "%ceil", "TFLOP/s", "bf16-lt us", "speedup", "check", "bars");
     int all_ok = 1;
     for (int i = 0; i < nm; i++) {
         b.m = ms[i];
@@ -272,7 +306,7 @@ static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const
         /* correctness of copy 0 against the CPU reference (M <= 16 keeps the CPU time small) */
         double rel = -1.0;
         if (call_moe(&b, 0, s, err, sizeof err) != K3_STATUS_SUCCESS || k3_bench_sync(s, err, sizeof err)) goto done;
-        if (b.m <= 16) {
+        if (b.m <= MB_CHECK_MAX_M) {
             k3_moe_weights hw;
             memset(&hw, 0, sizeof hw);
             hw.w13 = h13, hw.w2 = h2, hw.w13_scale = h13s, hw.w2_scale = h2s, hw.w13_scale_2 = hs13, hw.w2_scale_2 = hs2;
@@ -299,20 +333,48 @@ static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const
             goto done;
         }
         const double pct = 100.0 * bytes / (t_moe * 1e-6) / MB_CEILING;
+        const double tflops = 2.0 * (double)(b.m * k) * 3.0 * (double)I * (double)L / (t_moe * 1e-6) / 1e12;
         const double need = E >= 896 ? 60.0 : 70.0;
-        const int bar_bw = b.m < 4 || pct >= need, bar_sp = !base || t_base / t_moe >= 2.5;
+        const int bar_bw = b.m < 4 || b.m > MB_DECODE_MAX_M || pct >= need, bar_sp = !base || t_base / t_moe >= 2.5;
         all_ok = all_ok && correct && bar_bw && bar_sp;
         if (json)
             printf("%s{\"config\": \"%s\", \"m\": %lld, \"experts_touched\": %d, \"bytes\": %.0f, \"moe_us\": %.3f, "
-                   "\"pct_ceiling\": %.2f, \"bf16_cublaslt_us\": %.3f, \"speedup\": %.3f, \"rel_l2\": %.3e, "
-                   "\"correct\": %s}",
-                   *first_row ? "" : ", ", name, (long long)b.m, (int)b.n_touched, bytes, t_moe, pct,
-                   base ? t_base : -1.0, base ? t_base / t_moe : -1.0, rel, correct ? "true" : "false");
+                   "\"pct_ceiling\": %.2f, \"tflops\": %.3f, \"tokens_per_s\": %.0f, \"bf16_cublaslt_us\": %.3f, "
+                   "\"speedup\": %.3f, \"rel_l2\": %.3e, \"correct\": %s",
+                   *first_row ? "" : ", ", name, (long long)b.m, (int)b.n_touched, bytes, t_moe, pct, tflops,
+                   (double)b.m / (t_moe * 1e-6), base ? t_base : -1.0, base ? t_base / t_moe : -1.0, rel,
+                   correct ? "true" : "false");
         else
-            printf("%4lld %8d %9.1f %10.2f %8.2f %8.1f %11.2f %8.2f %10s %s%s\n", (long long)b.m, (int)b.n_touched,
-                   bytes / 1e6, t_moe, bytes / (t_moe * 1e-6) / 1e12, pct, base ? t_base : NAN,
+            printf("%4lld %8d %9.1f %10.2f %8.2f %8.1f %8.2f %11.2f %8.2f %10s %s%s\n", (long long)b.m,
+                   (int)b.n_touched, bytes / 1e6, t_moe, bytes / (t_moe * 1e-6) / 1e12, pct, tflops, base ? t_base : NAN,
                    base ? t_base / t_moe : NAN, rel < 0 ? "skipped" : correct ? "ok" : "WRONG",
                    bar_bw ? "" : "FAIL(%ceil) ", bar_sp ? (correct ? "ok" : "") : "FAIL(speedup)");
+        if (stages) {
+            /* the call cut after each stage; with PDL a later stage overlaps an earlier one's tail, so the
+             * differences are marginal costs */
+            double t_st[5] = {0, 0, 0, 0, 0};
+            if (k3_bench_graph_time(call_router, &b, &tm, s, &t_st[0], err, sizeof err)) {
+                fprintf(stderr, "k3 bench moe: m=%lld router: %s\n", (long long)b.m, err);
+                goto done;
+            }
+            for (int32_t st = K3_CUDA_MOE_STAGE_DISPATCH; st <= K3_CUDA_MOE_STAGE_ALL; st++) {
+                b.stages = st;
+                if (k3_bench_graph_time(call_stages, &b, &tm, s, &t_st[st], err, sizeof err)) {
+                    fprintf(stderr, "k3 bench moe: m=%lld stage %d: %s\n", (long long)b.m, (int)st, err);
+                    goto done;
+                }
+            }
+            if (json)
+                printf(", \"stages_us\": {\"router\": %.3f, \"dispatch\": %.3f, \"to_gemm1\": %.3f, \"to_gemm2\": %.3f, "
+                       "\"all\": %.3f}",
+                       t_st[0], t_st[1], t_st[2], t_st[3], t_st[4]);
+            else
+                printf("     stages (us, cumulative): router alone %.2f | dispatch %.2f | +gemm1 %.2f (%.2f) | +gemm2 %.2f "
+                       "(%.2f) | +combine %.2f (%.2f)\n",
+                       t_st[0], t_st[1], t_st[2], t_st[2] - t_st[1], t_st[3], t_st[3] - t_st[2], t_st[4],
+                       t_st[4] - t_st[3]);
+        }
+        if (json) printf("}");
         *first_row = 0;
         fflush(stdout);
     }
@@ -341,8 +403,8 @@ done:
 }
 
 int k3_bench_moe(int argc, char **argv) {
-    int64_t ms[MB_MAX_M] = {1, 2, 4, 8, 16, 32, 64};
-    int nm = 7, json = 0;
+    int64_t ms[MB_MAX_LIST] = {1, 2, 4, 8, 16, 32, 64};
+    int nm = 7, json = 0, stages = 0;
     int64_t reps = 11, topk = 0;
     const char *config = "both";
     if (k3_cli_wants_help(argc, argv)) {
@@ -352,8 +414,9 @@ int k3_bench_moe(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--stages")) stages = 1;
         else if (!strcmp(argv[i], "--m")) {
-            if (!(v = k3_cli_value(argc, argv, &i, "--m")) || !(nm = k3_cli_parse_list(v, "--m", ms, MB_MAX_M)))
+            if (!(v = k3_cli_value(argc, argv, &i, "--m")) || !(nm = k3_cli_parse_list(v, "--m", ms, MB_MAX_LIST)))
                 return K3_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--reps")) {
             if (!(v = k3_cli_value(argc, argv, &i, "--reps")) || !k3_cli_parse_i64(v, "--reps", &reps))
@@ -388,11 +451,11 @@ int k3_bench_moe(int argc, char **argv) {
     int rc = K3_EXIT_OK, first = 1;
     if (json) printf("{\"rows\": [");
     if (strcmp(config, "ep16")) {
-        const int r = bench_config("tp8", 896, topk ? (int32_t)topk : 16, 384, ms, nm, reps, json, &first);
+        const int r = bench_config("tp8", 896, topk ? (int32_t)topk : 16, 384, ms, nm, reps, json, stages, &first);
         rc = r != K3_EXIT_OK ? r : rc;
     }
     if (strcmp(config, "tp8")) {
-        const int r = bench_config("ep16", 56, topk ? (int32_t)topk : 1, 3072, ms, nm, reps, json, &first);
+        const int r = bench_config("ep16", 56, topk ? (int32_t)topk : 1, 3072, ms, nm, reps, json, stages, &first);
         rc = r != K3_EXIT_OK ? r : rc;
     }
     if (json) printf("], \"ok\": %s}\n", rc == K3_EXIT_OK ? "true" : "false");

@@ -43,6 +43,14 @@ k3_status k3_cuda_moe_run(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const vo
                           const float *topk_weights, const k3_moe_weights *w, void *out, float *out_f32, void *ws,
                           void *stream);
 
+/* The launch sequence cut after a stage (the per-stage breakdown of `k3 bench moe`): stages =
+ * K3_CUDA_MOE_STAGE_DISPATCH runs the dispatch only, _GEMM1 adds the W4A4 quantization and GEMM1 (with the
+ * activation), _GEMM2 adds GEMM2 (the weighted per-pair outputs), _ALL the combine (= k3_cuda_moe_run). */
+enum { K3_CUDA_MOE_STAGE_DISPATCH = 1, K3_CUDA_MOE_STAGE_GEMM1 = 2, K3_CUDA_MOE_STAGE_GEMM2 = 3, K3_CUDA_MOE_STAGE_ALL = 4 };
+k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const void *x,
+                                 const int32_t *topk_ids, const float *topk_weights, const k3_moe_weights *w,
+                                 void *out, float *out_f32, void *ws, void *stream, int32_t stages);
+
 /* The dispatch step alone (exposed for tests and the benchmark): from ids [np] in [0, E), writes
  * offs [E + 1] (prefix offsets of the per-expert counts), active [E] (touched experts, ascending) with their
  * count in *n_active, and list [np] (pair indices grouped by expert, ascending pair index within an expert).

@@ -15,6 +15,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/moe.h"
+#include "cuda/moe_pdl.cuh"
 
 namespace {
 
@@ -27,6 +28,9 @@ __global__ void __launch_bounds__(DT)
                            int32_t *__restrict__ list) {
     __shared__ unsigned long long wsum[DT / 32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    /* the next MoE kernel (launched with PDL) may bring its blocks up now: it waits for this one to finish.
+     * This kernel itself is launched plainly (fully ordered after whatever the caller ran before). */
+    k3_pdl_launch();
 
     /* 1. counts (in cur) */
     for (int32_t e = tid; e < ne; e += DT) cur[e] = 0;

@@ -39,13 +39,16 @@
 #include "cuda/check.cuh"
 #include "cuda/gemm_kernels.cuh"
 #include "cuda/moe.h"
+#include "cuda/moe_pdl.cuh"
 
 namespace {
 
 constexpr int G1_WARPS = 4; /* split-K warps of a GEMM1 block */
 constexpr int G2_WARPS = 4; /* warps of a GEMM2 block: 4 tiles of 16 rows, or 1 tile split 4 ways along K */
-constexpr int G1_DEPTH = 4; /* FP4 chunks in flight per lane (GEMM1: 4 rows per chunk, 64 bytes + scales) */
+constexpr int G1_DEPTH = 3; /* FP4 chunks in flight per lane (GEMM1: 4 rows per chunk, 64 bytes + scales) */
 constexpr int G2_DEPTH = 8; /* GEMM2: 2 rows per chunk, 32 bytes + scales */
+constexpr int G2_MIN_BLOCKS = 3;
+constexpr int G1_MIN_BLOCKS = 3; /* occupancy: <= 168 registers, 12 warps per SM (see NOTES-moe.md) */
 constexpr int ALIGN = 256;
 
 enum { FMT_BF16 = 0, FMT_NVFP4 = 1, FMT_MXFP4 = 2 };
@@ -77,37 +80,15 @@ __device__ __forceinline__ float scale_at(const uint8_t *sexp, int32_t layout, i
     return FMT == FMT_NVFP4 ? k3_e4m3_decode(c) : k3_ue8m0_decode(c);
 }
 
-template <int FMT>
-__device__ __forceinline__ void decode_fp4_chunk(uint4 v, const uint8_t *sexp, int32_t layout, int64_t row,
-                                                 int64_t cols, int c, int q, uint32_t (&a)[16]);
-
-/* One weight row's operands for the 8 steps of 128-element chunk c: a[2s] = elements p, p+1; a[2s+1] = p+2, p+3. */
-template <int FMT>
-__device__ __forceinline__ void decode_chunk(const uint8_t *wrow, const uint8_t *sexp, int32_t layout, int64_t row,
-                                             int64_t cols, int c, int q, uint64_t pol, uint32_t (&a)[16]) {
-    if (FMT == FMT_BF16) {
-        const uint8_t *p = wrow + ((int64_t)c * 128 + 32 * q) * 2;
+/* BF16 weights: one row's operands for the 8 steps of 128-element chunk c: a[2s] = elements p, p+1;
+ * a[2s+1] = p+2, p+3 (the per-step map). */
+__device__ __forceinline__ void load_bf16_chunk(const uint8_t *wrow, int c, int q, uint64_t pol, uint32_t (&a)[16]) {
+    const uint8_t *p = wrow + ((int64_t)c * 128 + 32 * q) * 2;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const uint4 v = k3_ld_stream(p + 16 * j, pol);
-            a[4 * j] = v.x, a[4 * j + 1] = v.y, a[4 * j + 2] = v.z, a[4 * j + 3] = v.w;
-        }
-    } else {
-        decode_fp4_chunk<FMT>(k3_ld_stream(wrow + (int64_t)c * 64 + 16 * q, pol), sexp, layout, row, cols, c, q, a);
+    for (int j = 0; j < 4; j++) {
+        const uint4 v = k3_ld_stream(p + 16 * j, pol);
+        a[4 * j] = v.x, a[4 * j + 1] = v.y, a[4 * j + 2] = v.z, a[4 * j + 3] = v.w;
     }
-}
-
-/* FP4 only: this lane's 16 bytes of row `row` in chunk c, already loaded, expanded with their block scales. */
-template <int FMT>
-__device__ __forceinline__ void decode_fp4_chunk(uint4 v, const uint8_t *sexp, int32_t layout, int64_t row,
-                                                 int64_t cols, int c, int q, uint32_t (&a)[16]) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    const int64_t bs = FMT == FMT_NVFP4 ? 16 : 32, sc = cols / bs;
-    const int64_t b0 = ((int64_t)c * 128 + 32 * q) / bs;
-    const float sf0 = scale_at<FMT>(sexp, layout, row, b0, sc);
-    const float sf1 = FMT == FMT_NVFP4 ? scale_at<FMT>(sexp, layout, row, b0 + 1, sc) : sf0;
-#pragma unroll
-    for (int s = 0; s < 8; s++) fp4x4(w[s >> 1] >> ((s & 1) * 16), s < 4 ? sf0 : sf1, a[2 * s], a[2 * s + 1]);
 }
 
 /* One weight row's operands for the 16-element tail step at k0 (elements k0 + 4q .. + 3). */
@@ -133,48 +114,34 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* L2 loads (.cg): GEMM2 reads GEMM1's output in the same call (PDL, see moe_pdl.cuh) */
 __device__ __forceinline__ uint2 ld_b(const uint16_t *brow, int64_t p) {
-    return brow ? __ldg((const uint2 *)(brow + p)) : make_uint2(0u, 0u);
+    return brow ? __ldcg((const uint2 *)(brow + p)) : make_uint2(0u, 0u);
 }
 
-/*
- * The partial products of SETS row sets (16 rows each: this lane's rows g and g + 8) against NT token groups
- * of 8 over the K range this warp owns: chunks c0, c0 + cstep, ... of 128, and the 16-element tail steps
- * j with j % cstep == c0. ntv = token groups that have at least one token (warp-uniform).
- */
 template <int FMT, int SETS, int NT>
-__device__ __forceinline__ void mma_range(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
-                                          const uint8_t *sexp, int32_t layout, int64_t cols,
-                                          const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
-                                          uint64_t pol, float (&acc)[SETS][NT][4]) {
+__device__ __forceinline__ void mma_tail(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
+                                         const uint8_t *sexp, int32_t layout, int64_t cols,
+                                         const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
+                                         float (&acc)[SETS][NT][4]);
+
+/*
+ * BF16 weights: the partial products of SETS row sets (16 rows each: this lane's rows g and g + 8) against NT
+ * token groups of 8 over the K range this warp owns: chunks c0, c0 + cstep, ... of 128, and the 16-element
+ * tail steps j with j % cstep == c0. ntv = token groups that have at least one token (warp-uniform). (FP4
+ * weights take mma_range_fp4 below.)
+ */
+template <int SETS, int NT>
+__device__ __forceinline__ void mma_range_bf16(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
+                                               int64_t cols, const uint16_t *const (&brow)[NT], int ntv, int c0,
+                                               int cstep, int q, uint64_t pol, float (&acc)[SETS][NT][4]) {
     const int chunks = (int)(cols / 128);
-    /* FP4: each chunk's weight bytes are loaded one iteration ahead, before the current chunk's MMAs (both are
-     * asm volatile, so this source order is the issue order): two chunks' loads in flight per lane */
-    uint4 raw[SETS][2];
-#pragma unroll
-    for (int s = 0; s < SETS; s++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            raw[s][h] = make_uint4(0u, 0u, 0u, 0u);
-            if (FMT != FMT_BF16 && c0 < chunks) raw[s][h] = k3_ld_stream(wrow[s][h] + (int64_t)c0 * 64 + 16 * q, pol);
-        }
     for (int c = c0; c < chunks; c += cstep) {
-        const bool more = FMT != FMT_BF16 && c + cstep < chunks;
-        uint4 nxt[SETS][2];
-#pragma unroll
-        for (int s = 0; s < SETS; s++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                nxt[s][h] = more ? k3_ld_stream(wrow[s][h] + (int64_t)(c + cstep) * 64 + 16 * q, pol)
-                                 : make_uint4(0u, 0u, 0u, 0u);
         uint32_t a[SETS][2][16];
 #pragma unroll
         for (int s = 0; s < SETS; s++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                if (FMT == FMT_BF16) decode_chunk<FMT>(wrow[s][h], sexp, layout, row[s][h], cols, c, q, pol, a[s][h]);
-                else decode_fp4_chunk<FMT>(raw[s][h], sexp, layout, row[s][h], cols, c, q, a[s][h]);
-            }
+            for (int h = 0; h < 2; h++) load_bf16_chunk(wrow[s][h], c, q, pol, a[s][h]);
 #pragma unroll
         for (int st = 0; st < 8; st++) {
 #pragma unroll
@@ -187,27 +154,8 @@ __device__ __forceinline__ void mma_range(const uint8_t *const (&wrow)[SETS][2],
                              xv.x, xv.y);
             }
         }
-#pragma unroll
-        for (int s = 0; s < SETS; s++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) raw[s][h] = nxt[s][h];
     }
-    const int tail = (int)((cols % 128) / 16);
-    for (int j = c0; j < tail; j += cstep) {
-        const int64_t k0 = (int64_t)chunks * 128 + 16 * j;
-        uint32_t lo[SETS][2], hi[SETS][2];
-#pragma unroll
-        for (int s = 0; s < SETS; s++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) decode_step<FMT>(wrow[s][h], sexp, layout, row[s][h], cols, k0, q, lo[s][h], hi[s][h]);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            if (nt >= ntv) break;
-            const uint2 xv = ld_b(brow[nt], k0 + 4 * q);
-#pragma unroll
-            for (int s = 0; s < SETS; s++) mma16816(acc[s][nt], lo[s][0], lo[s][1], hi[s][0], hi[s][1], xv.x, xv.y);
-        }
-    }
+    mma_tail<FMT_BF16, SETS, NT>(wrow, row, nullptr, 0, cols, brow, ntv, c0, cstep, q, acc);
 }
 
 /* ---- FP4 main loop: deep register pipeline, cheap decode --------------------------------------------------
@@ -251,24 +199,27 @@ __device__ __forceinline__ void nv_scales_bf16x2(uint32_t two, uint32_t &s0, uin
     s0 = pack_bf16x2(f0, f0), s1 = pack_bf16x2(f1, f1);
 }
 
-/* One lane's 16 loaded bytes of one row (4 words) and its scale byte(s) -> a[16] in the FP4 chunk map. */
+/* A lane's scale byte(s) of one row and chunk -> what decode_fp4_word multiplies by: NVFP4, the two blocks'
+ * scales (words 0-1, 2-3) as BF16x2 times 2^117; MXFP4, the one scale as fp32 bits (both entries). */
 template <int FMT>
-__device__ __forceinline__ void decode_fp4_pairs(uint4 v, uint32_t sc, uint32_t (&a)[16]) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    if (FMT == FMT_NVFP4) {
-        uint32_t s0, s1;
-        nv_scales_bf16x2(sc, s0, s1);
+__device__ __forceinline__ void fp4_scales(uint32_t sc, uint32_t (&out)[2]) {
+    if (FMT == FMT_NVFP4) nv_scales_bf16x2(sc, out[0], out[1]);
+    else out[0] = out[1] = __float_as_uint(k3_ue8m0_decode((uint8_t)sc));
+}
+
+__device__ __forceinline__ uint32_t word_of(uint4 v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+/* One word (8 E2M1 codes, elements P .. P + 7) -> a[i] = elements (P + i, P + i + 4), the FP4 chunk map. */
+template <int FMT>
+__device__ __forceinline__ void decode_fp4_word(uint32_t w, uint32_t sc, uint32_t (&a)[4]) {
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) a[4 * j + i] = mul_bf16x2(e2m1_pair_raw(w[j], i), j < 2 ? s0 : s1);
-    } else {
-        const float sf = k3_ue8m0_decode((uint8_t)sc);
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                a[4 * j + i] = pack_bf16x2(e2m1f(w[j] >> (4 * i)) * sf, e2m1f(w[j] >> (4 * i + 16)) * sf);
+    for (int i = 0; i < 4; i++) {
+        if (FMT == FMT_NVFP4) {
+            a[i] = mul_bf16x2(e2m1_pair_raw(w, i), sc);
+        } else {
+            const float sf = __uint_as_float(sc);
+            a[i] = pack_bf16x2(e2m1f(w >> (4 * i)) * sf, e2m1f(w >> (4 * i + 16)) * sf);
+        }
     }
 }
 
@@ -293,12 +244,12 @@ __device__ __forceinline__ void load_fp4_chunk(const uint8_t *const (&wrow)[SETS
         for (int h = 0; h < 2; h++) {
             w[s][h] = k3_ld_stream(wrow[s][h] + (int64_t)c * 64 + 16 * q, pol);
             const uint8_t *sp = srow[s][h] + (int64_t)c * sstep;
-            sc[s][h] = FMT == FMT_NVFP4 ? (uint32_t)__ldg(sp) | ((uint32_t)__ldg(sp + 1) << 8) : (uint32_t)__ldg(sp);
+            /* NVFP4: the two scale bytes in ONE 16-bit load (their offset is even in both layouts). Two byte
+             * loads need an op to merge them, which the compiler places right after the loads: that op waited
+             * a full HBM latency at every ring refill (seen in the SASS), defeating the ring. Nothing may touch
+             * a ring register between its load and its decode. */
+            sc[s][h] = FMT == FMT_NVFP4 ? (uint32_t)__ldg((const unsigned short *)sp) : (uint32_t)__ldg(sp);
         }
-}
-
-__device__ __forceinline__ uint4 ld_b8(const uint16_t *brow, int64_t p) {
-    return brow ? __ldg((const uint4 *)(brow + p)) : make_uint4(0u, 0u, 0u, 0u);
 }
 
 /* The 16-element tail steps (cols % 128) in the per-step map of decode_step: shared by both main loops. */
@@ -326,15 +277,46 @@ __device__ __forceinline__ void mma_tail(const uint8_t *const (&wrow)[SETS][2], 
     }
 }
 
-/* FP4 version of mma_range: D chunks (weights and scales) in flight per lane in a register ring; a slot is
- * refilled right after it is decoded, so D - 1 loads are outstanding while a chunk's MMAs issue. For NVFP4
- * the accumulators come out scaled by 1 / NV_ACC. */
-template <int FMT, int SETS, int NT, int D>
+/* Activation (B operand) ring depth in shared memory, per warp: XD - 1 chunks of x in flight ahead of the
+ * MMAs (L2 latency is shorter than HBM's, so fewer than the weights' D). Sized so a block's ring stays
+ * <= 32 KB: 4 warps x XD x NT x 2 KB. */
+template <int NT>
+__host__ __device__ constexpr int x_depth() { return NT == 1 ? 3 : (NT == 2 ? 2 : 1); }
+template <int FMT, int NT>
+__host__ __device__ constexpr int x_ring_uint4() { return FMT == FMT_BF16 ? 1 : x_depth<NT>() * NT * 4 * 32; }
+
+/* cp.async of this lane's 64 bytes of chunk cc (elements cc * 128 + 32 q .. + 31) of each valid token row
+ * into ring slot `slot` ([slot][nt][j][lane] of 16 bytes: conflict-free), then one commit (always, so the
+ * group count per chunk is fixed). A lane reads back only what it wrote: no warp barrier needed. */
+template <int NT>
+__device__ __forceinline__ void x_issue(uint4 *xs, const uint16_t *const (&brow)[NT], int ntv, int cc, int q,
+                                        int slot, int lane, bool valid) {
+    if (valid) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (nt >= ntv) break;
+            if (!brow[nt]) continue;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                k3_cp_async16(xs + ((slot * NT + nt) * 4 + j) * 32 + lane, brow[nt] + (int64_t)cc * 128 + 32 * q + 8 * j);
+        }
+    }
+    k3_cp_async_commit();
+}
+
+/* FP4 version of the main loop: D chunks (weights and scales) in flight per lane in a register ring; a slot is
+ * refilled right after it is decoded, so D - 1 loads are outstanding while a chunk's MMAs issue. The
+ * activations come through a shared-memory ring (x_issue) XD - 1 chunks ahead, so no chunk waits on L2.
+ * WAIT: k3_pdl_wait() after the weight ring is filled and before the first activation load (GEMM2: its
+ * weights stream while GEMM1 drains). For NVFP4 the accumulators come out scaled by 1 / NV_ACC. */
+template <int FMT, int SETS, int NT, int D, bool WAIT>
 __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
                                               const uint8_t *sexp, int32_t layout, int64_t cols,
                                               const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
-                                              uint64_t pol, float (&acc)[SETS][NT][4]) {
+                                              uint64_t pol, uint4 *xs, float (&acc)[SETS][NT][4]) {
+    constexpr int XD = x_depth<NT>();
     const int chunks = (int)(cols / 128);
+    const int lane = threadIdx.x & 31;
     const uint8_t *srow[SETS][2];
     int64_t sstep = 0;
 #pragma unroll
@@ -350,37 +332,57 @@ __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS]
 #pragma unroll
     for (int d = 0; d < D; d++)
         if (c0 + d * cstep < chunks) load_fp4_chunk<FMT, SETS>(wrow, srow, sstep, c0 + d * cstep, q, pol, bw[d], bsc[d]);
+    if (WAIT) k3_pdl_wait();
+#pragma unroll
+    for (int i = 0; i < XD - 1; i++) x_issue<NT>(xs, brow, ntv, c0 + i * cstep, q, i, lane, c0 + i * cstep < chunks);
+    int xslot = 0; /* ring slot of the chunk being consumed */
     for (int c = c0; c < chunks; c += D * cstep) {
 #pragma unroll
         for (int d = 0; d < D; d++) {
             const int cc = c + d * cstep;
             if (cc >= chunks) break; /* warp-uniform */
-            uint32_t a[SETS][2][16];
+            /* the slot's raw words move out (16 B + scales per row) so the slot is refilled at once; they are
+             * decoded one word (2 MMA steps) at a time, which keeps 8 instead of 32 BF16x2 registers per row set
+             * live (occupancy) */
+            uint4 cw[SETS][2];
+            uint32_t cs[SETS][2][2];
 #pragma unroll
             for (int s = 0; s < SETS; s++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) decode_fp4_pairs<FMT>(bw[d][s][h], bsc[d][s][h], a[s][h]);
+                for (int h = 0; h < 2; h++) {
+                    cw[s][h] = bw[d][s][h];
+                    fp4_scales<FMT>(bsc[d][s][h], cs[s][h]);
+                }
             if (cc + D * cstep < chunks)
                 load_fp4_chunk<FMT, SETS>(wrow, srow, sstep, cc + D * cstep, q, pol, bw[d], bsc[d]);
+            const int ahead = cc + (XD - 1) * cstep;
+            x_issue<NT>(xs, brow, ntv, ahead, q, (xslot + XD - 1) % XD, lane, ahead < chunks);
+            k3_cp_async_wait<XD - 1>(); /* this chunk's activations have landed */
+            const uint4 *xc = xs + xslot * NT * 4 * 32 + lane;
+            xslot = xslot + 1 == XD ? 0 : xslot + 1;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                if (nt >= ntv) break;
+            for (int j = 0; j < 4; j++) {
+                uint32_t a[SETS][2][4];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const uint4 xv = ld_b8(brow[nt], (int64_t)cc * 128 + 32 * q + 8 * j);
+                for (int s = 0; s < SETS; s++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) decode_fp4_word<FMT>(word_of(cw[s][h], j), cs[s][h][j >> 1], a[s][h]);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    if (nt >= ntv) break;
+                    const uint4 xv = brow[nt] ? xc[(nt * 4 + j) * 32] : make_uint4(0u, 0u, 0u, 0u);
                     const uint32_t b00 = __byte_perm(xv.x, xv.z, 0x5410), b01 = __byte_perm(xv.x, xv.z, 0x7632);
                     const uint32_t b10 = __byte_perm(xv.y, xv.w, 0x5410), b11 = __byte_perm(xv.y, xv.w, 0x7632);
 #pragma unroll
                     for (int s = 0; s < SETS; s++) {
-                        mma16816(acc[s][nt], a[s][0][4 * j], a[s][1][4 * j], a[s][0][4 * j + 1], a[s][1][4 * j + 1],
-                                 b00, b01);
-                        mma16816(acc[s][nt], a[s][0][4 * j + 2], a[s][1][4 * j + 2], a[s][0][4 * j + 3],
-                                 a[s][1][4 * j + 3], b10, b11);
+                        mma16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
+                        mma16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
                     }
                 }
             }
         }
     }
+    k3_cp_async_wait<0>(); /* only empty groups can be left; keeps the ring clean for the next pass */
     if (FMT == FMT_NVFP4 && (cols % 128) != 0) {
         /* the tail steps decode exact weights: bring them to the same 2^-9 scale (exact) */
         float t[SETS][NT][4];
@@ -400,17 +402,185 @@ __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS]
     }
 }
 
+/* ---- NVFP4 main loop through a cp.async shared-memory ring ---------------------------------------------
+ * Why: register loads of the ring above share one scoreboard, and SASS waits on a scoreboard until ALL its
+ * loads are back; the wait for chunk t therefore also waited for the refills issued after it, so only about
+ * one chunk was really in flight per warp (bench/NOTES-moe.md, session 8). cp.async groups complete in
+ * order and `cp.async.wait_group N` waits for exactly the older ones: S - 1 chunks (weights, block scales and
+ * activations) stay in flight while one is decoded. Each lane copies and reads back only its own bytes, so
+ * no barrier is needed. Per warp and stage: weights [SETS * 2][32] x 16 B, the 4-byte word holding the
+ * lane's two scale bytes [SETS * 2][32] x 4 B, activations [NT][4][32] x 16 B. Used when the scale words are
+ * 4-byte aligned (swizzled layout, or cols % 64 == 0 with an aligned scale pointer) and NT <= 2. */
+constexpr int AS_STAGES = 4;
+template <int SETS, int NT>
+__host__ __device__ constexpr int as_stage_uint4() { return SETS * 80 + NT * 128; }
+template <int SETS, int NT>
+__host__ __device__ constexpr int as_warp_uint4() { return AS_STAGES * as_stage_uint4<SETS, NT>(); }
+
+__device__ __forceinline__ void k3_cp_async4(void *smem, const void *gmem) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(gmem) : "memory");
+}
+
+/* One chunk's weights, scale words and activations of this lane into stage st; the caller commits. */
+template <int SETS, int NT>
+__device__ __forceinline__ void as_issue(uint4 *ring, int st, const uint8_t *const (&wrow)[SETS][2],
+                                         const uint8_t *const (&sword)[SETS][2], int64_t sstep,
+                                         const uint16_t *const (&brow)[NT], int ntv, int cc, int q, int lane,
+                                         bool with_x) {
+    uint4 *stage = ring + st * as_stage_uint4<SETS, NT>();
+    uint32_t *sc = (uint32_t *)(stage + SETS * 64);
+#pragma unroll
+    for (int s = 0; s < SETS; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            k3_cp_async16(stage + (s * 2 + h) * 32 + lane, wrow[s][h] + (int64_t)cc * 64 + 16 * q);
+            k3_cp_async4(sc + (s * 2 + h) * 32 + lane, sword[s][h] + (int64_t)cc * sstep);
+        }
+    if (with_x) {
+        uint4 *xs = stage + SETS * 80;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (nt >= ntv) break;
+            if (!brow[nt]) continue;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                k3_cp_async16(xs + (nt * 4 + j) * 32 + lane, brow[nt] + (int64_t)cc * 128 + 32 * q + 8 * j);
+        }
+    }
+}
+
+template <int SETS, int NT>
+__device__ __forceinline__ void as_issue_x(uint4 *ring, int st, const uint16_t *const (&brow)[NT], int ntv, int cc,
+                                           int q, int lane) {
+    uint4 *xs = ring + st * as_stage_uint4<SETS, NT>() + SETS * 80;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        if (nt >= ntv) break;
+        if (!brow[nt]) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            k3_cp_async16(xs + (nt * 4 + j) * 32 + lane, brow[nt] + (int64_t)cc * 128 + 32 * q + 8 * j);
+    }
+}
+
+/* WAIT: k3_pdl_wait() once the first S - 1 chunks' weights are in flight, then their activations are fetched
+ * (GEMM2: the weights stream while GEMM1 drains). Accumulators come out scaled by 1 / NV_ACC. */
+template <int SETS, int NT, bool WAIT>
+__device__ __forceinline__ void mma_range_nv_async(const uint8_t *const (&wrow)[SETS][2],
+                                                   const int64_t (&row)[SETS][2], const uint8_t *sexp,
+                                                   int32_t layout, int64_t cols, const uint16_t *const (&brow)[NT],
+                                                   int ntv, int c0, int cstep, int q, uint4 *ring,
+                                                   float (&acc)[SETS][NT][4]) {
+    constexpr int S = AS_STAGES;
+    const int chunks = (int)(cols / 128);
+    const int lane = threadIdx.x & 31;
+    const uint8_t *sword[SETS][2];
+    uint32_t sshift[SETS][2];
+    int64_t sstep = 0;
+#pragma unroll
+    for (int s = 0; s < SETS; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int64_t off;
+            scale_walk<FMT_NVFP4>(layout, row[s][h], cols, q, off, sstep);
+            /* the aligned word holding the two bytes; which half is constant along the row (steps are
+             * multiples of 4) */
+            sword[s][h] = sexp + (off & ~(int64_t)3);
+            sshift[s][h] = (uint32_t)(off & 2) * 8u;
+        }
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) {
+        const int cc = c0 + i * cstep;
+        if (cc < chunks) as_issue<SETS, NT>(ring, i, wrow, sword, sstep, brow, ntv, cc, q, lane, !WAIT);
+        k3_cp_async_commit();
+    }
+    if (WAIT) {
+        k3_pdl_wait();
+#pragma unroll
+        for (int i = 0; i < S - 1; i++) {
+            const int cc = c0 + i * cstep;
+            if (cc < chunks) as_issue_x<SETS, NT>(ring, i, brow, ntv, cc, q, lane);
+        }
+        k3_cp_async_commit();
+        k3_cp_async_wait<0>();
+    }
+    int st = 0; /* stage of the chunk being consumed */
+    for (int cc = c0; cc < chunks; cc += cstep) {
+        /* refill the stage consumed one iteration ago with chunk cc + (S - 1) cstep */
+        const int ahead = cc + (S - 1) * cstep;
+        const int sa = st == 0 ? S - 1 : st - 1;
+        if (ahead < chunks) as_issue<SETS, NT>(ring, sa, wrow, sword, sstep, brow, ntv, ahead, q, lane, true);
+        k3_cp_async_commit();
+        k3_cp_async_wait<S - 1>(); /* chunk cc's group (and every older one) has landed */
+        const uint4 *stage = ring + st * as_stage_uint4<SETS, NT>();
+        const uint32_t *sc = (const uint32_t *)(stage + SETS * 64);
+        const uint4 *xc = stage + SETS * 80 + lane;
+        uint4 cw[SETS][2];
+        uint32_t cs[SETS][2][2];
+#pragma unroll
+        for (int s = 0; s < SETS; s++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                cw[s][h] = stage[(s * 2 + h) * 32 + lane];
+                nv_scales_bf16x2(sc[(s * 2 + h) * 32 + lane] >> sshift[s][h], cs[s][h][0], cs[s][h][1]);
+            }
+        st = st + 1 == S ? 0 : st + 1;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t a[SETS][2][4];
+#pragma unroll
+            for (int s = 0; s < SETS; s++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) decode_fp4_word<FMT_NVFP4>(word_of(cw[s][h], j), cs[s][h][j >> 1], a[s][h]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (nt >= ntv) break;
+                const uint4 xv = brow[nt] ? xc[(nt * 4 + j) * 32] : make_uint4(0u, 0u, 0u, 0u);
+                const uint32_t b00 = __byte_perm(xv.x, xv.z, 0x5410), b01 = __byte_perm(xv.x, xv.z, 0x7632);
+                const uint32_t b10 = __byte_perm(xv.y, xv.w, 0x5410), b11 = __byte_perm(xv.y, xv.w, 0x7632);
+#pragma unroll
+                for (int s = 0; s < SETS; s++) {
+                    mma16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
+                    mma16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
+                }
+            }
+        }
+    }
+    k3_cp_async_wait<0>(); /* only empty groups can be left; the ring is clean for the next pass */
+    if ((cols % 128) != 0) {
+        float t[SETS][NT][4];
+#pragma unroll
+        for (int s = 0; s < SETS; s++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) t[s][nt][0] = t[s][nt][1] = t[s][nt][2] = t[s][nt][3] = 0.0f;
+        mma_tail<FMT_NVFP4, SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, t);
+#pragma unroll
+        for (int s = 0; s < SETS; s++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) acc[s][nt][k] = __fadd_rn(acc[s][nt][k], __fmul_rn(t[s][nt][k], 1.0f / NV_ACC));
+    }
+}
+
 /* The main loop of either kind; FP4 accumulators are scaled by 1 / acc_scale<FMT>(). */
 template <int FMT>
 __device__ __forceinline__ constexpr float acc_scale() { return FMT == FMT_NVFP4 ? NV_ACC : 1.0f; }
 
-template <int FMT, int SETS, int NT, int D>
+template <int FMT, int SETS, int NT, int D, bool WAIT, bool ASYNC>
 __device__ __forceinline__ void mma_any(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
                                         const uint8_t *sexp, int32_t layout, int64_t cols,
                                         const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
-                                        uint64_t pol, float (&acc)[SETS][NT][4]) {
-    if (FMT == FMT_BF16) mma_range<FMT, SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, pol, acc);
-    else mma_range_fp4<FMT, SETS, NT, D>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, pol, acc);
+                                        uint64_t pol, uint4 *xs, float (&acc)[SETS][NT][4]) {
+    if (ASYNC) {
+        mma_range_nv_async<SETS, NT, WAIT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, xs, acc);
+    } else if (FMT == FMT_BF16) {
+        if (WAIT) k3_pdl_wait();
+        mma_range_bf16<SETS, NT>(wrow, row, cols, brow, ntv, c0, cstep, q, pol, acc);
+    } else {
+        mma_range_fp4<FMT, SETS, NT, D, WAIT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, pol, xs, acc);
+    }
 }
 
 /* Everything a GEMM1 / GEMM2 launch needs (by value: kernel parameters). */
@@ -430,15 +600,27 @@ struct moe_params {
     const float *w13_s2, *w2_s2, *w13_in, *w2_in;
 };
 
-template <int FMT, bool GATED, int NT>
-__global__ void __launch_bounds__(G1_WARPS * 32) k3_moe_gemm1_kernel(const moe_params P) {
+/* ASYNC (NVFP4, NT <= 2): the cp.async ring in dynamic shared memory (g1_dyn_bytes); the split-K partial
+ * sums of warp w > 0 then go to the start of warp w's own ring, which is dead after its main loop. */
+template <int SETS, int NT>
+constexpr size_t g1_dyn_bytes() { return (size_t)G1_WARPS * as_warp_uint4<SETS, NT>() * 16; }
+
+template <int FMT, bool GATED, int NT, bool ASYNC>
+__global__ void __launch_bounds__(G1_WARPS * 32, G1_MIN_BLOCKS) k3_moe_gemm1_kernel(const moe_params P) {
     constexpr int SETS = GATED ? 2 : 1;
-    __shared__ float red[G1_WARPS - 1][SETS][NT][4][32];
+    constexpr int RED = SETS * NT * 4 * 32; /* floats of one warp's partial sums */
+    __shared__ float red_s[ASYNC ? 1 : (G1_WARPS - 1) * RED];
+    __shared__ uint4 xring[ASYNC ? 1 : G1_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
+    extern __shared__ uint4 k3_moe_dyn[];
+    /* everything below reads the dispatch (and W4A4 quantization) output; wait before letting GEMM2 start */
+    k3_pdl_wait();
+    k3_pdl_launch();
     const int slot = blockIdx.x;
-    if (slot >= __ldg(P.n_active)) return; /* block-uniform: before any barrier */
+    /* both loads at once (slot < E always: the grid has min(E, pairs) slots), then the block-uniform exit */
+    const int32_t n_act = __ldcg(P.n_active), e = __ldcg(P.active + slot);
+    if (slot >= n_act) return; /* block-uniform: before any barrier */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    const int32_t e = __ldg(P.active + slot);
-    const int32_t p0 = __ldg(P.offs + e), cnt = __ldg(P.offs + e + 1) - p0;
+    const int32_t p0 = __ldcg(P.offs + e), cnt = __ldcg(P.offs + e + 1) - p0;
     const int64_t i0 = (int64_t)blockIdx.y * 16;
     const uint64_t pol = k3_policy_evict_first();
     const uint8_t *wexp = P.w13 + (size_t)e * P.w13_eb;
@@ -477,31 +659,37 @@ __global__ void __launch_bounds__(G1_WARPS * 32) k3_moe_gemm1_kernel(const moe_p
             brow[nt] = nullptr;
             if (n < cnt) {
                 const int64_t pp = p0 + n;
-                brow[nt] = P.w4a4 ? P.xq + pp * P.L : P.x + (int64_t)(__ldg(P.list + pp) / P.top_k) * P.L;
+                brow[nt] = P.w4a4 ? P.xq + pp * P.L : P.x + (int64_t)(__ldcg(P.list + pp) / P.top_k) * P.L;
             }
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
-        mma_any<FMT, SETS, NT, G1_DEPTH>(wrow, row, sexp, P.layout, P.L, brow, ntv, warp, G1_WARPS, q, pol, acc);
+        uint4 *ring = ASYNC ? k3_moe_dyn + warp * as_warp_uint4<SETS, NT>() : xring[warp];
+        mma_any<FMT, SETS, NT, G1_DEPTH, false, ASYNC>(wrow, row, sexp, P.layout, P.L, brow, ntv, warp, G1_WARPS, q,
+                                                       pol, ring, acc);
 
         /* split-K sum in warp order: warp 0 + warp 1 + warp 2 + warp 3 */
         if (warp > 0) {
+            float *red = ASYNC ? (float *)ring : red_s + (warp - 1) * RED;
 #pragma unroll
             for (int s = 0; s < SETS; s++)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int c = 0; c < 4; c++) red[warp - 1][s][nt][c][lane] = acc[s][nt][c];
+                    for (int c = 0; c < 4; c++) red[((s * NT + nt) * 4 + c) * 32 + lane] = acc[s][nt][c];
         }
         __syncthreads();
         if (warp == 0) {
 #pragma unroll
-            for (int w = 0; w < G1_WARPS - 1; w++)
+            for (int w = 1; w < G1_WARPS; w++) {
+                const float *red = ASYNC ? (const float *)(k3_moe_dyn + w * as_warp_uint4<SETS, NT>()) : red_s + (w - 1) * RED;
 #pragma unroll
                 for (int s = 0; s < SETS; s++)
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                        for (int c = 0; c < 4; c++) acc[s][nt][c] = __fadd_rn(acc[s][nt][c], red[w][s][nt][c][lane]);
+                        for (int c = 0; c < 4; c++)
+                            acc[s][nt][c] = __fadd_rn(acc[s][nt][c], red[((s * NT + nt) * 4 + c) * 32 + lane]);
+            }
 #pragma unroll
             for (int s = 0; s < SETS; s++)
 #pragma unroll
@@ -546,23 +734,32 @@ __global__ void __launch_bounds__(G1_WARPS * 32) k3_moe_gemm1_kernel(const moe_p
                 }
             }
         }
-        __syncthreads(); /* red is reused by the next pass */
+        __syncthreads(); /* red (and with ASYNC the rings it lives in) is reused by the next pass */
     }
 }
 
 /* KS = 1: each warp owns a 16-row tile and the whole K (short K: I / 128 small). KS = G2_WARPS: the block owns
  * one tile and its warps split K, summed in warp order (long K with few experts: more blocks, more bytes in
  * flight). */
-template <int FMT, int NT, int KS>
-__global__ void __launch_bounds__(G2_WARPS * 32) k3_moe_gemm2_kernel(const moe_params P) {
-    __shared__ float red[KS > 1 ? KS - 1 : 1][NT][4][32];
+template <int NT>
+constexpr size_t g2_dyn_bytes() { return (size_t)G2_WARPS * as_warp_uint4<1, NT>() * 16; }
+
+template <int FMT, int NT, int KS, bool ASYNC>
+__global__ void __launch_bounds__(G2_WARPS * 32, ASYNC ? 4 : G2_MIN_BLOCKS) k3_moe_gemm2_kernel(const moe_params P) {
+    constexpr int RED = NT * 4 * 32;
+    __shared__ float red_s[ASYNC || KS == 1 ? 1 : (KS - 1) * RED];
+    __shared__ uint4 xring[ASYNC ? 1 : G2_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
+    extern __shared__ uint4 k3_moe_dyn[];
+    /* PDL: the dispatch lists (two kernels back, complete: see moe_pdl.cuh) are read before the wait, and the
+     * weight ring is filled before it too (mma_any<..., true>); GEMM1's output a only after it */
+    k3_pdl_launch();
     const int slot = blockIdx.x;
-    if (slot >= __ldg(P.n_active)) return;
+    const int32_t n_act = __ldcg(P.n_active), e = __ldcg(P.active + slot);
+    if (slot >= n_act) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
     const int64_t r0 = KS > 1 ? (int64_t)blockIdx.y * 16 : ((int64_t)blockIdx.y * G2_WARPS + warp) * 16;
     if (r0 >= P.L) return; /* KS = 1: warp-uniform, no block barrier; KS > 1: block-uniform */
-    const int32_t e = __ldg(P.active + slot);
-    const int32_t p0 = __ldg(P.offs + e), cnt = __ldg(P.offs + e + 1) - p0;
+    const int32_t p0 = __ldcg(P.offs + e), cnt = __ldcg(P.offs + e + 1) - p0;
     const uint64_t pol = k3_policy_evict_first();
     const uint8_t *wexp = P.w2 + (size_t)e * P.w2_eb;
     const uint8_t *sexp = FMT == FMT_BF16 ? nullptr : P.w2s + (size_t)e * P.w2_sb;
@@ -587,22 +784,27 @@ __global__ void __launch_bounds__(G2_WARPS * 32) k3_moe_gemm2_kernel(const moe_p
             brow[nt] = n < cnt ? P.a + (int64_t)(p0 + n) * P.I : nullptr;
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
-        mma_any<FMT, 1, NT, G2_DEPTH>(wrow, row, sexp, P.layout, P.I, brow, ntv, KS > 1 ? warp : 0, KS, q, pol, acc);
+        uint4 *ring = ASYNC ? k3_moe_dyn + warp * as_warp_uint4<1, NT>() : xring[warp];
+        mma_any<FMT, 1, NT, G2_DEPTH, true, ASYNC>(wrow, row, sexp, P.layout, P.I, brow, ntv, KS > 1 ? warp : 0, KS, q,
+                                                   pol, ring, acc);
         if (KS > 1) {
             if (warp > 0) {
+                float *red = ASYNC ? (float *)ring : red_s + (warp - 1) * RED;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int c = 0; c < 4; c++) red[warp - 1][nt][c][lane] = acc[0][nt][c];
+                    for (int c = 0; c < 4; c++) red[(nt * 4 + c) * 32 + lane] = acc[0][nt][c];
             }
             __syncthreads();
             if (warp == 0) {
 #pragma unroll
-                for (int w = 0; w < KS - 1; w++)
+                for (int w = 1; w < KS; w++) {
+                    const float *red = ASYNC ? (const float *)(k3_moe_dyn + w * as_warp_uint4<1, NT>()) : red_s + (w - 1) * RED;
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                        for (int c = 0; c < 4; c++) acc[0][nt][c] = __fadd_rn(acc[0][nt][c], red[w][nt][c][lane]);
+                        for (int c = 0; c < 4; c++) acc[0][nt][c] = __fadd_rn(acc[0][nt][c], red[(nt * 4 + c) * 32 + lane]);
+                }
             }
         }
         if (KS == 1 || warp == 0) {
@@ -612,7 +814,7 @@ __global__ void __launch_bounds__(G2_WARPS * 32) k3_moe_gemm2_kernel(const moe_p
                 for (int c = 0; c < 4; c++) {
                     const int n = pass + nt * 8 + 2 * q + (c & 1);
                     if (n >= cnt) continue;
-                    const int32_t pair = __ldg(P.list + p0 + n);
+                    const int32_t pair = __ldcg(P.list + p0 + n);
                     const float dot =
                         __fmul_rn(__fmul_rn(__fmul_rn(acc[0][nt][c], acc_scale<FMT>()), inv_gs), alpha);
                     P.pair_out[(int64_t)pair * P.L + r0 + g + 8 * (c >> 1)] = __fmul_rn(__ldg(P.wts + pair), dot);
@@ -626,9 +828,11 @@ __global__ void __launch_bounds__(G2_WARPS * 32) k3_moe_gemm2_kernel(const moe_p
  * per pair slot (slots past the valid count exit), one thread per 16-element block. Stores q * sf (exact in
  * BF16): the 1 / gs factor is applied after GEMM1. */
 __global__ void __launch_bounds__(128) k3_moe_quant_x_kernel(const moe_params P) {
+    k3_pdl_wait();
+    k3_pdl_launch();
     const int32_t pp = blockIdx.x;
-    if (pp >= __ldg(P.offs + P.ne)) return;
-    const int32_t pair = __ldg(P.list + pp), e = __ldg(P.ids + pair);
+    if (pp >= __ldcg(P.offs + P.ne)) return;
+    const int32_t pair = __ldcg(P.list + pp), e = __ldg(P.ids + pair);
     const float gs = 1.0f / __ldg(P.w13_in + e);
     const uint16_t *xr = P.x + (int64_t)(pair / P.top_k) * P.L;
     uint16_t *out = const_cast<uint16_t *>(P.xq) + (int64_t)pp * P.L;
@@ -652,13 +856,14 @@ __global__ void __launch_bounds__(128) k3_moe_quant_x_kernel(const moe_params P)
 /* out[t, c] = bf16(sum over slots j in order of pair_out[t * top_k + j, c]); ids outside [0, E) add nothing. */
 __global__ void k3_moe_combine_kernel(const moe_params P, int64_t m, uint16_t *__restrict__ out,
                                       float *__restrict__ out_f32) {
+    k3_pdl_wait();
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= m * P.L) return;
     const int64_t t = idx / P.L, c = idx % P.L;
     float s = 0.0f;
     for (int j = 0; j < P.top_k; j++) {
         const int32_t e = __ldg(P.ids + t * P.top_k + j);
-        if (e >= 0 && e < P.ne) s = __fadd_rn(s, P.pair_out[(t * P.top_k + j) * P.L + c]);
+        if (e >= 0 && e < P.ne) s = __fadd_rn(s, __ldcg(P.pair_out + (t * P.top_k + j) * P.L + c));
     }
     out[idx] = k3_f32_to_bf16_bits(s);
     if (out_f32) out_f32[idx] = s;
@@ -689,26 +894,63 @@ ws_layout layout_of(const k3_cuda_moe *p) {
 }
 
 template <int FMT, bool GATED>
-cudaError_t launch_gemm1_nt(int nt, dim3 grid, const moe_params &P, cudaStream_t s) {
-    if (nt == 1) k3_moe_gemm1_kernel<FMT, GATED, 1><<<grid, G1_WARPS * 32, 0, s>>>(P);
-    else if (nt == 2) k3_moe_gemm1_kernel<FMT, GATED, 2><<<grid, G1_WARPS * 32, 0, s>>>(P);
-    else k3_moe_gemm1_kernel<FMT, GATED, 4><<<grid, G1_WARPS * 32, 0, s>>>(P);
-    return cudaGetLastError();
+cudaError_t launch_gemm1_nt(int nt, bool async, dim3 grid, const moe_params &P, cudaStream_t s) {
+    constexpr int SETS = GATED ? 2 : 1;
+    const dim3 block(G1_WARPS * 32);
+    if constexpr (FMT == FMT_NVFP4) {
+        if (async && nt == 1)
+            return k3_launch_pdl(k3_moe_gemm1_kernel<FMT, GATED, 1, true>, grid, block, g1_dyn_bytes<SETS, 1>(), s, P);
+        if (async && nt == 2)
+            return k3_launch_pdl(k3_moe_gemm1_kernel<FMT, GATED, 2, true>, grid, block, g1_dyn_bytes<SETS, 2>(), s, P);
+    }
+    if (nt == 1) return k3_launch_pdl(k3_moe_gemm1_kernel<FMT, GATED, 1, false>, grid, block, 0, s, P);
+    if (nt == 2) return k3_launch_pdl(k3_moe_gemm1_kernel<FMT, GATED, 2, false>, grid, block, 0, s, P);
+    return k3_launch_pdl(k3_moe_gemm1_kernel<FMT, GATED, 4, false>, grid, block, 0, s, P);
 }
 
 template <int FMT, int KS>
-cudaError_t launch_gemm2_nt(int nt, dim3 grid, const moe_params &P, cudaStream_t s) {
-    if (nt == 1) k3_moe_gemm2_kernel<FMT, 1, KS><<<grid, G2_WARPS * 32, 0, s>>>(P);
-    else if (nt == 2) k3_moe_gemm2_kernel<FMT, 2, KS><<<grid, G2_WARPS * 32, 0, s>>>(P);
-    else k3_moe_gemm2_kernel<FMT, 4, KS><<<grid, G2_WARPS * 32, 0, s>>>(P);
-    return cudaGetLastError();
+cudaError_t launch_gemm2_nt(int nt, bool async, dim3 grid, const moe_params &P, cudaStream_t s) {
+    const dim3 block(G2_WARPS * 32);
+    if constexpr (FMT == FMT_NVFP4) {
+        if (async && nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, true>, grid, block, g2_dyn_bytes<1>(), s, P);
+        if (async && nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, true>, grid, block, g2_dyn_bytes<2>(), s, P);
+    }
+    if (nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, false>, grid, block, 0, s, P);
+    if (nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, false>, grid, block, 0, s, P);
+    return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 4, KS, false>, grid, block, 0, s, P);
 }
 
 template <int FMT>
-cudaError_t launch_fmt(int nt, bool gated, bool g2_split, dim3 g1, dim3 g2, const moe_params &P, cudaStream_t s) {
-    cudaError_t err = gated ? launch_gemm1_nt<FMT, true>(nt, g1, P, s) : launch_gemm1_nt<FMT, false>(nt, g1, P, s);
-    if (err != cudaSuccess) return err;
-    return g2_split ? launch_gemm2_nt<FMT, G2_WARPS>(nt, g2, P, s) : launch_gemm2_nt<FMT, 1>(nt, g2, P, s);
+cudaError_t launch_fmt(int nt, bool gated, bool g2_split, bool with_g2, bool async1, bool async2, dim3 g1, dim3 g2,
+                       const moe_params &P, cudaStream_t s) {
+    cudaError_t err = gated ? launch_gemm1_nt<FMT, true>(nt, async1, g1, P, s)
+                            : launch_gemm1_nt<FMT, false>(nt, async1, g1, P, s);
+    if (err != cudaSuccess || !with_g2) return err;
+    return g2_split ? launch_gemm2_nt<FMT, G2_WARPS>(nt, async2, g2, P, s)
+                    : launch_gemm2_nt<FMT, 1>(nt, async2, g2, P, s);
+}
+
+/* The cp.async kernels use more than the default 48 KB of dynamic shared memory: allowed once per plan. */
+cudaError_t allow_async_smem(void) {
+    cudaError_t e = cudaSuccess;
+#define K3_ALLOW(kern, bytes)                                                                                     \
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes))
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 1, true>), (g1_dyn_bytes<2, 1>()));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 2, true>), (g1_dyn_bytes<2, 2>()));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 1, true>), (g1_dyn_bytes<1, 1>()));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 2, true>), (g1_dyn_bytes<1, 2>()));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true>), (g2_dyn_bytes<1>()));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, 1, true>), (g2_dyn_bytes<2>()));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, G2_WARPS, true>), (g2_dyn_bytes<1>()));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, G2_WARPS, true>), (g2_dyn_bytes<2>()));
+#undef K3_ALLOW
+    return e;
+}
+
+/* The cp.async ring copies the 4-byte word holding a lane's two NVFP4 scale bytes: those words must be
+ * aligned (swizzled layout: always; linear: cols / 16 a multiple of 4 and an aligned base). */
+bool async_ok(int32_t layout, int64_t cols, const void *scales) {
+    return ((uintptr_t)scales & 3u) == 0 && ((k3_scale_layout)layout == K3_SCALE_SWIZZLED || (cols / 16) % 4 == 0);
 }
 
 } // namespace
@@ -728,6 +970,12 @@ extern "C" k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_m
     if ((int64_t)d->max_tokens * d->top_k > INT32_MAX / 2)
         return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "moe plan: max_tokens * top_k is too large for the CUDA kernels");
     p->w1_rows = k3_act_width_factor(d->act.kind) * inter;
+    if (d->format == K3_WEIGHT_NVFP4) {
+        const cudaError_t e = allow_async_smem();
+        if (e != cudaSuccess)
+            return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "moe plan: cannot raise the shared-memory limit of the NVFP4 "
+                           "expert kernels: %s", cudaGetErrorString(e));
+    }
     if (d->format == K3_WEIGHT_BF16) {
         p->w13_expert_bytes = (size_t)(p->w1_rows * l) * 2u;
         p->w2_expert_bytes = (size_t)(l * inter) * 2u;
@@ -747,6 +995,14 @@ extern "C" size_t k3_cuda_moe_ws_bytes(const k3_cuda_moe *p) { return layout_of(
 extern "C" k3_status k3_cuda_moe_run(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const void *x,
                                      const int32_t *topk_ids, const float *topk_weights, const k3_moe_weights *w,
                                      void *out, float *out_f32, void *ws, void *stream) {
+    return k3_cuda_moe_run_stages(ctx, p, m, x, topk_ids, topk_weights, w, out, out_f32, ws, stream,
+                                  K3_CUDA_MOE_STAGE_ALL);
+}
+
+extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const void *x,
+                                            const int32_t *topk_ids, const float *topk_weights,
+                                            const k3_moe_weights *w, void *out, float *out_f32, void *ws,
+                                            void *stream, int32_t stages) {
     const k3_moe_desc *d = &p->d;
     cudaStream_t s = (cudaStream_t)stream;
     const ws_layout L = layout_of(p);
@@ -787,9 +1043,12 @@ extern "C" k3_status k3_cuda_moe_run(k3_ctx *ctx, const k3_cuda_moe *p, int64_t 
     K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, (int32_t *)(base + L.offs),
                                 (int32_t *)(base + L.cur), (int32_t *)(base + L.active),
                                 (int32_t *)(base + L.n_active), (int32_t *)(base + L.list), stream));
+    if (stages <= K3_CUDA_MOE_STAGE_DISPATCH) return K3_STATUS_SUCCESS;
     if (P.w4a4) {
-        k3_moe_quant_x_kernel<<<(unsigned)np, 128, 0, s>>>(P);
-        K3_CUDA_LAUNCH_CHECK(ctx, "moe W4A4 x quantization kernel");
+        const cudaError_t qe = k3_launch_pdl(k3_moe_quant_x_kernel, dim3((unsigned)np), dim3(128), 0, s, P);
+        if (qe != cudaSuccess)
+            return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe W4A4 x quantization kernel failed: %s",
+                           cudaGetErrorString(qe));
     }
     /* tokens per pass: an expert gets at most m pairs when a token's ids are distinct; more take extra passes */
     const int nt = m <= 8 ? 1 : (m <= 16 ? 2 : 4);
@@ -798,15 +1057,24 @@ extern "C" k3_status k3_cuda_moe_run(k3_ctx *ctx, const k3_cuda_moe *p, int64_t 
     /* GEMM2 splits K across the block's warps when K has at least 2 chunks of 128 per warp (EP16: I = 3072):
      * 4x the blocks (one expert alone then fills the GPU) and a quarter of the serial chunk walk per warp */
     const bool g2_split = d->inter / 128 >= 2 * G2_WARPS;
-    const dim3 g2((unsigned)slots,
+    const dim3 gr2((unsigned)slots,
                   (unsigned)(g2_split ? d->hidden / 16 : (d->hidden / 16 + G2_WARPS - 1) / G2_WARPS));
-    cudaError_t err = d->format == K3_WEIGHT_NVFP4   ? launch_fmt<FMT_NVFP4>(nt, gated, g2_split, g1, g2, P, s)
-                      : d->format == K3_WEIGHT_MXFP4 ? launch_fmt<FMT_MXFP4>(nt, gated, g2_split, g1, g2, P, s)
-                                                     : launch_fmt<FMT_BF16>(nt, gated, g2_split, g1, g2, P, s);
+    const bool g2 = stages >= K3_CUDA_MOE_STAGE_GEMM2;
+    /* NVFP4 at decode sizes (NT <= 2): the cp.async ring where the scale words are aligned */
+    const bool nv = d->format == K3_WEIGHT_NVFP4 && nt <= 2;
+    const bool as1 = nv && async_ok(P.layout, d->hidden, w->w13_scale);
+    const bool as2 = nv && async_ok(P.layout, d->inter, w->w2_scale);
+    cudaError_t err =
+        d->format == K3_WEIGHT_NVFP4   ? launch_fmt<FMT_NVFP4>(nt, gated, g2_split, g2, as1, as2, g1, gr2, P, s)
+        : d->format == K3_WEIGHT_MXFP4 ? launch_fmt<FMT_MXFP4>(nt, gated, g2_split, g2, false, false, g1, gr2, P, s)
+                                       : launch_fmt<FMT_BF16>(nt, gated, g2_split, g2, false, false, g1, gr2, P, s);
     if (err != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe expert GEMMs failed: %s", cudaGetErrorString(err));
+    if (stages < K3_CUDA_MOE_STAGE_ALL) return K3_STATUS_SUCCESS;
     const int64_t total = m * d->hidden;
-    k3_moe_combine_kernel<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(P, m, (uint16_t *)out, out_f32);
-    K3_CUDA_LAUNCH_CHECK(ctx, "moe combine kernel");
+    err = k3_launch_pdl(k3_moe_combine_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, P, m,
+                        (uint16_t *)out, out_f32);
+    if (err != cudaSuccess)
+        return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe combine kernel failed: %s", cudaGetErrorString(err));
     return K3_STATUS_SUCCESS;
 }

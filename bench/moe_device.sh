@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One device call for the GPU MoE (issue 6), in stages (logs to $OUT, at most 8 files come back):
+#   build   configure (sm_90a only) and build the targets k3_cli and gpu_moe in build-dev
+#   test    gpu_moe (every group)
+#   san     compute-sanitizer memcheck (all groups) and racecheck (groups $RACE_GROUPS: dispatch and the expert
+#           groups with both main loops, split-K and graph replay) on gpu_moe in its quick mode (K3_MOE_QUICK=1)
+#   ncu     Nsight Compute warp-state and memory sections of one TP8 M = 4 GEMM1 launch
+#   bench   k3 bench moe at decode sizes with the per-stage breakdown, then at prefill sizes
+#   demo    k3 demo (the K3 TP8 latent block on the GPU)
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH
+B=build-dev
+log() { echo "== $* ($(date +%T))"; }
+for stage in "$@"; do
+    case "$stage" in
+    build)
+        log build
+        cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DK3_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
+            >/tmp/k3-build.log 2>&1 && cmake --build $B -j16 --target k3_cli gpu_moe >>/tmp/k3-build.log 2>&1 ||
+            { tail -40 /tmp/k3-build.log; exit 1; }
+        nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/info.txt"
+        ;;
+    test)
+        log gpu_moe
+        timeout 150 $B/gpu_moe >"$OUT/gpu_moe.log" 2>&1
+        echo "gpu_moe exit $?"
+        grep -E "^FAIL" "$OUT/gpu_moe.log" | head -20
+        grep -E "gpu_moe: group|passed, " "$OUT/gpu_moe.log" | tail -12
+        ;;
+    san)
+        log sanitizers
+        for tool in memcheck racecheck; do
+            groups=""
+            [ $tool = racecheck ] && groups=${RACE_GROUPS:-1,2,3,7}
+            echo "--- $tool gpu_moe (K3_MOE_QUICK=1 K3_MOE_NOFORK=1 K3_MOE_GROUPS=$groups)"
+            env K3_MOE_QUICK=1 K3_MOE_NOFORK=1 ${groups:+K3_MOE_GROUPS=$groups} timeout ${SAN_TIMEOUT:-80} \
+                compute-sanitizer --tool $tool --error-exitcode 9 $B/gpu_moe >"$OUT/san_$tool.log" 2>&1
+            echo "exit $?"
+            grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed, |^FAIL|Invalid|hazard" "$OUT/san_$tool.log" | tail -6
+        done
+        ;;
+    bench)
+        log bench moe decode
+        timeout 150 $B/k3 bench moe --m 1,4,16 --reps 7 --stages >"$OUT/bench_moe.txt" 2>&1
+        echo "exit $?"
+        cat "$OUT/bench_moe.txt"
+        log bench moe prefill
+        timeout 120 $B/k3 bench moe --m 512,4096 --reps 7 >"$OUT/bench_moe_prefill.txt" 2>&1
+        echo "exit $?"
+        cat "$OUT/bench_moe_prefill.txt"
+        ;;
+    demo)
+        log demo
+        timeout 60 $B/k3 demo >"$OUT/demo.txt" 2>&1
+        echo "exit $?"
+        tail -12 "$OUT/demo.txt"
+        ;;
+    ncu)
+        log ncu
+        command -v ncu >/dev/null || { echo "no ncu"; continue; }
+        timeout ${NCU_TIMEOUT:-45} ncu --kernel-name regex:gemm1 --launch-count 1 --section SpeedOfLight \
+            --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+            $B/k3 bench moe --config tp8 --m 4 --reps 7 >"$OUT/ncu.txt" 2>&1
+        echo "exit $?"
+        grep -E "Duration|Throughput|Stall|Warp Cycles|Achieved Occupancy|Theoretical Occupancy|Issued Ipc|Eligible" \
+            "$OUT/ncu.txt" | head -30
+        ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+    esac
+done
+log done
