@@ -26,13 +26,34 @@ __device__ __forceinline__ uint4 k3_ld_stream(const void *p, uint64_t policy) {
     return v;
 }
 
-/* Activations: re-read by many blocks; the read-only (caching) path. Only valid after k3_grid_wait(). */
+/* Activations written by the previous kernel: an ordinary (coherent, L1-cacheable) load, issued only after
+ * k3_grid_wait(). NOT the non-coherent .nc path: under PDL this kernel is already running while its producer
+ * writes x, so x is not invariant for the kernel's lifetime, and an .nc load may be served stale lines that an
+ * earlier kernel left in the SM's cache (seen on the H200: a PDL chain whose direct run differed in the last bits
+ * from its graph replays, session 8). griddepcontrol.wait makes the producer's writes visible to ordinary loads. */
+__device__ __forceinline__ uint4 k3_ld_act(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+/* Read-only data through the non-coherent (.nc) path: valid only for data no kernel writes while this one runs
+ * (under PDL that excludes the previous kernel's outputs: use k3_ld_act for those). */
 __device__ __forceinline__ uint4 k3_ld_cached(const void *p) {
     uint4 v;
     asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
+}
+
+/* Asks the copy engine to bring `bytes` (a multiple of 16, from a 16-byte aligned address) of global memory into
+ * L2; a hint with no completion to wait for and no register or shared-memory cost. Issued ahead of the demand
+ * loads it puts more DRAM requests in flight than the register double buffer holds, and it may be issued before
+ * griddepcontrol.wait: weights never depend on the previous kernel. Each request has a fixed cost: requests of
+ * 64-256 bytes made large shapes up to 2x slower on the H200 (bench/NOTES-gemm.md), so keep them to KBs. */
+__device__ __forceinline__ void k3_prefetch_l2(const void *p, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
 }
 
 /* Programmatic dependent launch. wait: blocks until the preceding grid finished and its writes are visible
@@ -65,9 +86,14 @@ static inline cudaError_t k3_gemm_launch_cfg_init(cudaLaunchConfig_t *lc, cudaLa
 }
 
 /* One per configuration in src/plan/gemm_configs.def. The args were validated by k3_cuda_gemm_launch. */
-template <int THREADS, int ROWS, int UNROLL, int STATIC_K>
+template <int THREADS, int ROWS, int UNROLL, int STATIC_K, int PF>
 cudaError_t k3_skinny_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
-template <int WARPS, int TILES, int UNROLL, int CLUSTER_K>
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB>
 cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
+
+/* PF (both families): L2 prefetch of the weights ahead of the demand loads. 0 = none; K3_PF_ALL = the block's
+ * whole weight slice, requested at its start; 1..K3_PF_ALL-1 (mma only) = this many K steps ahead of the step
+ * being loaded into registers. */
+#define K3_PF_ALL 99
 
 #endif

@@ -32,8 +32,10 @@ __device__ __forceinline__ void k3_mma_bf16_16816(float (&c)[4], uint32_t a0, ui
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int NT>
-__global__ void __launch_bounds__(WARPS * 32)
+/* MINB = 2 caps registers so that two blocks fit on an SM: with one block per SM (256 threads at > 128
+ * registers) the next kernel's blocks cannot become resident, hence cannot prefetch under PDL, until ours exit. */
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int NT>
+__global__ void __launch_bounds__(WARPS * 32, MINB)
     k3_mma_kernel(const uint16_t *__restrict__ x, int64_t x_stride, const uint16_t *__restrict__ w,
                   const uint16_t *residual, uint16_t *y, int64_t y_stride, int32_t m, int32_t n, int32_t k) {
     constexpr int ROWS = TILES * 16;
@@ -89,6 +91,34 @@ __global__ void __launch_bounds__(WARPS * 32)
 #pragma unroll
             for (int h = 0; h < 2; h++)
                 wcur[j][t][h] = c0 + j < c_hi ? k3_ld_stream(wrow[t][h] + (c0 + j) * 32, pol) : make_uint4(0, 0, 0, 0);
+
+    /* L2 prefetch (PF > 0): the register double buffer keeps only about one step (UNROLL chunks per warp) in
+     * flight, i.e. a few KB per warp; prefetching the weights of later steps into L2 keeps many more DRAM requests
+     * outstanding at no register cost, and the demand loads then mostly hit L2. The block first asks for steps
+     * 1..PF (the block's chunks are contiguous in every row, one request per row per 4 KB), or for its whole K
+     * range (PF = K3_PF_ALL); then (PF < K3_PF_ALL) each warp asks, every step, for its own chunks PF steps after
+     * the step it loads into registers, one request per weight row, from lanes 0..ROWS-1. Measured (H200,
+     * bench/NOTES-gemm.md, session 8): it pays a few percent on small and mid shapes only; on large shapes the
+     * in-loop requests (64-256 bytes each) cost more than they hide, so those configurations stay without it. */
+    constexpr int PF_ROWS = (ROWS + 31) / 32;
+    const uint16_t *pfrow[PF_ROWS];
+    if constexpr (PF > 0) {
+        const int p_lo = c_lo + step;
+        const int p_hi = PF >= K3_PF_ALL ? c_hi : min(c_hi, c_lo + (PF + 1) * step);
+        for (int r = tid; r < ROWS; r += WARPS * 32) {
+            const int row = row0 + r;
+            if (row < n) {
+                const uint16_t *base = w + (size_t)row * (size_t)k;
+                for (int c = p_lo; c < p_hi; c += 64) /* 64 chunks = 4 KB per request */
+                    k3_prefetch_l2(base + (size_t)c * 32, (uint32_t)min(p_hi - c, 64) * 64u);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < PF_ROWS; i++) {
+            const int r = i * 32 + lane, row = row0 + r;
+            pfrow[i] = r < ROWS && row < n ? w + (size_t)row * (size_t)k : nullptr;
+        }
+    }
     /* Let the next kernel launch now: it fires only once every block of this grid has reached this point (so
      * it never takes slots our blocks need), and the next kernel's own wait still orders its reads after our
      * completion; its blocks then prefetch their weights while ours finish. */
@@ -98,9 +128,18 @@ __global__ void __launch_bounds__(WARPS * 32)
     for (int j = 0; j < UNROLL; j++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            xcur[j][nt] = xok[nt] && c0 + j < c_hi ? k3_ld_cached(xrow[nt] + (c0 + j) * 32) : make_uint4(0, 0, 0, 0);
+            xcur[j][nt] = xok[nt] && c0 + j < c_hi ? k3_ld_act(xrow[nt] + (c0 + j) * 32) : make_uint4(0, 0, 0, 0);
 
     for (; c0 < c_hi; c0 += step) {
+        if constexpr (PF > 0 && PF < K3_PF_ALL) {
+            const int cp = c0 + (PF + 1) * step;
+            if (cp < c_hi) {
+                const uint32_t bytes = (uint32_t)min(UNROLL, c_hi - cp) * 64u;
+#pragma unroll
+                for (int i = 0; i < PF_ROWS; i++)
+                    if (pfrow[i]) k3_prefetch_l2(pfrow[i] + cp * 32, bytes);
+            }
+        }
         uint4 wnext[UNROLL][TILES][2], xnext[UNROLL][NT];
 #pragma unroll
         for (int j = 0; j < UNROLL; j++) {
@@ -112,7 +151,7 @@ __global__ void __launch_bounds__(WARPS * 32)
                     wnext[j][t][h] = c < c_hi ? k3_ld_stream(wrow[t][h] + c * 32, pol) : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
-                xnext[j][nt] = xok[nt] && c < c_hi ? k3_ld_cached(xrow[nt] + c * 32) : make_uint4(0, 0, 0, 0);
+                xnext[j][nt] = xok[nt] && c < c_hi ? k3_ld_act(xrow[nt] + c * 32) : make_uint4(0, 0, 0, 0);
         }
         /* Chunks past c_hi hold zeros in both operands: multiplying them adds exact zeros. */
 #pragma unroll
@@ -191,7 +230,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
 }
 
-template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int NT>
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int NT>
 cudaError_t k3_mma_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
     cudaLaunchConfig_t lc;
     cudaLaunchAttribute attr[2];
@@ -204,7 +243,7 @@ cudaError_t k3_mma_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl
         attr[lc.numAttrs].val.clusterDim.z = 1;
         lc.numAttrs++;
     }
-    return cudaLaunchKernelEx(&lc, k3_mma_kernel<WARPS, TILES, UNROLL, CLUSTER_K, NT>,
+    return cudaLaunchKernelEx(&lc, k3_mma_kernel<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, NT>,
                               static_cast<const uint16_t *>(a->x), (int64_t)a->x_stride,
                               static_cast<const uint16_t *>(a->w), static_cast<const uint16_t *>(a->residual),
                               static_cast<uint16_t *>(a->y), (int64_t)a->y_stride, (int32_t)a->m, (int32_t)a->n,
@@ -213,17 +252,19 @@ cudaError_t k3_mma_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl
 
 } // namespace
 
-template <int WARPS, int TILES, int UNROLL, int CLUSTER_K>
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB>
 cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
     static_assert(CLUSTER_K >= 1 && CLUSTER_K <= 8, "portable cluster size");
-    if (a->m <= 8) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, 1>(a, stream, pdl);
-    if (a->m <= 16) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, 2>(a, stream, pdl);
+    static_assert(PF >= 0 && PF <= K3_PF_ALL, "PF: 0, 1..K3_PF_ALL-1 steps, or K3_PF_ALL");
+    if (a->m <= 8) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, 1>(a, stream, pdl);
+    if (a->m <= 16) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, 2>(a, stream, pdl);
     return cudaErrorInvalidValue;
 }
 
-#define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk)
-#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k) \
-    template cudaError_t k3_mma_launch<warps, tiles, unroll, cluster_k>(const k3_gemm_args *, cudaStream_t, int);
+#define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk, pf)
+#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb) \
+    template cudaError_t k3_mma_launch<warps, tiles, unroll, cluster_k, pf, minb>(const k3_gemm_args *, cudaStream_t, \
+                                                                                 int);
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
 #undef K3_GEMM_MMA
