@@ -702,6 +702,10 @@ static const rcase k_router_cases[] = {
     {K3_ROUTER_SOFTMAX, 56, 8, 16, 7168, K3_DTYPE_BF16, 1, 0, 0, -1, 1.0f},
     {K3_ROUTER_SOFTMAX, 128, 4, 4, 4096, K3_DTYPE_F32, 0, 0, 1, 9, 1.0f},
     {K3_ROUTER_SOFTMAX, 8, 2, 512, 256, K3_DTYPE_BF16, 1, 0, 0, -1, 1.0f},
+    /* the ring kernel's token blockings (2 and 8 per block), E not a multiple of its 8 experts, a partial last
+     * chunk (1000 = 3 x 256 + 232 bf16 / 7 x 128 + 104 f32) */
+    {K3_ROUTER_SIGMOID_NOAUX_TC, 900, 16, 2, 1000, K3_DTYPE_F32, 1, 1, 0, 11, 1.0f},
+    {K3_ROUTER_SIGMOID_NOAUX_TC, 900, 16, 6, 1000, K3_DTYPE_BF16, 1, 1, 1, -1, 2.5f},
 };
 
 static const mcase k_moe_cases[] = {

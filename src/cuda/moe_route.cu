@@ -5,6 +5,10 @@
  *    in order (the CPU's K3_RT_LANES partial sums, the tail included, since element hv + i is lane i's last
  *    term), then the CPU's tree (lane l += lane l + w for w = 8, 4, 2, 1) through shuffles. Every product and
  *    sum is a separate __fmul_rn / __fadd_rn, so nvcc cannot fuse them (the host side is -ffp-contract=off).
+ *    The order fixes one long dependent chain per lane, so the loads must run far ahead of it: the main kernel
+ *    streams the block's gate rows and token rows through a cp.async ring of K chunks in shared memory
+ *    (measured before it, on the H200: a loop of register loads exposed one DRAM latency per element step,
+ *    106-155 us for the K3 router). Rows that cannot be copied in 16-byte pieces use the register loop.
  * 2. Selection, one block per token: keys as on the CPU (sigmoid from core/router_math.h, + bias, NaN -> -inf;
  *    or softmax probabilities with the CPU's sequential sum), then top_k rounds of an exact arg-max with ties to
  *    the lower id: the same sequence the CPU's stable insertion selection produces. The weights' short sums
@@ -17,6 +21,7 @@
 #include "core/router_math.h"
 #include "cuda/check.cuh"
 #include "cuda/moe.h"
+#include "cuda/moe_pdl.cuh"
 
 namespace {
 
@@ -24,9 +29,112 @@ constexpr int RT_LANES = 16;     /* the CPU's K3_RT_LANES */
 constexpr int RT_EXPERTS = 16;   /* experts per logits block (16 groups of 16 lanes = 256 threads) */
 constexpr int RT_TOKENS = 4;     /* tokens per logits block: each gate element loaded once serves 4 tokens */
 constexpr int RT_UNROLL = 32;    /* gate elements in flight per lane */
-constexpr int SEL_THREADS = 128;
+constexpr int SEL_THREADS = 256;
+
+/* The ring kernel: 8 experts (8 groups of 16 lanes) x TOK tokens per block, K in chunks of RING_CHUNK(G)
+ * elements, as many stages as fit the default 48 KB of dynamic shared memory (at most 10). */
+constexpr int RING_EXPERTS = 8;
+constexpr int RING_THREADS = RING_EXPERTS * RT_LANES;
+constexpr int RING_SMEM_MAX = 48 * 1024;
 
 __device__ __forceinline__ float bf16f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
+__device__ __forceinline__ float gate_f(float g) { return g; }
+__device__ __forceinline__ float gate_f(uint16_t g) { return bf16f(g); }
+
+template <typename G>
+__host__ __device__ constexpr int ring_chunk() { return 512 / (int)sizeof(G); } /* 1 KB of one gate row per stage and expert */
+template <typename G, int TOK>
+__host__ __device__ constexpr int ring_stage_bytes() { return RING_EXPERTS * ring_chunk<G>() * (int)sizeof(G) + TOK * ring_chunk<G>() * 2; }
+template <typename G, int TOK>
+__host__ __device__ constexpr int ring_stages() {
+    return RING_SMEM_MAX / ring_stage_bytes<G, TOK>() < 10 ? RING_SMEM_MAX / ring_stage_bytes<G, TOK>() : 10;
+}
+
+/* Copies K chunk c of the block's gate rows and token rows into its ring slot (16-byte pieces; pieces past h
+ * are skipped: the compute loop never reads them). Rows past ne / m repeat the last row: never stored. Always
+ * commits a group, empty past the last chunk, so the wait counts stay uniform. */
+template <typename G, int TOK>
+__device__ __forceinline__ void ring_issue(unsigned char *smem, int c, int nchunks, const uint16_t *__restrict__ x,
+                                           const G *__restrict__ gate, int32_t m, int32_t ne, int64_t h, int e0,
+                                           int t0) {
+    constexpr int CH = ring_chunk<G>(), S = ring_stages<G, TOK>(), GP = CH * (int)sizeof(G) / 16, XP = CH * 2 / 16;
+    if (c < nchunks) {
+        unsigned char *st = smem + (size_t)(c % S) * ring_stage_bytes<G, TOK>();
+        const int64_t k0 = (int64_t)c * CH;
+        for (int p = threadIdx.x; p < RING_EXPERTS * GP; p += RING_THREADS) {
+            const int r = p / GP, q = p % GP;
+            const int64_t k = k0 + (int64_t)q * (16 / (int)sizeof(G));
+            if (k < h) k3_cp_async16(st + (size_t)p * 16, gate + (int64_t)min(e0 + r, ne - 1) * h + k);
+        }
+        unsigned char *xs = st + RING_EXPERTS * CH * sizeof(G);
+        for (int p = threadIdx.x; p < TOK * XP; p += RING_THREADS) {
+            const int t = p / XP, q = p % XP;
+            const int64_t k = k0 + (int64_t)q * 8;
+            if (k < h) k3_cp_async16(xs + (size_t)p * 16, x + (int64_t)min(t0 + t, m - 1) * h + k);
+        }
+    }
+    k3_cp_async_commit();
+}
+
+/* Needs h % 8 == 0 and 16-byte aligned x and gate (every row then starts 16-byte aligned). */
+template <typename G, int TOK>
+__global__ void __launch_bounds__(RING_THREADS)
+    k3_router_logits_ring_kernel(const uint16_t *__restrict__ x, const G *__restrict__ gate, int32_t m, int32_t ne,
+                                 int64_t h, float *__restrict__ logits) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int CH = ring_chunk<G>(), S = ring_stages<G, TOK>();
+    const int lane = threadIdx.x % RT_LANES, grp = threadIdx.x / RT_LANES;
+    const int e0 = blockIdx.x * RING_EXPERTS, t0 = blockIdx.y * TOK;
+    const int nchunks = (int)((h + CH - 1) / CH);
+
+    /* The gate does not depend on the previous kernel: pull the first chunks' rows into L2 while it drains. */
+    for (int p = threadIdx.x; p < RING_EXPERTS * (S - 1) * 8; p += RING_THREADS) {
+        const int r = p % RING_EXPERTS, q = p / RING_EXPERTS; /* 128-byte lines of the first S-1 chunks */
+        const int64_t k = (int64_t)q * (128 / (int)sizeof(G));
+        if (k < h) asm volatile("prefetch.global.L2 [%0];" ::"l"(gate + (int64_t)min(e0 + r, ne - 1) * h + k));
+    }
+    k3_pdl_wait(); /* x comes from the previous kernel */
+    k3_pdl_launch();
+
+    for (int c = 0; c < S - 1; c++) ring_issue<G, TOK>(smem, c, nchunks, x, gate, m, ne, h, e0, t0);
+    float acc[TOK];
+#pragma unroll
+    for (int t = 0; t < TOK; t++) acc[t] = 0.0f;
+    for (int c = 0; c < nchunks; c++) {
+        k3_cp_async_wait<S - 2>(); /* this thread's pieces of chunk c have landed */
+        __syncthreads();           /* everyone's have; and everyone is done with chunk c - 1, whose slot ... */
+        ring_issue<G, TOK>(smem, c + S - 1, nchunks, x, gate, m, ne, h, e0, t0); /* ... is refilled here */
+        const unsigned char *st = smem + (size_t)(c % S) * ring_stage_bytes<G, TOK>();
+        const G *gs = (const G *)st + grp * CH + lane;
+        const uint16_t *xs = (const uint16_t *)(st + RING_EXPERTS * CH * sizeof(G)) + lane;
+        const int64_t k0 = (int64_t)c * CH;
+        if (k0 + CH <= h) {
+#pragma unroll
+            for (int j = 0; j < CH / RT_LANES; j++) {
+                const float g = gate_f(gs[j * RT_LANES]);
+#pragma unroll
+                for (int t = 0; t < TOK; t++)
+                    acc[t] = __fadd_rn(acc[t], __fmul_rn(bf16f(xs[t * CH + j * RT_LANES]), g));
+            }
+        } else {
+            for (int j = 0; j < CH / RT_LANES && k0 + j * RT_LANES + lane < h; j++) {
+                const float g = gate_f(gs[j * RT_LANES]);
+#pragma unroll
+                for (int t = 0; t < TOK; t++)
+                    acc[t] = __fadd_rn(acc[t], __fmul_rn(bf16f(xs[t * CH + j * RT_LANES]), g));
+            }
+        }
+    }
+    k3_cp_async_wait<0>(); /* no copy may outlive the block (the trailing groups are empty) */
+    const int e = e0 + grp;
+#pragma unroll
+    for (int t = 0; t < TOK; t++) {
+        float v = acc[t];
+#pragma unroll
+        for (int w = RT_LANES / 2; w >= 1; w /= 2) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, w, RT_LANES));
+        if (lane == 0 && e < ne && t0 + t < m) logits[(int64_t)(t0 + t) * ne + e] = v;
+    }
+}
 
 template <bool GATE_F32>
 __global__ void __launch_bounds__(RT_LANES * RT_EXPERTS)
@@ -35,6 +143,8 @@ __global__ void __launch_bounds__(RT_LANES * RT_EXPERTS)
     const int lane = threadIdx.x % RT_LANES;
     const int e = blockIdx.x * RT_EXPERTS + threadIdx.x / RT_LANES;
     const int t0 = blockIdx.y * RT_TOKENS;
+    k3_pdl_wait(); /* launched with PDL like the ring kernel: x comes from the previous kernel */
+    k3_pdl_launch();
     /* no early return: the whole 16-lane group must reach the shuffles (e is uniform within a group) */
     const bool active = e < ne;
     float acc[RT_TOKENS];
@@ -81,7 +191,8 @@ __global__ void __launch_bounds__(SEL_THREADS)
     k3_router_select_kernel(const float *__restrict__ logits, const float *__restrict__ bias, int32_t ne,
                             int32_t k, int32_t softmax, int32_t renorm, float scaling, int32_t *__restrict__ ids,
                             float *__restrict__ wts) {
-    extern __shared__ float keys[]; /* [ne] */
+    extern __shared__ float keys[]; /* [ne] choice keys, then (sigmoid) [ne] the sigmoids the weights use */
+    float *sg = keys + ne;
     __shared__ float red_v[SEL_THREADS / 32];
     __shared__ int red_i[SEL_THREADS / 32];
     __shared__ int sel[32];
@@ -90,11 +201,17 @@ __global__ void __launch_bounds__(SEL_THREADS)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t t = blockIdx.x;
     const float *lg = logits + t * ne;
+    k3_pdl_wait(); /* the logits kernel's output */
+    k3_pdl_launch();
 
     if (!softmax) {
         for (int e = tid; e < ne; e += SEL_THREADS) {
-            float key = __fadd_rn(k3_rm_sigmoid(lg[e]), bias ? bias[e] : 0.0f);
+            /* each sigmoid once, in parallel: the weights below reuse it (computing them on one thread cost
+             * ~16 serial sigmoids per token) */
+            const float l = lg[e], sgm = k3_rm_sigmoid(l);
+            const float key = __fadd_rn(sgm, bias ? bias[e] : 0.0f);
             keys[e] = isnan(key) ? -INFINITY : key;
+            sg[e] = isnan(l) ? 0.0f : sgm;
         }
     } else {
         /* NaN logits -> -inf; the maximum (exact, so any reduction order gives it) */
@@ -154,8 +271,7 @@ __global__ void __launch_bounds__(SEL_THREADS)
             if (softmax) {
                 w[j] = sel_v[j];
             } else {
-                const float l = lg[sel[j]];
-                w[j] = isnan(l) ? 0.0f : k3_rm_sigmoid(l);
+                w[j] = sg[sel[j]];
             }
             sum = __fadd_rn(sum, w[j]);
         }
@@ -173,6 +289,34 @@ __global__ void __launch_bounds__(SEL_THREADS)
             wts[t * k + j] = w[j];
         }
     }
+}
+
+template <typename G, int TOK>
+cudaError_t launch_ring_tok(const uint16_t *x, const G *gate, int64_t m, int32_t ne, int64_t h, float *logits,
+                            cudaStream_t s) {
+    const dim3 grid((unsigned)((ne + RING_EXPERTS - 1) / RING_EXPERTS), (unsigned)((m + TOK - 1) / TOK));
+    const size_t smem = (size_t)ring_stages<G, TOK>() * ring_stage_bytes<G, TOK>();
+    return k3_launch_pdl(k3_router_logits_ring_kernel<G, TOK>, grid, dim3(RING_THREADS), smem, s, x, gate,
+                         (int32_t)m, ne, h, logits);
+}
+
+/* Tokens per block: each gate element read from shared memory serves TOK tokens; no idle token rows at m < 4. */
+template <typename G>
+cudaError_t launch_ring(const uint16_t *x, const G *gate, int64_t m, int32_t ne, int64_t h, float *logits,
+                        cudaStream_t s) {
+    if (m == 1) return launch_ring_tok<G, 1>(x, gate, m, ne, h, logits, s);
+    if (m == 2) return launch_ring_tok<G, 2>(x, gate, m, ne, h, logits, s);
+    if (m <= 4) return launch_ring_tok<G, 4>(x, gate, m, ne, h, logits, s);
+    return launch_ring_tok<G, 8>(x, gate, m, ne, h, logits, s);
+}
+
+cudaError_t launch_plain(bool f32, const uint16_t *x, const void *gate, int64_t m, int32_t ne, int64_t h,
+                         float *logits, cudaStream_t s) {
+    const dim3 grid((unsigned)((ne + RT_EXPERTS - 1) / RT_EXPERTS), (unsigned)((m + RT_TOKENS - 1) / RT_TOKENS));
+    return f32 ? k3_launch_pdl(k3_router_logits_kernel<true>, grid, dim3(RT_LANES * RT_EXPERTS), 0, s, x, gate,
+                               (int32_t)m, ne, h, logits)
+               : k3_launch_pdl(k3_router_logits_kernel<false>, grid, dim3(RT_LANES * RT_EXPERTS), 0, s, x, gate,
+                               (int32_t)m, ne, h, logits);
 }
 
 } // namespace
@@ -195,17 +339,20 @@ extern "C" k3_status k3_cuda_router_run(k3_ctx *ctx, const k3_router_desc *d, in
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "router run", 6, ptrs, names));
     }
     float *logits = (float *)ws;
-    dim3 grid1((unsigned)((ne + RT_EXPERTS - 1) / RT_EXPERTS), (unsigned)((m + RT_TOKENS - 1) / RT_TOKENS));
-    if (d->gate_dtype == K3_DTYPE_F32)
-        k3_router_logits_kernel<true><<<grid1, RT_LANES * RT_EXPERTS, 0, s>>>((const uint16_t *)x, gate, (int32_t)m,
-                                                                              ne, d->hidden, logits);
-    else
-        k3_router_logits_kernel<false><<<grid1, RT_LANES * RT_EXPERTS, 0, s>>>((const uint16_t *)x, gate,
-                                                                               (int32_t)m, ne, d->hidden, logits);
-    K3_CUDA_LAUNCH_CHECK(ctx, "router logits kernel");
-    k3_router_select_kernel<<<(unsigned)m, SEL_THREADS, (size_t)ne * sizeof(float), s>>>(
-        logits, d->kind == K3_ROUTER_SIGMOID_NOAUX_TC ? bias : NULL, ne, d->top_k, d->kind == K3_ROUTER_SOFTMAX,
-        d->renormalize, d->scaling_factor, topk_ids, topk_weights);
-    K3_CUDA_LAUNCH_CHECK(ctx, "router select kernel");
+    const bool ring = d->hidden % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)gate & 15) == 0;
+    cudaError_t e = ring ? (d->gate_dtype == K3_DTYPE_F32
+                                ? launch_ring<float>((const uint16_t *)x, (const float *)gate, m, ne, d->hidden, logits, s)
+                                : launch_ring<uint16_t>((const uint16_t *)x, (const uint16_t *)gate, m, ne, d->hidden,
+                                                        logits, s))
+                         : launch_plain(d->gate_dtype == K3_DTYPE_F32, (const uint16_t *)x, gate, m, ne, d->hidden,
+                                        logits, s);
+    if (e != cudaSuccess)
+        return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the router logits kernel failed: %s", cudaGetErrorString(e));
+    e = k3_launch_pdl(k3_router_select_kernel, dim3((unsigned)m), dim3(SEL_THREADS), (size_t)ne * 2 * sizeof(float), s,
+                      (const float *)logits, d->kind == K3_ROUTER_SIGMOID_NOAUX_TC ? bias : (const float *)NULL, ne,
+                      d->top_k, (int32_t)(d->kind == K3_ROUTER_SOFTMAX), d->renormalize, d->scaling_factor, topk_ids,
+                      topk_weights);
+    if (e != cudaSuccess)
+        return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the router select kernel failed: %s", cudaGetErrorString(e));
     return K3_STATUS_SUCCESS;
 }
