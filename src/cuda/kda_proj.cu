@@ -1,5 +1,8 @@
 /* KDA projection kernels: run_n (N small, K long) and run_k (K short). Both accumulate in fp32 through the
- * one FMA header (portable widen+fma on SM90, the mixed-precision bf16 FMA on SM100+). */
+ * one FMA header (portable widen+fma on SM90, the mixed-precision bf16 FMA on SM100+).
+ * Their inputs (x, and f_a from run_n) go through the read-only (.nc) path: safe because both kernels are
+ * launched WITHOUT programmatic dependent launch (after an event or a plain same-stream predecessor), so their
+ * producers have completed before they start; a PDL launch would need coherent loads (see gemm_kernels.cuh). */
 #include <stdint.h>
 
 #include <type_traits>
