@@ -8,18 +8,12 @@
 #   bench/device_run.sh kda        k3 bench kda with tables/sm90.txt
 #   bench/device_run.sh demo       k3 demo
 # Several stages may be given in order. Logs go to $OUT (at most 8 files come back).
-set -u
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PATH=/usr/local/cuda/bin:$PATH
-B=build-dev
-log() { echo "== $* ($(date +%T))"; }
+. "$(dirname "$0")/device_common.sh"
 for stage in "$@"; do
     case "$stage" in
     build)
         log build
-        cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DK3_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
-            >/tmp/k3-build.log 2>&1 && cmake --build $B -j16 >>/tmp/k3-build.log 2>&1 || { tail -40 /tmp/k3-build.log; exit 1; }
+        k3_build_dev
         $B/k3 info | tee "$OUT/info.txt"
         nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >>"$OUT/info.txt"
         ;;

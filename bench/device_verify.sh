@@ -5,19 +5,12 @@
 # the three GPU issues and the demo. Logs go to $OUT (at most 8 files come back); a summary goes to stdout.
 #   SAN="gpu_moe:0 gpu_kda_proj"   tests to sanitize; "test:G" limits gpu_moe to groups G (K3_MOE_GROUPS)
 #   STAGES="build test san moe gemm kda demo"
-set -u
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PATH=/usr/local/cuda/bin:$PATH
-B=build-dev
-log() { echo "== $* ($(date +%T), ${SECONDS}s)"; }
+. "$(dirname "$0")/device_common.sh"
 for stage in ${STAGES:-build test san moe gemm kda demo}; do
     case "$stage" in
     build)
         log build
-        cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DK3_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
-            >/tmp/k3-build.log 2>&1 && cmake --build $B -j16 >>/tmp/k3-build.log 2>&1 ||
-            { tail -40 /tmp/k3-build.log; exit 1; }
+        k3_build_dev
         { $B/k3 info; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; } >"$OUT/info.txt"
         ;;
     test)

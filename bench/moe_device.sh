@@ -7,19 +7,12 @@
 #   ncu     Nsight Compute warp-state and memory sections of one TP8 M = 4 GEMM1 launch
 #   bench   k3 bench moe at decode sizes with the per-stage breakdown, then at prefill sizes
 #   demo    k3 demo (the K3 TP8 latent block on the GPU)
-set -u
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PATH=/usr/local/cuda/bin:$PATH
-B=build-dev
-log() { echo "== $* ($(date +%T))"; }
+. "$(dirname "$0")/device_common.sh"
 for stage in "$@"; do
     case "$stage" in
     build)
         log build
-        cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DK3_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
-            >/tmp/k3-build.log 2>&1 && cmake --build $B -j16 --target k3_cli gpu_moe >>/tmp/k3-build.log 2>&1 ||
-            { tail -40 /tmp/k3-build.log; exit 1; }
+        k3_build_dev k3_cli gpu_moe
         nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/info.txt"
         ;;
     test)
