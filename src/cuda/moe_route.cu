@@ -9,6 +9,9 @@
  *    streams the block's gate rows and token rows through a cp.async ring of K chunks in shared memory
  *    (measured before it, on the H200: a loop of register loads exposed one DRAM latency per element step,
  *    106-155 us for the K3 router). Rows that cannot be copied in 16-byte pieces use the register loop.
+ *    Only the ring kernel is launched with PDL (its gate prefetch overlaps the previous kernel; x goes through
+ *    L2 by cp.async, coherent after griddepcontrol.wait); the register loop and the selection read their inputs
+ *    through the read-only path, so they start only after their producer completed (plain launches).
  * 2. Selection, one block per token: keys as on the CPU (sigmoid from core/router_math.h, + bias, NaN -> -inf;
  *    or softmax probabilities with the CPU's sequential sum), then top_k rounds of an exact arg-max with ties to
  *    the lower id: the same sequence the CPU's stable insertion selection produces. The weights' short sums
@@ -143,8 +146,6 @@ __global__ void __launch_bounds__(RT_LANES * RT_EXPERTS)
     const int lane = threadIdx.x % RT_LANES;
     const int e = blockIdx.x * RT_EXPERTS + threadIdx.x / RT_LANES;
     const int t0 = blockIdx.y * RT_TOKENS;
-    k3_pdl_wait(); /* launched with PDL like the ring kernel: x comes from the previous kernel */
-    k3_pdl_launch();
     /* no early return: the whole 16-lane group must reach the shuffles (e is uniform within a group) */
     const bool active = e < ne;
     float acc[RT_TOKENS];
@@ -201,8 +202,6 @@ __global__ void __launch_bounds__(SEL_THREADS)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t t = blockIdx.x;
     const float *lg = logits + t * ne;
-    k3_pdl_wait(); /* the logits kernel's output */
-    k3_pdl_launch();
 
     if (!softmax) {
         for (int e = tid; e < ne; e += SEL_THREADS) {
@@ -310,13 +309,16 @@ cudaError_t launch_ring(const uint16_t *x, const G *gate, int64_t m, int32_t ne,
     return launch_ring_tok<G, 8>(x, gate, m, ne, h, logits, s);
 }
 
+/* A plain launch: this kernel reads x through the read-only (.nc) path, which is only valid when the kernel
+ * that wrote x has completed before this one starts (no PDL). */
 cudaError_t launch_plain(bool f32, const uint16_t *x, const void *gate, int64_t m, int32_t ne, int64_t h,
                          float *logits, cudaStream_t s) {
     const dim3 grid((unsigned)((ne + RT_EXPERTS - 1) / RT_EXPERTS), (unsigned)((m + RT_TOKENS - 1) / RT_TOKENS));
-    return f32 ? k3_launch_pdl(k3_router_logits_kernel<true>, grid, dim3(RT_LANES * RT_EXPERTS), 0, s, x, gate,
-                               (int32_t)m, ne, h, logits)
-               : k3_launch_pdl(k3_router_logits_kernel<false>, grid, dim3(RT_LANES * RT_EXPERTS), 0, s, x, gate,
-                               (int32_t)m, ne, h, logits);
+    if (f32)
+        k3_router_logits_kernel<true><<<grid, RT_LANES * RT_EXPERTS, 0, s>>>(x, gate, (int32_t)m, ne, h, logits);
+    else
+        k3_router_logits_kernel<false><<<grid, RT_LANES * RT_EXPERTS, 0, s>>>(x, gate, (int32_t)m, ne, h, logits);
+    return cudaGetLastError();
 }
 
 } // namespace
@@ -348,10 +350,12 @@ extern "C" k3_status k3_cuda_router_run(k3_ctx *ctx, const k3_router_desc *d, in
                                         logits, s);
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the router logits kernel failed: %s", cudaGetErrorString(e));
-    e = k3_launch_pdl(k3_router_select_kernel, dim3((unsigned)m), dim3(SEL_THREADS), (size_t)ne * 2 * sizeof(float), s,
-                      (const float *)logits, d->kind == K3_ROUTER_SIGMOID_NOAUX_TC ? bias : (const float *)NULL, ne,
-                      d->top_k, (int32_t)(d->kind == K3_ROUTER_SOFTMAX), d->renormalize, d->scaling_factor, topk_ids,
-                      topk_weights);
+    /* a plain launch: select reads the logits through the read-only path (const __restrict__), valid only once
+     * the logits kernel has completed */
+    k3_router_select_kernel<<<(unsigned)m, SEL_THREADS, (size_t)ne * 2 * sizeof(float), s>>>(
+        logits, d->kind == K3_ROUTER_SIGMOID_NOAUX_TC ? bias : NULL, ne, d->top_k, d->kind == K3_ROUTER_SOFTMAX,
+        d->renormalize, d->scaling_factor, topk_ids, topk_weights);
+    e = cudaGetLastError();
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the router select kernel failed: %s", cudaGetErrorString(e));
     return K3_STATUS_SUCCESS;
