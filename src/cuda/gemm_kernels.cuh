@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "cuda/gemm.h"
+#include "cuda/pdl.cuh"
 
 /* L2 policy for data read exactly once (the weights): evict first, so they do not push out x or the
  * neighbouring kernels' working set. */
@@ -27,7 +28,7 @@ __device__ __forceinline__ uint4 k3_ld_stream(const void *p, uint64_t policy) {
 }
 
 /* Activations written by the previous kernel: an ordinary (coherent, L1-cacheable) load, issued only after
- * k3_grid_wait(). NOT the non-coherent .nc path: under PDL this kernel is already running while its producer
+ * k3_pdl_wait(). NOT the non-coherent .nc path: under PDL this kernel is already running while its producer
  * writes x, so x is not invariant for the kernel's lifetime, and an .nc load may be served stale lines that an
  * earlier kernel left in the SM's cache (seen on the H200: a PDL chain whose direct run differed in the last bits
  * from its graph replays, session 8). griddepcontrol.wait makes the producer's writes visible to ordinary loads. */
@@ -56,12 +57,6 @@ __device__ __forceinline__ void k3_prefetch_l2(const void *p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
 }
 
-/* Programmatic dependent launch. wait: blocks until the preceding grid finished and its writes are visible
- * (a no-op when launched without the PDL attribute). launch_dependents: lets the next grid start its prologue. */
-__device__ __forceinline__ void k3_grid_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void k3_grid_launch_dependents(void) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
 
 /* BF16 bits <-> fp32 (exact widening; round-to-nearest-even narrowing). */
 __device__ __forceinline__ float k3_bf16_to_f32_dev(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }

@@ -57,8 +57,8 @@ __global__ void __launch_bounds__(THREADS)
     /* Let the next kernel launch now: it fires only once every block of this grid has reached this point (so
      * it never takes slots our blocks need), and the next kernel's own wait still orders its reads after our
      * completion; its blocks then prefetch their weights while ours finish. */
-    k3_grid_launch_dependents();
-    k3_grid_wait(); /* x and residual come from the previous kernel */
+    k3_pdl_launch();
+    k3_pdl_wait(); /* x and residual come from the previous kernel */
 
     for (int v0 = tid; v0 < kv; v0 += THREADS * UNROLL) {
         uint4 wnext[UNROLL][ROWS];

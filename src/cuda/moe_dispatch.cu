@@ -15,7 +15,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/moe.h"
-#include "cuda/moe_pdl.cuh"
+#include "cuda/pdl.cuh"
 
 namespace {
 

@@ -39,7 +39,8 @@
 #include "cuda/check.cuh"
 #include "cuda/gemm_kernels.cuh"
 #include "cuda/moe.h"
-#include "cuda/moe_pdl.cuh"
+#include "cuda/cp_async.cuh"
+#include "cuda/pdl.cuh"
 
 namespace {
 
@@ -114,7 +115,7 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* L2 loads (.cg): GEMM2 reads GEMM1's output in the same call (PDL, see moe_pdl.cuh) */
+/* L2 loads (.cg): GEMM2 reads GEMM1's output in the same call (PDL, see pdl.cuh) */
 __device__ __forceinline__ uint2 ld_b(const uint16_t *brow, int64_t p) {
     return brow ? __ldcg((const uint2 *)(brow + p)) : make_uint2(0u, 0u);
 }
@@ -750,7 +751,7 @@ __global__ void __launch_bounds__(G2_WARPS * 32, ASYNC ? 4 : G2_MIN_BLOCKS) k3_m
     __shared__ float red_s[ASYNC || KS == 1 ? 1 : (KS - 1) * RED];
     __shared__ uint4 xring[ASYNC ? 1 : G2_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
-    /* PDL: the dispatch lists (two kernels back, complete: see moe_pdl.cuh) are read before the wait, and the
+    /* PDL: the dispatch lists (two kernels back, complete: see pdl.cuh) are read before the wait, and the
      * weight ring is filled before it too (mma_any<..., true>); GEMM1's output a only after it */
     k3_pdl_launch();
     const int slot = blockIdx.x;

@@ -24,7 +24,8 @@
 #include "core/router_math.h"
 #include "cuda/check.cuh"
 #include "cuda/moe.h"
-#include "cuda/moe_pdl.cuh"
+#include "cuda/cp_async.cuh"
+#include "cuda/pdl.cuh"
 
 namespace {
 
