@@ -11,17 +11,23 @@
 #define K3_HD static inline
 #endif
 
-K3_HD float k3_bf16_bits_to_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
+/* fp32 <-> its bit pattern (memcpy: no aliasing questions, a plain register move after compilation). */
+K3_HD uint32_t k3_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+K3_HD float k3_bits_f32(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
+K3_HD float k3_bf16_bits_to_f32(uint16_t b) { return k3_bits_f32((uint32_t)b << 16); }
+
 /* Round-to-nearest-even; NaN stays a quiet NaN with its sign. */
 K3_HD uint16_t k3_f32_to_bf16_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    uint32_t u = k3_f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);

@@ -33,17 +33,6 @@ extern "C" {
 #define K3_SWIZZLE_ROWS 128
 #define K3_SWIZZLE_COLS 4
 
-K3_HD uint32_t k3_f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-K3_HD float k3_bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* ---- E4M3 ---------------------------------------------------------------------------------------- */
 K3_HD float k3_e4m3_decode(uint8_t c) {
     uint32_t sign = (uint32_t)(c & 0x80u) << 24;

@@ -85,6 +85,18 @@ static k3_status check_shape(k3_fp4_format fmt, k3_scale_layout layout, int64_t 
     return K3_STATUS_SUCCESS;
 }
 
+/* The shape plus the pointers of a quantize / dequantize call: all buffers present, and a global scale exactly
+ * for NVFP4. */
+static k3_status check_call(k3_fp4_format fmt, k3_scale_layout layout, int64_t batch, int64_t rows, int64_t cols,
+                            const float *x, const uint8_t *packed, const uint8_t *scales, const float *global_scale_inv,
+                            size_t *scale_bytes) {
+    k3_status st = check_shape(fmt, layout, batch, rows, cols, scale_bytes);
+    if (st != K3_STATUS_SUCCESS) return st;
+    if (!x || !packed || !scales) return K3_STATUS_INVALID_ARGUMENT;
+    if ((fmt == K3_FP4_NVFP4) != (global_scale_inv != NULL)) return K3_STATUS_INVALID_ARGUMENT;
+    return K3_STATUS_SUCCESS;
+}
+
 k3_status k3_fp4_scale_bytes(k3_fp4_format fmt, k3_scale_layout layout, int64_t rows, int64_t cols,
                              size_t *out_bytes) {
     if (!out_bytes) return K3_STATUS_INVALID_ARGUMENT;
@@ -111,10 +123,8 @@ static int finite_amax(const float *x, int64_t n, float *amax_out) {
 k3_status k3_fp4_quantize(k3_fp4_format fmt, k3_scale_layout layout, int64_t batch, int64_t rows, int64_t cols,
                           const float *x, uint8_t *packed, uint8_t *scales, float *global_scale_inv) {
     size_t sb = 0;
-    k3_status st = check_shape(fmt, layout, batch, rows, cols, &sb);
+    k3_status st = check_call(fmt, layout, batch, rows, cols, x, packed, scales, global_scale_inv, &sb);
     if (st != K3_STATUS_SUCCESS) return st;
-    if (!x || !packed || !scales) return K3_STATUS_INVALID_ARGUMENT;
-    if ((fmt == K3_FP4_NVFP4) != (global_scale_inv != NULL)) return K3_STATUS_INVALID_ARGUMENT;
     const int64_t n = rows * cols, blk = block_of(fmt), sc = cols / blk;
 
     /* Check the whole input first so a failure leaves no half-written output behind it. */
@@ -151,10 +161,8 @@ k3_status k3_fp4_quantize(k3_fp4_format fmt, k3_scale_layout layout, int64_t bat
 k3_status k3_fp4_dequantize(k3_fp4_format fmt, k3_scale_layout layout, int64_t batch, int64_t rows, int64_t cols,
                             const uint8_t *packed, const uint8_t *scales, const float *global_scale_inv, float *x) {
     size_t sb = 0;
-    k3_status st = check_shape(fmt, layout, batch, rows, cols, &sb);
+    k3_status st = check_call(fmt, layout, batch, rows, cols, x, packed, scales, global_scale_inv, &sb);
     if (st != K3_STATUS_SUCCESS) return st;
-    if (!x || !packed || !scales) return K3_STATUS_INVALID_ARGUMENT;
-    if ((fmt == K3_FP4_NVFP4) != (global_scale_inv != NULL)) return K3_STATUS_INVALID_ARGUMENT;
     const int64_t n = rows * cols, blk = block_of(fmt), sc = cols / blk;
     for (int64_t b = 0; b < batch; b++) {
         const uint8_t *pb = packed + b * (n / 2), *sbuf = scales + (size_t)b * sb;

@@ -11,13 +11,8 @@
 #define K3_CORE_ROUTER_MATH_H
 
 #include <stdint.h>
-#include <string.h>
 
-#if defined(__CUDACC__)
-#define K3_HD __host__ __device__ __forceinline__
-#else
-#define K3_HD static inline
-#endif
+#include "core/bf16.h" /* K3_HD, k3_bits_f32 */
 
 #if defined(__CUDA_ARCH__)
 #define K3_RM_MUL(a, b) __fmul_rn((a), (b))
@@ -31,14 +26,8 @@
 #define K3_RM_DIV(a, b) ((a) / (b))
 #endif
 
-K3_HD float k3_rm_bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* 2^n for n in [-126, 127], exact. */
-K3_HD float k3_rm_pow2(int32_t n) { return k3_rm_bits_f32((uint32_t)(n + 127) << 23); }
+K3_HD float k3_rm_pow2(int32_t n) { return k3_bits_f32((uint32_t)(n + 127) << 23); }
 
 /*
  * e^x: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite, ln2 split so n * LN2_HI is exact), e^r by a degree-7
@@ -47,7 +36,7 @@ K3_HD float k3_rm_pow2(int32_t n) { return k3_rm_bits_f32((uint32_t)(n + 127) <<
  */
 K3_HD float k3_rm_exp(float x) {
     if (x != x) return x;
-    if (x > 88.72283935546875f) return k3_rm_bits_f32(0x7f800000u);
+    if (x > 88.72283935546875f) return k3_bits_f32(0x7f800000u);
     if (x < -104.0f) return 0.0f;
     /* n = nearest integer to x / ln2; the float -> int conversion truncates, so round half away by hand */
     const float t = K3_RM_MUL(x, 1.44269502162933349609375f);
