@@ -106,27 +106,19 @@ static int measure_point(k3b_shape *s, point *p, int all_candidates) {
 static int lt_skipped(const k3b_result *r) { return r->status == K3_STATUS_INVALID_ARGUMENT; }
 
 static int bench_gemm(int argc, char **argv) {
-    const char *shapes_arg = "k3", *m_arg = "1,2,3,4,6,8,12,16", *table = NULL;
+    k3b_sweep_args sw = {"k3", "1,2,3,4,6,8,12,16", 11, 20261129};
+    const char *table = NULL;
     int json = 0, csv = 0, all_candidates = 0, force = 0;
-    int64_t reps = 11, seed = 20261129;
     for (int i = 1; i < argc; i++) {
-        const char *v = NULL;
+        const int r = k3b_parse_sweep_arg(argc, argv, &i, &sw);
+        if (r < 0) return K3_EXIT_USAGE;
+        if (r) continue;
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--csv")) csv = 1;
         else if (!strcmp(argv[i], "--all-candidates")) all_candidates = 1;
         else if (!strcmp(argv[i], "--force")) force = 1;
-        else if (!strcmp(argv[i], "--shapes")) {
-            if (!(shapes_arg = k3_cli_value(argc, argv, &i, "--shapes"))) return K3_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--m")) {
-            if (!(m_arg = k3_cli_value(argc, argv, &i, "--m"))) return K3_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--table")) {
+        else if (!strcmp(argv[i], "--table")) {
             if (!(table = k3_cli_value(argc, argv, &i, "--table"))) return K3_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--reps")) {
-            if (!(v = k3_cli_value(argc, argv, &i, "--reps")) || !k3_cli_parse_i64(v, "--reps", &reps))
-                return K3_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--seed")) {
-            if (!(v = k3_cli_value(argc, argv, &i, "--seed")) || !k3_cli_parse_i64(v, "--seed", &seed))
-                return K3_EXIT_USAGE;
         } else {
             fprintf(stderr, "k3 bench gemm: unknown option '%s' (see k3 bench gemm --help)\n", argv[i]);
             return K3_EXIT_USAGE;
@@ -136,15 +128,15 @@ static int bench_gemm(int argc, char **argv) {
         fprintf(stderr, "k3 bench gemm: --json and --csv are exclusive\n");
         return K3_EXIT_USAGE;
     }
-    if (reps < 7 || reps > 1000) {
+    if (sw.reps < 7 || sw.reps > 1000) {
         fprintf(stderr, "k3 bench gemm: --reps must be 7..1000 (BENCHMARKS.md: the median of >= 7 replays)\n");
         return K3_EXIT_USAGE;
     }
     static k3_shape shapes[K3_SHAPES_MAX];
-    int n_shapes = k3_shapes_parse(shapes_arg, "tp8", 0, shapes, K3_SHAPES_MAX);
+    int n_shapes = k3_shapes_parse(sw.shapes, "tp8", 0, shapes, K3_SHAPES_MAX);
     if (!n_shapes) return K3_EXIT_USAGE;
     int64_t ms[BENCH_MAX_M_LIST], max_m = 0;
-    const int n_m = k3b_parse_m(m_arg, "k3 bench gemm", K3B_MAX_M, ms, BENCH_MAX_M_LIST, &max_m);
+    const int n_m = k3b_parse_m(sw.m, "k3 bench gemm", K3B_MAX_M, ms, BENCH_MAX_M_LIST, &max_m);
     if (!n_m) return K3_EXIT_USAGE;
     k3_ctx *ctx = k3b_open_cuda("k3 bench gemm");
     if (!ctx) return K3_EXIT_FAIL;
@@ -156,7 +148,7 @@ static int bench_gemm(int argc, char **argv) {
     }
     k3_arch_info a;
     k3_ctx_arch(ctx, &a);
-    const k3b_options bo = {(int32_t)reps, 3, (uint64_t)seed};
+    const k3b_options bo = {(int32_t)sw.reps, 3, (uint64_t)sw.seed};
     const char *table_name = table ? table : k3_table_name(a.table);
 
     if (json) {
@@ -164,7 +156,7 @@ static int bench_gemm(int argc, char **argv) {
                "\"library\": \"%s\", \"table\": \"%s\", \"reps\": %d, \"seed\": %lld, \"ceiling_tb_s\": 4.37, "
                "\"points\": [",
                a.device_name, (int)a.sm_count, (int)a.cc_major, (int)a.cc_minor, (int)a.driver_version,
-               (int)a.runtime_version, k3_version(), table_name, (int)reps, (long long)seed);
+               (int)a.runtime_version, k3_version(), table_name, (int)sw.reps, (long long)sw.seed);
     } else if (csv) {
         printf("n,k,m,role,kernel,us,pct_ceiling,rel_l2,correct,speedup_vs_cublaslt\n");
     } else {
@@ -173,7 +165,7 @@ static int bench_gemm(int argc, char **argv) {
                (int)a.runtime_version, k3_version(), table_name);
         printf("method: CUDA graph replay, cold weights (>= %.0f MB rotated), 3 warm-up + %d timed replays, median "
                "per call; seed %lld; ceiling 4.37 TB/s\n",
-               fmax(K3_BENCH_COLD_MIN_BYTES, 3.0 * (double)a.l2_bytes) / 1e6, (int)reps, (long long)seed);
+               fmax(K3_BENCH_COLD_MIN_BYTES, 3.0 * (double)a.l2_bytes) / 1e6, (int)sw.reps, (long long)sw.seed);
         printf("%-13s %3s  %-34s %8s %6s  %8s %-3s %6s  %7s  %s\n", "N x K", "M", "plan kernel", "plan us", "%ceil",
                "cublasLt", "", "%ceil", "speedup", "rel-L2 plan");
     }

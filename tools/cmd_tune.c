@@ -93,42 +93,34 @@ static int write_file(const char *path, const char *text) {
 }
 
 int k3_cmd_tune(int argc, char **argv) {
-    const char *shapes_arg = "k3", *m_arg = "1-16", *out = NULL, *note = NULL;
-    int64_t reps = 9, seed = 20261129;
+    k3b_sweep_args sw = {"k3", "1-16", 9, 20261129};
+    const char *out = NULL, *note = NULL;
     if (k3_cli_wants_help(argc, argv)) {
         tune_help();
         return K3_EXIT_OK;
     }
     for (int i = 1; i < argc; i++) {
-        const char *v = NULL;
-        if (!strcmp(argv[i], "--shapes")) {
-            if (!(shapes_arg = k3_cli_value(argc, argv, &i, "--shapes"))) return K3_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--m")) {
-            if (!(m_arg = k3_cli_value(argc, argv, &i, "--m"))) return K3_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--out")) {
+        const int r = k3b_parse_sweep_arg(argc, argv, &i, &sw);
+        if (r < 0) return K3_EXIT_USAGE;
+        if (r) continue;
+        if (!strcmp(argv[i], "--out")) {
             if (!(out = k3_cli_value(argc, argv, &i, "--out"))) return K3_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--note")) {
             if (!(note = k3_cli_value(argc, argv, &i, "--note"))) return K3_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--reps")) {
-            if (!(v = k3_cli_value(argc, argv, &i, "--reps")) || !k3_cli_parse_i64(v, "--reps", &reps))
-                return K3_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--seed")) {
-            if (!(v = k3_cli_value(argc, argv, &i, "--seed")) || !k3_cli_parse_i64(v, "--seed", &seed))
-                return K3_EXIT_USAGE;
         } else {
             fprintf(stderr, "k3 tune: unknown option '%s' (see k3 tune --help)\n", argv[i]);
             return K3_EXIT_USAGE;
         }
     }
-    if (reps < 7 || reps > 1000) {
+    if (sw.reps < 7 || sw.reps > 1000) {
         fprintf(stderr, "k3 tune: --reps must be 7..1000\n");
         return K3_EXIT_USAGE;
     }
     static k3_shape shapes[K3_SHAPES_MAX];
-    const int n_shapes = k3_shapes_parse(shapes_arg, "all", 1, shapes, K3_SHAPES_MAX);
+    const int n_shapes = k3_shapes_parse(sw.shapes, "all", 1, shapes, K3_SHAPES_MAX);
     if (!n_shapes) return K3_EXIT_USAGE;
     int64_t ms[K3_TABLE_MAX_M], max_m = 0;
-    const int n_m = k3b_parse_m(m_arg, "k3 tune", K3_TABLE_MAX_M, ms, K3_TABLE_MAX_M, &max_m);
+    const int n_m = k3b_parse_m(sw.m, "k3 tune", K3_TABLE_MAX_M, ms, K3_TABLE_MAX_M, &max_m);
     if (!n_m) return K3_EXIT_USAGE;
     k3_ctx *ctx = k3b_open_cuda("k3 tune");
     if (!ctx) return K3_EXIT_FAIL;
@@ -154,9 +146,9 @@ int k3_cmd_tune(int argc, char **argv) {
             pr.total += k3b_candidates(shapes[si].n, shapes[si].k, ms[mi], 1, tmp, TUNE_MAX_CAND);
         }
     fprintf(stderr, "k3 tune: %s (%d SMs, capability %d.%d), %d shapes x %d M, %ld measurements, %d replays each\n",
-            a.device_name, (int)a.sm_count, (int)a.cc_major, (int)a.cc_minor, n_shapes, n_m, pr.total, (int)reps);
+            a.device_name, (int)a.sm_count, (int)a.cc_major, (int)a.cc_minor, n_shapes, n_m, pr.total, (int)sw.reps);
 
-    const k3b_options bo = {(int32_t)reps, 2, (uint64_t)seed};
+    const k3b_options bo = {(int32_t)sw.reps, 2, (uint64_t)sw.seed};
     int rc = K3_EXIT_OK, kept = 0, points = 0, incorrect = 0;
     double log_gain = 0;
     for (int si = 0; si < n_shapes && rc == K3_EXIT_OK; si++) {
@@ -268,7 +260,7 @@ int k3_cmd_tune(int argc, char **argv) {
         snprintf(t->key.note, sizeof t->key.note,
                  "k3 tune --shapes %s --m %s --reps %d: a kernel is kept where >= 5%% faster than the best of "
                  "cuBLASLt's top %d algorithms%s%s",
-                 shapes_arg, m_arg, (int)reps, K3B_LT_ALGOS, note ? "; " : "", note ? note : "");
+                 sw.shapes, sw.m, (int)sw.reps, K3B_LT_ALGOS, note ? "; " : "", note ? note : "");
         for (char *c = t->key.note; *c; c++)
             if (*c == '#' || *c == '\n' || *c == '\r') *c = ' '; /* '#' would start a comment */
         char *text = k3_table_format(t);

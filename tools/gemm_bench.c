@@ -18,6 +18,17 @@ double k3b_percent_of_ceiling(int64_t n, int64_t k, int64_t m, double us) {
     return 100.0 * k3b_bytes(n, k, m) / (us * 1e-6) / K3B_CEILING_BYTES_PER_S;
 }
 
+int k3b_parse_sweep_arg(int argc, char **argv, int *i, k3b_sweep_args *a) {
+    const char *opt = argv[*i], *v = NULL;
+    if (!strcmp(opt, "--shapes")) return (a->shapes = k3_cli_value(argc, argv, i, opt)) ? 1 : -1;
+    if (!strcmp(opt, "--m")) return (a->m = k3_cli_value(argc, argv, i, opt)) ? 1 : -1;
+    if (!strcmp(opt, "--reps"))
+        return (v = k3_cli_value(argc, argv, i, opt)) && k3_cli_parse_i64(v, opt, &a->reps) ? 1 : -1;
+    if (!strcmp(opt, "--seed"))
+        return (v = k3_cli_value(argc, argv, i, opt)) && k3_cli_parse_i64(v, opt, &a->seed) ? 1 : -1;
+    return 0;
+}
+
 int k3b_parse_m(const char *arg, const char *cmd, int64_t limit, int64_t *ms, int cap, int64_t *max_m) {
     const int n = k3_cli_parse_list(arg, "--m", ms, cap);
     *max_m = 0;

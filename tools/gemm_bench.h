@@ -67,6 +67,15 @@ void k3b_candidate_desc(const k3b_candidate *c, int64_t n, int64_t k, k3_linear_
 /* Parses --m LIST for command `cmd` (values 1..limit) into ms (at most cap); returns the count and the largest
  * value in *max_m, or 0 after printing why. */
 int k3b_parse_m(const char *arg, const char *cmd, int64_t limit, int64_t *ms, int cap, int64_t *max_m);
+/* The options `k3 bench gemm` and `k3 tune` share (set the defaults before parsing). */
+typedef struct k3b_sweep_args {
+    const char *shapes; /* --shapes */
+    const char *m;      /* --m */
+    int64_t reps, seed; /* --reps, --seed */
+} k3b_sweep_args;
+/* argv[*i] is one of those options: consumes it and its value and returns 1; not one of them: 0; a missing or
+ * malformed value: -1 after printing why. */
+int k3b_parse_sweep_arg(int argc, char **argv, int *i, k3b_sweep_args *a);
 /* A CUDA context for command `cmd`, or NULL after printing that nothing was measured. */
 k3_ctx *k3b_open_cuda(const char *cmd);
 
