@@ -59,40 +59,19 @@ done:
     return st;
 }
 
-k3_status k3_bench_graph_time(k3_bench_call_fn fn, void *user, const k3_bench_timing *t, void *stream, double *us,
-                              char *err, size_t err_size) {
-    const cudaStream_t s = (cudaStream_t)stream;
+/* Captures variant v's calls into an instantiated graph. */
+static k3_status capture(const k3_bench_variant *v, const k3_bench_timing *t, cudaStream_t s, cudaGraphExec_t *exec,
+                         char *err, size_t err_size) {
     cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
     int capturing = 0;
     k3_status st = K3_STATUS_SUCCESS;
-    double *times = (double *)calloc((size_t)(t->reps > 0 ? t->reps : 1), sizeof *times);
-    if (!times) {
-        snprintf(err, err_size, "out of host memory");
-        return K3_STATUS_OUT_OF_MEMORY;
-    }
-    BG_CUDA(cudaEventCreate(&e0));
-    BG_CUDA(cudaEventCreate(&e1));
     BG_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     capturing = 1;
     for (int32_t i = 0; i < t->calls; i++)
-        if ((st = fn(user, i % t->copies, stream, err, err_size)) != K3_STATUS_SUCCESS) goto done;
+        if ((st = v->fn(v->user, i % t->copies, s, err, err_size)) != K3_STATUS_SUCCESS) goto done;
     capturing = 0;
     BG_CUDA(cudaStreamEndCapture(s, &graph));
-    BG_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    for (int32_t i = 0; i < t->warmup; i++) BG_CUDA(cudaGraphLaunch(exec, s));
-    for (int32_t r = 0; r < t->reps; r++) {
-        float ms = 0;
-        BG_CUDA(cudaEventRecord(e0, s));
-        BG_CUDA(cudaGraphLaunch(exec, s));
-        BG_CUDA(cudaEventRecord(e1, s));
-        BG_CUDA(wait_event(e1));
-        BG_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-        times[r] = 1000.0 * (double)ms / (double)t->calls;
-    }
-    qsort(times, (size_t)t->reps, sizeof *times, cmp_double);
-    *us = times[t->reps / 2];
+    BG_CUDA(cudaGraphInstantiate(exec, graph, 0));
 done:
     if (capturing) { /* leave the stream usable after a failed capture */
         cudaGraph_t g = NULL;
@@ -100,17 +79,70 @@ done:
         if (g) cudaGraphDestroy(g);
         (void)cudaGetLastError();
     }
-    if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);
+    return st;
+}
+
+k3_status k3_bench_graph_time_n(const k3_bench_variant *v, int32_t n, const k3_bench_timing *t, void *stream,
+                                double *us, char *err, size_t err_size) {
+    const cudaStream_t s = (cudaStream_t)stream;
+    cudaGraphExec_t *exec = (cudaGraphExec_t *)calloc((size_t)(n > 0 ? n : 1), sizeof *exec);
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    k3_status st = K3_STATUS_SUCCESS;
+    const int32_t reps = t->reps > 0 ? t->reps : 1;
+    double *times = (double *)calloc((size_t)reps * (size_t)(n > 0 ? n : 1), sizeof *times);
+    if (!times || !exec) {
+        snprintf(err, err_size, "out of host memory");
+        st = K3_STATUS_OUT_OF_MEMORY;
+        goto done;
+    }
+    BG_CUDA(cudaEventCreate(&e0));
+    BG_CUDA(cudaEventCreate(&e1));
+    for (int32_t j = 0; j < n; j++)
+        if ((st = capture(&v[j], t, s, &exec[j], err, err_size)) != K3_STATUS_SUCCESS) goto done;
+    for (int32_t j = 0; j < n; j++)
+        for (int32_t i = 0; i < t->warmup; i++) BG_CUDA(cudaGraphLaunch(exec[j], s));
+    /* round robin: every variant sees the same clock and thermal drift */
+    for (int32_t r = 0; r < reps; r++)
+        for (int32_t j = 0; j < n; j++) {
+            float ms = 0;
+            BG_CUDA(cudaEventRecord(e0, s));
+            BG_CUDA(cudaGraphLaunch(exec[j], s));
+            BG_CUDA(cudaEventRecord(e1, s));
+            BG_CUDA(wait_event(e1));
+            BG_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+            times[(size_t)j * reps + r] = 1000.0 * (double)ms / (double)t->calls;
+        }
+    for (int32_t j = 0; j < n; j++) {
+        qsort(times + (size_t)j * reps, (size_t)reps, sizeof *times, cmp_double);
+        us[j] = times[(size_t)j * reps + reps / 2];
+    }
+done:
+    for (int32_t j = 0; exec && j < n; j++)
+        if (exec[j]) cudaGraphExecDestroy(exec[j]);
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
+    free(exec);
     free(times);
     return st;
+}
+
+k3_status k3_bench_graph_time(k3_bench_call_fn fn, void *user, const k3_bench_timing *t, void *stream, double *us,
+                              char *err, size_t err_size) {
+    const k3_bench_variant v = {fn, user};
+    return k3_bench_graph_time_n(&v, 1, t, stream, us, err, err_size);
 }
 #else
 k3_status k3_bench_graph_time(k3_bench_call_fn fn, void *user, const k3_bench_timing *t, void *stream, double *us,
                               char *err, size_t err_size) {
     (void)fn, (void)user, (void)t, (void)stream, (void)us;
+    snprintf(err, err_size, "this build has no CUDA backend");
+    return K3_STATUS_NOT_AVAILABLE;
+}
+
+k3_status k3_bench_graph_time_n(const k3_bench_variant *v, int32_t n, const k3_bench_timing *t, void *stream,
+                                double *us, char *err, size_t err_size) {
+    (void)v, (void)n, (void)t, (void)stream, (void)us;
     snprintf(err, err_size, "this build has no CUDA backend");
     return K3_STATUS_NOT_AVAILABLE;
 }

@@ -27,6 +27,16 @@ typedef struct k3_bench_timing {
  * stream is left usable after a failed capture. CUDA builds only (else K3_STATUS_NOT_AVAILABLE). */
 k3_status k3_bench_graph_time(k3_bench_call_fn fn, void *user, const k3_bench_timing *t, void *stream, double *us,
                               char *err, size_t err_size);
+/* One variant of a benchmark: its call function and that function's user pointer. */
+typedef struct k3_bench_variant {
+    k3_bench_call_fn fn;
+    void *user;
+} k3_bench_variant;
+/* Times n variants with the same method, their replays interleaved round robin (replay r of every variant before
+ * replay r + 1 of any), so that clock and thermal drift during the run affect all of them alike; us[j] is
+ * variant j's median. Use it when variants are compared with each other (a bar on their difference or ratio). */
+k3_status k3_bench_graph_time_n(const k3_bench_variant *v, int32_t n, const k3_bench_timing *t, void *stream,
+                                double *us, char *err, size_t err_size);
 /* Waits for everything queued on stream, at most K3_BENCH_TIMEOUT_S. */
 k3_status k3_bench_sync(void *stream, char *err, size_t err_size);
 /* Copies of `bytes` needed so that they total at least max(3 x L2, 180 MB); at least 2. */

@@ -7,6 +7,7 @@
 
 #include "bench_graph.h"
 #include "cli.h"
+#include "cuda/kda_proj.h"
 
 static void kda_bench_help(void) {
     printf("usage: k3 bench kda [--m LIST] [--reps R] [--json] [--table FILE [--force]]\n\n"
@@ -22,7 +23,11 @@ static void kda_bench_help(void) {
            "Bars (issue 5), for M = 1..14: overlapped <= qkvg + 1.0 us and <= 0.75 x cublas.\n"
            "Also prints the largest M through which overlapping never loses to sequential (the tuned max_tokens)\n"
            "and the better F_AB split per M (the tuning data of src/plan/kda_tuning.c).\n"
-           "  --table FILE   plan the QKVG GEMM from this table file (k3_ctx_load_table); --force ignores its key\n");
+           "  --table FILE   plan the QKVG GEMM from this table file (k3_ctx_load_table); --force ignores its key\n"
+           "  --diag         also time the overlap under the bench's own fork/join with the library's branch kernels,\n"
+           "                 in each launch order (branch or QKVG captured first) and aux stream priority (highest or\n"
+           "                 lowest): bf-hi, bf-lo, qf-hi, qf-lo\n"
+           "All variants of one M are timed in one interleaved run (replay r of each before replay r + 1 of any).\n");
 }
 
 #ifndef K3_HAVE_CUDA
@@ -49,6 +54,8 @@ typedef struct kda_bench {
     size_t ws_bytes;
     k3_kda_proj_plan *ov, *ov2, *seq; /* overlapped with run_n 1 and 2 rows per block; sequential */
     k3_linear_plan *qkvg_plan, *lt_qkvg, *lt_fab, *lt_fb;
+    cudaStream_t aux, aux_low; /* --diag: the bench's own fork/join (highest and lowest priority aux streams) */
+    cudaEvent_t fork, join;
 } kda_bench;
 
 static k3_status report(kda_bench *b, k3_status st, const char *what) {
@@ -92,6 +99,45 @@ static k3_status call_cublas(KB_CALL_ARGS) {
     if (st == K3_STATUS_SUCCESS)
         st = k3_linear_run(b->lt_fb, b->m, b->fab, b->wfb[c], NULL, b->g1, b->ws, b->ws_bytes, s);
     return report(b, st, "cublas chain");
+}
+
+/* --diag variants: the library's branch kernels (run_n with 2 rows per block, then run_k) under the bench's own
+ * fork/join, to find what the launch order and the aux stream's priority cost. The fork event is recorded on the
+ * caller's stream before either part, so in both orders the branch depends only on the previous call. */
+enum { FJ_BRANCH_FIRST = 0, FJ_QKVG_FIRST = 1, FJ_HIGH = 0, FJ_LOW = 2 };
+
+static k3_status call_fj(kda_bench *b, int32_t c, cudaStream_t s, int mode, char *err, size_t err_size) {
+    cudaStream_t a = (mode & FJ_LOW) ? b->aux_low : b->aux;
+    k3_status st = K3_STATUS_SUCCESS;
+    if (cudaEventRecord(b->fork, s) != cudaSuccess) goto cuda_fail;
+    for (int part = 0; part < 2; part++) {
+        if (part == ((mode & FJ_QKVG_FIRST) ? 0 : 1)) {
+            st = k3_linear_run(b->qkvg_plan, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s);
+        } else {
+            if (cudaStreamWaitEvent(a, b->fork, 0) != cudaSuccess) goto cuda_fail;
+            st = k3_cuda_kda_run_n(b->ctx, b->m, b->x, KB_H, b->w[c] + (size_t)KB_Q * KB_H, KB_F, 2, b->fab, a);
+            if (!st) st = k3_cuda_kda_run_k(b->ctx, b->m, b->fab, KB_F, b->wfb[c], KB_G, b->g1, a);
+        }
+        if (st) return report(b, st, "diag");
+    }
+    if (cudaEventRecord(b->join, a) != cudaSuccess || cudaStreamWaitEvent(s, b->join, 0) != cudaSuccess)
+        goto cuda_fail;
+    return K3_STATUS_SUCCESS;
+cuda_fail:
+    snprintf(err, err_size, "diag fork/join: %s", cudaGetErrorString(cudaGetLastError()));
+    return K3_STATUS_CUDA_ERROR;
+}
+static k3_status call_bf_high(KB_CALL_ARGS) {
+    return call_fj((kda_bench *)u, c, (cudaStream_t)s, FJ_BRANCH_FIRST | FJ_HIGH, err, err_size);
+}
+static k3_status call_bf_low(KB_CALL_ARGS) {
+    return call_fj((kda_bench *)u, c, (cudaStream_t)s, FJ_BRANCH_FIRST | FJ_LOW, err, err_size);
+}
+static k3_status call_qf_high(KB_CALL_ARGS) {
+    return call_fj((kda_bench *)u, c, (cudaStream_t)s, FJ_QKVG_FIRST | FJ_HIGH, err, err_size);
+}
+static k3_status call_qf_low(KB_CALL_ARGS) {
+    return call_fj((kda_bench *)u, c, (cudaStream_t)s, FJ_QKVG_FIRST | FJ_LOW, err, err_size);
 }
 
 static double bf(uint16_t v) {
@@ -157,7 +203,7 @@ int k3_bench_kda(int argc, char **argv) {
     int nm = 16, json = 0;
     int64_t reps = 15;
     const char *table = NULL;
-    int force = 0;
+    int force = 0, diag = 0;
     for (int i = 0; i < 16; i++) ms[i] = i + 1;
     if (k3_cli_wants_help(argc, argv)) {
         kda_bench_help();
@@ -176,6 +222,8 @@ int k3_bench_kda(int argc, char **argv) {
             if (!(table = k3_cli_value(argc, argv, &i, "--table"))) return K3_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--force")) {
             force = 1;
+        } else if (!strcmp(argv[i], "--diag")) {
+            diag = 1;
         } else {
             fprintf(stderr, "k3 bench kda: unknown option '%s' (see k3 bench kda --help)\n", argv[i]);
             return K3_EXIT_USAGE;
@@ -268,6 +316,17 @@ int k3_bench_kda(int argc, char **argv) {
         size_t mx = s1;
         const size_t all[] = {s2, s3, s4, s5, s6};
         for (int i = 0; i < 5; i++) mx = all[i] > mx ? all[i] : mx;
+        if (diag) {
+            int least = 0, greatest = 0;
+            if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
+                cudaStreamCreateWithPriority(&b.aux, cudaStreamNonBlocking, greatest) != cudaSuccess ||
+                cudaStreamCreateWithPriority(&b.aux_low, cudaStreamNonBlocking, least) != cudaSuccess ||
+                cudaEventCreateWithFlags(&b.fork, cudaEventDisableTiming) != cudaSuccess ||
+                cudaEventCreateWithFlags(&b.join, cudaEventDisableTiming) != cudaSuccess) {
+                fprintf(stderr, "k3 bench kda: --diag: creating the aux streams or events failed\n");
+                goto done;
+            }
+        }
         b.ws_bytes = mx;
         if (mx && cudaMalloc(&b.ws, mx) != cudaSuccess) goto done;
     }
@@ -301,15 +360,19 @@ int k3_bench_kda(int argc, char **argv) {
              k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, "sequential", rq, rf, rg);
         ok = ok && call_cublas(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
              k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, "cublas", rq, rf, rg);
+        ok = ok && (!diag || (call_qf_low(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
+                              k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS &&
+                              check_outputs(&b, "diag qf-lo", rq, rf, rg)));
         const k3_bench_timing tm = {b.copies, calls, 3, (int32_t)reps};
-        if (!ok || k3_bench_graph_time(call_overlap, &b, &tm, s, &t_ov, err, sizeof err) ||
-            k3_bench_graph_time(call_overlap2, &b, &tm, s, &t_ov2, err, sizeof err) ||
-            k3_bench_graph_time(call_seq, &b, &tm, s, &t_seq, err, sizeof err) ||
-            k3_bench_graph_time(call_qkvg, &b, &tm, s, &t_q, err, sizeof err) ||
-            k3_bench_graph_time(call_cublas, &b, &tm, s, &t_lt, err, sizeof err)) {
+        const k3_bench_variant v[] = {{call_overlap, &b}, {call_overlap2, &b}, {call_seq, &b},   {call_qkvg, &b},
+                                      {call_cublas, &b},  {call_bf_high, &b},  {call_bf_low, &b}, {call_qf_high, &b},
+                                      {call_qf_low, &b}};
+        double t[9];
+        if (!ok || k3_bench_graph_time_n(v, diag ? 9 : 5, &tm, s, t, err, sizeof err)) {
             if (err[0]) fprintf(stderr, "k3 bench kda: m=%lld: %s\n", (long long)b.m, err);
             goto done;
         }
+        t_ov = t[0], t_ov2 = t[1], t_seq = t[2], t_q = t[3], t_lt = t[4];
         const int best_r = t_ov2 < t_ov ? 2 : 1;
         const double t1 = t_ov;
         if (best_r == 2) t_ov = t_ov2;
@@ -326,6 +389,12 @@ int k3_bench_kda(int argc, char **argv) {
                    t_seq, t_q, t_lt, t_ov - t_q, t_ov / t_lt,
                    !in_scope ? "(not in scope)" : (bar1 && bar2) ? "PASS" : !bar1 ? "FAIL (ov > qkvg + 1.0)" :
                                                                                     "FAIL (ov > 0.75 cublas)");
+        if (diag && json)
+            printf(", {\"m\": %lld, \"diag_us\": {\"bf_hi\": %.3f, \"bf_lo\": %.3f, \"qf_hi\": %.3f, \"qf_lo\": %.3f}}",
+                   (long long)b.m, t[5], t[6], t[7], t[8]);
+        else if (diag)
+            printf("    diag M=%lld, minus qkvg: bf-hi %+.2f  bf-lo %+.2f  qf-hi %+.2f  qf-lo %+.2f us\n", (long long)b.m,
+                   t[5] - t_q, t[6] - t_q, t[7] - t_q, t[8] - t_q);
     }
     if (json)
         printf("], \"overlap_never_loses_through\": %d, \"bars_pass\": %s}\n", tuned_max, all_ok ? "true" : "false");
@@ -345,6 +414,10 @@ done:
     k3_linear_plan_destroy(b.lt_qkvg);
     k3_linear_plan_destroy(b.lt_fab);
     k3_linear_plan_destroy(b.lt_fb);
+    if (b.fork) cudaEventDestroy(b.fork);
+    if (b.join) cudaEventDestroy(b.join);
+    if (b.aux) cudaStreamDestroy(b.aux);
+    if (b.aux_low) cudaStreamDestroy(b.aux_low);
     for (int32_t c = 0; b.w && c < b.copies; c++) cudaFree(b.w[c]);
     for (int32_t c = 0; b.wfb && c < b.copies; c++) cudaFree(b.wfb[c]);
     cudaFree(b.x), cudaFree(b.qkvg), cudaFree(b.fab), cudaFree(b.g1), cudaFree(b.ws);
