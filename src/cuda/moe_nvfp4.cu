@@ -314,15 +314,16 @@ __host__ __device__ constexpr int x_ring_uint4() { return FMT == FMT_BF16 ? 1 : 
  * into ring slot `slot` ([slot][nt][j][lane] of 16 bytes: conflict-free), then one commit (always, so the
  * group count per chunk is fixed). A lane reads back only what it wrote: no warp barrier needed. */
 template <int NT>
-__device__ __forceinline__ void x_issue(uint4 *xs, const uint16_t *const (&brow)[NT], int ntv, int cc, int q,
-                                        int slot, int lane, bool valid) {
+__device__ __forceinline__ void x_issue(uint4 *xs, const uint16_t *const (&brow)[NT], uint32_t xok, int ntv, int cc,
+                                        int q, int slot, int lane, bool valid) {
     if (valid) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             if (nt >= ntv) break;
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                k3_cp_async16(xs + ((slot * NT + nt) * 4 + j) * 32 + lane, brow[nt] + (int64_t)cc * 128 + 32 * q + 8 * j);
+                k3_cp_async16_zfill(xs + ((slot * NT + nt) * 4 + j) * 32 + lane,
+                                    brow[nt] + (int64_t)cc * 128 + 32 * q + 8 * j, (xok >> nt & 1u) * 16u);
         }
     }
     k3_cp_async_commit();
@@ -330,9 +331,9 @@ __device__ __forceinline__ void x_issue(uint4 *xs, const uint16_t *const (&brow)
 
 /* The four k16 steps of one 128-wide FP4 chunk: each step's weight words (SETS row sets x 2 halves) decoded to
  * BF16 fragments and multiplied into the accumulators of the ntv token tiles. xc: the chunk's activations in
- * shared memory at this lane's first 16 bytes ([nt][j][lane] of 16 bytes). Every row of a token tile below ntv
- * is a real row (the kernels point the padding lanes of a tile at its last token): no per-lane checks, and
- * the padding columns, which are never stored, see finite data. Both FP4 main loops use it. */
+ * shared memory at this lane's first 16 bytes ([nt][j][lane] of 16 bytes). The padding lanes of a token tile
+ * (no token: bit nt of xok clear) had zeros copied in (cp.async zero-fill, no global read), so no per-lane
+ * checks are needed here. Both FP4 main loops use it. */
 template <int FMT, int SETS, int NT>
 __device__ __forceinline__ void mma_chunk_fp4(const uint4 (&cw)[SETS][2], const uint32_t (&cs)[SETS][2][2],
                                               const uint4 *xc, int ntv, float (&acc)[SETS][NT][4]) {
@@ -366,8 +367,8 @@ __device__ __forceinline__ void mma_chunk_fp4(const uint4 (&cw)[SETS][2], const 
 template <int FMT, int SETS, int NT, int D, bool WAIT>
 __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
                                               const uint8_t *sexp, int32_t layout, int64_t cols,
-                                              const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
-                                              uint64_t pol, uint4 *xs, float (&acc)[SETS][NT][4]) {
+                                              const uint16_t *const (&brow)[NT], uint32_t xok, int ntv, int c0,
+                                              int cstep, int q, uint64_t pol, uint4 *xs, float (&acc)[SETS][NT][4]) {
     constexpr int XD = x_depth<NT>();
     const int chunks = (int)(cols / 128);
     const int lane = threadIdx.x & 31;
@@ -388,7 +389,7 @@ __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS]
         if (c0 + d * cstep < chunks) load_fp4_chunk<FMT, SETS>(wrow, srow, sstep, c0 + d * cstep, q, pol, bw[d], bsc[d]);
     if (WAIT) k3_pdl_wait();
 #pragma unroll
-    for (int i = 0; i < XD - 1; i++) x_issue<NT>(xs, brow, ntv, c0 + i * cstep, q, i, lane, c0 + i * cstep < chunks);
+    for (int i = 0; i < XD - 1; i++) x_issue<NT>(xs, brow, xok, ntv, c0 + i * cstep, q, i, lane, c0 + i * cstep < chunks);
     int xslot = 0; /* ring slot of the chunk being consumed */
     for (int c = c0; c < chunks; c += D * cstep) {
 #pragma unroll
@@ -410,7 +411,7 @@ __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS]
             if (cc + D * cstep < chunks)
                 load_fp4_chunk<FMT, SETS>(wrow, srow, sstep, cc + D * cstep, q, pol, bw[d], bsc[d]);
             const int ahead = cc + (XD - 1) * cstep;
-            x_issue<NT>(xs, brow, ntv, ahead, q, (xslot + XD - 1) % XD, lane, ahead < chunks);
+            x_issue<NT>(xs, brow, xok, ntv, ahead, q, (xslot + XD - 1) % XD, lane, ahead < chunks);
             k3_cp_async_wait<XD - 1>(); /* this chunk's activations have landed */
             const uint4 *xc = xs + xslot * NT * 4 * 32 + lane;
             xslot = xslot + 1 == XD ? 0 : xslot + 1;
@@ -468,6 +469,7 @@ struct nv_feed {
     const uint8_t *w[SETS][2];  /* weights: 16 bytes per row and chunk */
     const uint8_t *sw[SETS][2]; /* the aligned 4-byte word holding the lane's two scale bytes */
     const uint8_t *x[NT];       /* activations: 64 bytes per token row and chunk */
+    uint32_t xsz[NT];           /* 16, or 0 for a padding lane (zero-fill) */
     uint32_t wstep, sstep, xstep;
 };
 
@@ -496,7 +498,7 @@ __device__ __forceinline__ void nv_issue_x(uint4 *stage, const nv_feed<SETS, NT>
         if (nt > 0 && nt >= ntv) break;
         const uint8_t *xp = at_step(f.x[nt], k, f.xstep);
 #pragma unroll
-        for (int j = 0; j < 4; j++) k3_cp_async16(xs + (nt * 4 + j) * 32 + lane, xp + 16 * j);
+        for (int j = 0; j < 4; j++) k3_cp_async16_zfill(xs + (nt * 4 + j) * 32 + lane, xp + 16 * j, f.xsz[nt]);
     }
 }
 
@@ -507,7 +509,7 @@ template <int SETS, int NT, bool WAIT>
 __device__ __forceinline__ void mma_range_nv_async(const uint8_t *const (&wrow)[SETS][2],
                                                    const int64_t (&row)[SETS][2], const uint8_t *sexp,
                                                    int32_t layout, int64_t cols, const uint16_t *const (&brow)[NT],
-                                                   int ntv, int c0, int cstep, int q, uint4 *ring,
+                                                   uint32_t xok, int ntv, int c0, int cstep, int q, uint4 *ring,
                                                    float (&acc)[SETS][NT][4]) {
     constexpr int S = AS_STAGES, SU = as_stage_uint4<SETS, NT>();
     const int chunks = (int)(cols / 128);
@@ -527,7 +529,10 @@ __device__ __forceinline__ void mma_range_nv_async(const uint8_t *const (&wrow)[
             f.w[s][h] = wrow[s][h] + (int64_t)c0 * 64 + 16 * q;
         }
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) f.x[nt] = (const uint8_t *)(brow[nt] + (int64_t)c0 * 128 + 32 * q);
+    for (int nt = 0; nt < NT; nt++) {
+        f.x[nt] = (const uint8_t *)(brow[nt] + (int64_t)c0 * 128 + 32 * q);
+        f.xsz[nt] = (xok >> nt & 1u) * 16u;
+    }
     f.wstep = 64u * (uint32_t)cstep, f.sstep = (uint32_t)(sstep * cstep), f.xstep = 256u * (uint32_t)cstep;
 #pragma unroll
     for (int i = 0; i < S - 1; i++) {
@@ -597,15 +602,16 @@ __device__ __forceinline__ constexpr float acc_scale() { return FMT == FMT_NVFP4
 template <int FMT, int SETS, int NT, int D, bool WAIT, bool ASYNC>
 __device__ __forceinline__ void mma_any(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
                                         const uint8_t *sexp, int32_t layout, int64_t cols,
-                                        const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
-                                        uint64_t pol, uint4 *xs, float (&acc)[SETS][NT][4]) {
+                                        const uint16_t *const (&brow)[NT], uint32_t xok, int ntv, int c0, int cstep,
+                                        int q, uint64_t pol, uint4 *xs, float (&acc)[SETS][NT][4]) {
     if (ASYNC) {
-        mma_range_nv_async<SETS, NT, WAIT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, xs, acc);
+        mma_range_nv_async<SETS, NT, WAIT>(wrow, row, sexp, layout, cols, brow, xok, ntv, c0, cstep, q, xs, acc);
     } else if (FMT == FMT_BF16) {
         if (WAIT) k3_pdl_wait();
         mma_range_bf16<SETS, NT>(wrow, row, cols, brow, ntv, c0, cstep, q, pol, acc);
     } else {
-        mma_range_fp4<FMT, SETS, NT, D, WAIT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, pol, xs, acc);
+        mma_range_fp4<FMT, SETS, NT, D, WAIT>(wrow, row, sexp, layout, cols, brow, xok, ntv, c0, cstep, q, pol, xs,
+                                              acc);
     }
 }
 
@@ -677,17 +683,20 @@ __global__ void __launch_bounds__(G1_WARPS * 32, G1_MIN_BLOCKS) k3_moe_gemm1_ker
     for (int pass = 0; pass < cnt; pass += NT * 8) {
         float acc[SETS][NT][4];
         const uint16_t *brow[NT];
+        uint32_t xok = 0; /* bit nt: this lane's row of token tile nt is a token (else padding: zero-filled) */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
             for (int s = 0; s < SETS; s++) acc[s][nt][0] = acc[s][nt][1] = acc[s][nt][2] = acc[s][nt][3] = 0.0f;
-            /* lanes past the last token read the last token's row (their columns are never stored) */
+            /* padding lanes keep a real address (the last token's row) but copy nothing */
+            xok |= (uint32_t)(pass + nt * 8 + g < cnt) << nt;
             const int64_t pp = p0 + min(pass + nt * 8 + g, cnt - 1);
             brow[nt] = P.w4a4 ? P.xq + pp * P.L : P.x + (int64_t)(__ldcg(P.list + pp) / P.top_k) * P.L;
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
         uint4 *ring = ASYNC ? k3_moe_dyn + warp * as_warp_uint4<SETS, NT>() : xring[warp];
-        mma_any<FMT, SETS, NT, G1_DEPTH, false, ASYNC>(wrow, row, sexp, P.layout, P.L, brow, ntv, warp, G1_WARPS, q,
+        mma_any<FMT, SETS, NT, G1_DEPTH, false, ASYNC>(wrow, row, sexp, P.layout, P.L, brow, xok, ntv, warp, G1_WARPS,
+                                                       q,
                                                        pol, ring, acc);
 
         /* split-K sum in warp order: warp 0 + warp 1 + warp 2 + warp 3 */
@@ -800,14 +809,17 @@ __global__ void __launch_bounds__(G2_WARPS * 32, ASYNC ? 4 : G2_MIN_BLOCKS) k3_m
     for (int pass = 0; pass < cnt; pass += NT * 8) {
         float acc[1][NT][4];
         const uint16_t *brow[NT];
+        uint32_t xok = 0;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.0f;
+            xok |= (uint32_t)(pass + nt * 8 + g < cnt) << nt;
             brow[nt] = P.a + (int64_t)(p0 + min(pass + nt * 8 + g, cnt - 1)) * P.I; /* as in GEMM1 */
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
         uint4 *ring = ASYNC ? k3_moe_dyn + warp * as_warp_uint4<1, NT>() : xring[warp];
-        mma_any<FMT, 1, NT, G2_DEPTH, true, ASYNC>(wrow, row, sexp, P.layout, P.I, brow, ntv, KS > 1 ? warp : 0, KS, q,
+        mma_any<FMT, 1, NT, G2_DEPTH, true, ASYNC>(wrow, row, sexp, P.layout, P.I, brow, xok, ntv, KS > 1 ? warp : 0,
+                                                   KS, q,
                                                    pol, ring, acc);
         if (KS > 1) {
             if (warp > 0) {
