@@ -4,6 +4,8 @@
 #   test    gpu_moe (every group)
 #   san     compute-sanitizer memcheck (all groups) and racecheck (groups $RACE_GROUPS: dispatch and the expert
 #           groups with both main loops, split-K and graph replay) on gpu_moe in its quick mode (K3_MOE_QUICK=1)
+#   sanall  memcheck over every group in one process and racecheck over every group, one process per group,
+#           all at once (racecheck is slow; $SAN_TIMEOUT caps each); summary in $OUT/san_all.log
 #   ncu     Nsight Compute warp-state and memory sections of one TP8 M = 4 GEMM1 launch
 #   bench   k3 bench moe at decode sizes with the per-stage breakdown, then at prefill sizes
 #   demo    k3 demo (the K3 TP8 latent block on the GPU)
@@ -33,6 +35,21 @@ for stage in "$@"; do
             echo "exit $?"
             grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed, |^FAIL|Invalid|hazard" "$OUT/san_$tool.log" | tail -6
         done
+        ;;
+    sanall)
+        log sanitizers, all groups
+        rm -f /tmp/san_*.log
+        env K3_MOE_QUICK=1 K3_MOE_NOFORK=1 timeout ${SAN_TIMEOUT:-100} compute-sanitizer --tool memcheck \
+            --error-exitcode 9 $B/gpu_moe >/tmp/san_memcheck.log 2>&1 &
+        for g in 0 1 2 3 4 5 6 7 8; do
+            env K3_MOE_QUICK=1 K3_MOE_NOFORK=1 K3_MOE_GROUPS=$g timeout ${SAN_TIMEOUT:-100} compute-sanitizer \
+                --tool racecheck --error-exitcode 9 $B/gpu_moe >/tmp/san_race_$g.log 2>&1 &
+        done
+        wait
+        for f in /tmp/san_memcheck.log /tmp/san_race_*.log; do
+            echo "--- $f: $(grep -E "passed, " $f | tail -1) | $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" $f | tail -1)"
+            grep -E "^FAIL|Invalid|hazard" $f | head -5
+        done | tee "$OUT/san_all.log"
         ;;
     bench)
         log bench moe decode

@@ -167,12 +167,9 @@ __device__ __forceinline__ void mma_range_bf16(const uint8_t *const (&wrow)[SETS
  * a word into BF16 pairs; step st = 2 j + h uses a[2 st] (k 2q, 2q+1) and a[2 st + 1] (k 2q+8, 2q+9), and the
  * activations are permuted to match (byte_perm of one 16-byte load). */
 
-/* NVFP4 codes i and i + 4 of word w as BF16 bit patterns worth code * 2^-126 (E2M1 with e = 0 lands on BF16
- * subnormals, which the BF16 FMA takes exactly): sign to bit 15, the 3 magnitude bits to 8..6. */
-__device__ __forceinline__ uint32_t e2m1_pair_raw(uint32_t w, int i) {
-    const uint32_t u = w << (12 - 4 * i);
-    return (u & 0x80008000u) | ((u >> 6) & 0x01c001c0u);
-}
+/* The "raw pair" of NVFP4 codes i and i + 4 of word w: BF16 bit patterns worth code * 2^-126 (E2M1 with e = 0
+ * lands on BF16 subnormals, which the BF16 FMA takes exactly): sign to bit 15, the 3 magnitude bits to 8..6,
+ * i.e. u = w << (12 - 4 i), (u & 0x80008000) | ((u >> 6) & 0x01c001c0). nv_decode_word computes it. */
 
 /* BF16x2 a * b (+ -0, which keeps the sign of a zero product). Exact here: at most 6 significant bits. */
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
@@ -182,12 +179,12 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
 }
 
 /* e4m3 block scale times 2^117 as BF16x2 (exact: 4 significant bits, 2^108 .. 2^126): times the 2^-126 of
- * e2m1_pair_raw, the operands are weight * 2^-9; the accumulators are multiplied back by NV_ACC (2^9, exact). */
+ * the raw pairs, the operands are weight * 2^-9; the accumulators are multiplied back by NV_ACC (2^9, exact). */
 constexpr float NV_ACC = 512.0f;
 __device__ __forceinline__ void nv_scales_bf16x2(uint32_t two, uint32_t &s0, uint32_t &s1) {
     float f0, f1;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    /* the hardware e4m3 -> f16 conversion (exact, subnormals and NaN included): 7 ops for two scales */
+    /* the hardware e4m3 -> f16 conversion (exact, subnormals and NaN included) */
     uint32_t h2;
     asm("{ .reg .b16 t; cvt.u16.u32 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(h2) : "r"(two));
     asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %2; cvt.f32.f16 %0, lo; cvt.f32.f16 %1, hi; }"
@@ -196,8 +193,13 @@ __device__ __forceinline__ void nv_scales_bf16x2(uint32_t two, uint32_t &s0, uin
 #else
     f0 = k3_e4m3_decode((uint8_t)(two & 0xffu)), f1 = k3_e4m3_decode((uint8_t)(two >> 8));
 #endif
-    f0 *= 0x1p117f, f1 *= 0x1p117f;
-    s0 = pack_bf16x2(f0, f0), s1 = pack_bf16x2(f1, f1);
+    /* both scales in one BF16x2 (exact: 4 significant bits), times 2^117 by one BF16x2 multiply (exact, no
+     * overflow: 448 * 2^117 < 2^126); each half is then broadcast, which ptxas folds into the consuming
+     * multiply's operand (.H0_H0 / .H1_H1), so no instruction is spent on it */
+    const uint32_t p = mul_bf16x2(pack_bf16x2(f0, f1), 0x7a007a00u);
+    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %2; mov.b32 %0, {lo, lo}; mov.b32 %1, {hi, hi}; }"
+        : "=r"(s0), "=r"(s1)
+        : "r"(p));
 }
 
 /* A lane's scale byte(s) of one row and chunk -> what decode_fp4_word multiplies by: NVFP4, the two blocks'
@@ -210,17 +212,39 @@ __device__ __forceinline__ void fp4_scales(uint32_t sc, uint32_t (&out)[2]) {
 
 __device__ __forceinline__ uint32_t word_of(uint4 v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
+/* NVFP4: one word (8 E2M1 codes, elements P .. P + 7) -> a[i] = BF16x2 (P + i, P + i + 4) worth code * 2^-126,
+ * the raw pairs above in 11 integer ops instead of 16. Two rotations put every code's sign 9 bits
+ * above its magnitude's low bit (x8: signs moved up 8, x2: magnitudes up 2); one bit-select per register pair
+ * takes the signs of codes {0, 1, 4, 5} (lo) or {2, 3, 6, 7} (hi) from x8 and the rest from x2, whose sign
+ * and magnitude fields of the pair's codes then do not collide; a rotation by a multiple of 4 and one mask
+ * (sign bits 15 / 31, magnitude 8..6 / 24..22) give each register. (Checked equal to the shift-and-mask
+ * formula on 200k random words and the corner words before use; every NVFP4 test output goes through it.) */
+/* Bit select (a & m) | (b & ~m) as ONE lop3 (ptxas emitted two for the C expression). */
+__device__ __forceinline__ uint32_t bitsel(uint32_t a, uint32_t b, uint32_t m) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xe2;" : "=r"(r) : "r"(a), "r"(m), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ uint32_t rotl(uint32_t x, int k) { return __funnelshift_l(x, x, k); }
+__device__ __forceinline__ void nv_decode_word(uint32_t w, uint32_t (&a)[4]) {
+    constexpr uint32_t M = 0x81c081c0u, KLO = 0x88008800u, KHI = 0x00880088u;
+    const uint32_t x8 = rotl(w, 8), x2 = rotl(w, 2);
+    const uint32_t lo = bitsel(x8, x2, KLO), hi = bitsel(x8, x2, KHI);
+    a[0] = rotl(lo, 4) & M, a[1] = lo & M, a[2] = rotl(hi, 28) & M, a[3] = rotl(hi, 24) & M;
+}
+
 /* One word (8 E2M1 codes, elements P .. P + 7) -> a[i] = elements (P + i, P + i + 4), the FP4 chunk map. */
 template <int FMT>
 __device__ __forceinline__ void decode_fp4_word(uint32_t w, uint32_t sc, uint32_t (&a)[4]) {
+    if (FMT == FMT_NVFP4) {
+        nv_decode_word(w, a);
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (FMT == FMT_NVFP4) {
-            a[i] = mul_bf16x2(e2m1_pair_raw(w, i), sc);
-        } else {
-            const float sf = __uint_as_float(sc);
-            a[i] = pack_bf16x2(e2m1f(w >> (4 * i)) * sf, e2m1f(w >> (4 * i + 16)) * sf);
-        }
+        for (int i = 0; i < 4; i++) a[i] = mul_bf16x2(a[i], sc);
+    } else {
+        const float sf = __uint_as_float(sc);
+#pragma unroll
+        for (int i = 0; i < 4; i++) a[i] = pack_bf16x2(e2m1f(w >> (4 * i)) * sf, e2m1f(w >> (4 * i + 16)) * sf);
     }
 }
 
@@ -290,19 +314,49 @@ __host__ __device__ constexpr int x_ring_uint4() { return FMT == FMT_BF16 ? 1 : 
  * into ring slot `slot` ([slot][nt][j][lane] of 16 bytes: conflict-free), then one commit (always, so the
  * group count per chunk is fixed). A lane reads back only what it wrote: no warp barrier needed. */
 template <int NT>
-__device__ __forceinline__ void x_issue(uint4 *xs, const uint16_t *const (&brow)[NT], int ntv, int cc, int q,
-                                        int slot, int lane, bool valid) {
+__device__ __forceinline__ void x_issue(uint4 *xs, const uint16_t *const (&brow)[NT], uint32_t xok, int ntv, int cc,
+                                        int q, int slot, int lane, bool valid) {
     if (valid) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             if (nt >= ntv) break;
-            if (!brow[nt]) continue;
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                k3_cp_async16(xs + ((slot * NT + nt) * 4 + j) * 32 + lane, brow[nt] + (int64_t)cc * 128 + 32 * q + 8 * j);
+                k3_cp_async16_zfill(xs + ((slot * NT + nt) * 4 + j) * 32 + lane,
+                                    brow[nt] + (int64_t)cc * 128 + 32 * q + 8 * j, (xok >> nt & 1u) * 16u);
         }
     }
     k3_cp_async_commit();
+}
+
+/* The four k16 steps of one 128-wide FP4 chunk: each step's weight words (SETS row sets x 2 halves) decoded to
+ * BF16 fragments and multiplied into the accumulators of the ntv token tiles. xc: the chunk's activations in
+ * shared memory at this lane's first 16 bytes ([nt][j][lane] of 16 bytes). The padding lanes of a token tile
+ * (no token: bit nt of xok clear) had zeros copied in (cp.async zero-fill, no global read), so no per-lane
+ * checks are needed here. Both FP4 main loops use it. */
+template <int FMT, int SETS, int NT>
+__device__ __forceinline__ void mma_chunk_fp4(const uint4 (&cw)[SETS][2], const uint32_t (&cs)[SETS][2][2],
+                                              const uint4 *xc, int ntv, float (&acc)[SETS][NT][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t a[SETS][2][4];
+#pragma unroll
+        for (int s = 0; s < SETS; s++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) decode_fp4_word<FMT>(word_of(cw[s][h], j), cs[s][h][j >> 1], a[s][h]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (nt > 0 && nt >= ntv) break; /* warp-uniform; ntv >= 1 */
+            const uint4 xv = xc[(nt * 4 + j) * 32];
+            const uint32_t b00 = __byte_perm(xv.x, xv.z, 0x5410), b01 = __byte_perm(xv.x, xv.z, 0x7632);
+            const uint32_t b10 = __byte_perm(xv.y, xv.w, 0x5410), b11 = __byte_perm(xv.y, xv.w, 0x7632);
+#pragma unroll
+            for (int s = 0; s < SETS; s++) {
+                mma16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
+                mma16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
+            }
+        }
+    }
 }
 
 /* FP4 version of the main loop: D chunks (weights and scales) in flight per lane in a register ring; a slot is
@@ -313,8 +367,8 @@ __device__ __forceinline__ void x_issue(uint4 *xs, const uint16_t *const (&brow)
 template <int FMT, int SETS, int NT, int D, bool WAIT>
 __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
                                               const uint8_t *sexp, int32_t layout, int64_t cols,
-                                              const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
-                                              uint64_t pol, uint4 *xs, float (&acc)[SETS][NT][4]) {
+                                              const uint16_t *const (&brow)[NT], uint32_t xok, int ntv, int c0,
+                                              int cstep, int q, uint64_t pol, uint4 *xs, float (&acc)[SETS][NT][4]) {
     constexpr int XD = x_depth<NT>();
     const int chunks = (int)(cols / 128);
     const int lane = threadIdx.x & 31;
@@ -335,7 +389,7 @@ __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS]
         if (c0 + d * cstep < chunks) load_fp4_chunk<FMT, SETS>(wrow, srow, sstep, c0 + d * cstep, q, pol, bw[d], bsc[d]);
     if (WAIT) k3_pdl_wait();
 #pragma unroll
-    for (int i = 0; i < XD - 1; i++) x_issue<NT>(xs, brow, ntv, c0 + i * cstep, q, i, lane, c0 + i * cstep < chunks);
+    for (int i = 0; i < XD - 1; i++) x_issue<NT>(xs, brow, xok, ntv, c0 + i * cstep, q, i, lane, c0 + i * cstep < chunks);
     int xslot = 0; /* ring slot of the chunk being consumed */
     for (int c = c0; c < chunks; c += D * cstep) {
 #pragma unroll
@@ -357,30 +411,11 @@ __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS]
             if (cc + D * cstep < chunks)
                 load_fp4_chunk<FMT, SETS>(wrow, srow, sstep, cc + D * cstep, q, pol, bw[d], bsc[d]);
             const int ahead = cc + (XD - 1) * cstep;
-            x_issue<NT>(xs, brow, ntv, ahead, q, (xslot + XD - 1) % XD, lane, ahead < chunks);
+            x_issue<NT>(xs, brow, xok, ntv, ahead, q, (xslot + XD - 1) % XD, lane, ahead < chunks);
             k3_cp_async_wait<XD - 1>(); /* this chunk's activations have landed */
             const uint4 *xc = xs + xslot * NT * 4 * 32 + lane;
             xslot = xslot + 1 == XD ? 0 : xslot + 1;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                uint32_t a[SETS][2][4];
-#pragma unroll
-                for (int s = 0; s < SETS; s++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) decode_fp4_word<FMT>(word_of(cw[s][h], j), cs[s][h][j >> 1], a[s][h]);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    if (nt >= ntv) break;
-                    const uint4 xv = brow[nt] ? xc[(nt * 4 + j) * 32] : make_uint4(0u, 0u, 0u, 0u);
-                    const uint32_t b00 = __byte_perm(xv.x, xv.z, 0x5410), b01 = __byte_perm(xv.x, xv.z, 0x7632);
-                    const uint32_t b10 = __byte_perm(xv.y, xv.w, 0x5410), b11 = __byte_perm(xv.y, xv.w, 0x7632);
-#pragma unroll
-                    for (int s = 0; s < SETS; s++) {
-                        mma16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
-                        mma16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
-                    }
-                }
-            }
+            mma_chunk_fp4<FMT, SETS, NT>(cw, cs, xc, ntv, acc);
         }
     }
     k3_cp_async_wait<0>(); /* only empty groups can be left; keeps the ring clean for the next pass */
@@ -424,60 +459,64 @@ __device__ __forceinline__ void k3_cp_async4(void *smem, const void *gmem) {
 }
 
 /* One chunk's weights, scale words and activations of this lane into stage st; the caller commits. */
+/* The producer side of one lane's ring: its addresses at the warp's first chunk and the byte steps from one
+ * of its chunks to the next; chunk k's address is base + k * step, one IMAD.WIDE each. Why: recomputing
+ * row * row_bytes + chunk * 64 and the scale offsets in 64 bits for every chunk cost ~130 of the loop's 579
+ * instructions (SASS, session 8); a post-incremented pointer costs 4 (the cp.async keeps reading its address
+ * registers, so ptxas copies them first). */
 template <int SETS, int NT>
-__device__ __forceinline__ void as_issue(uint4 *ring, int st, const uint8_t *const (&wrow)[SETS][2],
-                                         const uint8_t *const (&sword)[SETS][2], int64_t sstep,
-                                         const uint16_t *const (&brow)[NT], int ntv, int cc, int q, int lane,
-                                         bool with_x) {
-    uint4 *stage = ring + st * as_stage_uint4<SETS, NT>();
+struct nv_feed {
+    const uint8_t *w[SETS][2];  /* weights: 16 bytes per row and chunk */
+    const uint8_t *sw[SETS][2]; /* the aligned 4-byte word holding the lane's two scale bytes */
+    const uint8_t *x[NT];       /* activations: 64 bytes per token row and chunk */
+    uint32_t xsz[NT];           /* 16, or 0 for a padding lane (zero-fill) */
+    uint32_t wstep, sstep, xstep;
+};
+
+template <typename T>
+__device__ __forceinline__ const T *at_step(const T *base, uint32_t k, uint32_t step) {
+    return (const T *)((const uint8_t *)base + (uint64_t)(k * step)); /* < 4 GB: one expert's slice */
+}
+
+template <int SETS, int NT>
+__device__ __forceinline__ void nv_issue_w(uint4 *stage, const nv_feed<SETS, NT> &f, uint32_t k, int lane) {
     uint32_t *sc = (uint32_t *)(stage + SETS * 64);
 #pragma unroll
     for (int s = 0; s < SETS; s++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            k3_cp_async16(stage + (s * 2 + h) * 32 + lane, wrow[s][h] + (int64_t)cc * 64 + 16 * q);
-            k3_cp_async4(sc + (s * 2 + h) * 32 + lane, sword[s][h] + (int64_t)cc * sstep);
+            k3_cp_async16(stage + (s * 2 + h) * 32 + lane, at_step(f.w[s][h], k, f.wstep));
+            k3_cp_async4(sc + (s * 2 + h) * 32 + lane, at_step(f.sw[s][h], k, f.sstep));
         }
-    if (with_x) {
-        uint4 *xs = stage + SETS * 80;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            if (nt >= ntv) break;
-            if (!brow[nt]) continue;
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                k3_cp_async16(xs + (nt * 4 + j) * 32 + lane, brow[nt] + (int64_t)cc * 128 + 32 * q + 8 * j);
-        }
-    }
 }
 
 template <int SETS, int NT>
-__device__ __forceinline__ void as_issue_x(uint4 *ring, int st, const uint16_t *const (&brow)[NT], int ntv, int cc,
-                                           int q, int lane) {
-    uint4 *xs = ring + st * as_stage_uint4<SETS, NT>() + SETS * 80;
+__device__ __forceinline__ void nv_issue_x(uint4 *stage, const nv_feed<SETS, NT> &f, uint32_t k, int ntv, int lane) {
+    uint4 *xs = stage + SETS * 80;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
-        if (nt >= ntv) break;
-        if (!brow[nt]) continue;
+        if (nt > 0 && nt >= ntv) break;
+        const uint8_t *xp = at_step(f.x[nt], k, f.xstep);
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            k3_cp_async16(xs + (nt * 4 + j) * 32 + lane, brow[nt] + (int64_t)cc * 128 + 32 * q + 8 * j);
+        for (int j = 0; j < 4; j++) k3_cp_async16_zfill(xs + (nt * 4 + j) * 32 + lane, xp + 16 * j, f.xsz[nt]);
     }
 }
 
 /* WAIT: k3_pdl_wait() once the first S - 1 chunks' weights are in flight, then their activations are fetched
- * (GEMM2: the weights stream while GEMM1 drains). Accumulators come out scaled by 1 / NV_ACC. */
+ * (GEMM2: the weights stream while GEMM1 drains). Accumulators come out scaled by 1 / NV_ACC. The chunk loop
+ * is unrolled by the ring depth, so every stage address is a constant offset. */
 template <int SETS, int NT, bool WAIT>
 __device__ __forceinline__ void mma_range_nv_async(const uint8_t *const (&wrow)[SETS][2],
                                                    const int64_t (&row)[SETS][2], const uint8_t *sexp,
                                                    int32_t layout, int64_t cols, const uint16_t *const (&brow)[NT],
-                                                   int ntv, int c0, int cstep, int q, uint4 *ring,
+                                                   uint32_t xok, int ntv, int c0, int cstep, int q, uint4 *ring,
                                                    float (&acc)[SETS][NT][4]) {
-    constexpr int S = AS_STAGES;
+    constexpr int S = AS_STAGES, SU = as_stage_uint4<SETS, NT>();
     const int chunks = (int)(cols / 128);
+    const int n = c0 < chunks ? (chunks - c0 + cstep - 1) / cstep : 0; /* this warp's chunks */
     const int lane = threadIdx.x & 31;
-    const uint8_t *sword[SETS][2];
-    uint32_t sshift[SETS][2];
+    nv_feed<SETS, NT> f;
+    int sbyte[SETS][2]; /* where the lane's two scale bytes sit in their word: constant along the row */
     int64_t sstep = 0;
 #pragma unroll
     for (int s = 0; s < SETS; s++)
@@ -485,67 +524,58 @@ __device__ __forceinline__ void mma_range_nv_async(const uint8_t *const (&wrow)[
         for (int h = 0; h < 2; h++) {
             int64_t off;
             scale_walk<FMT_NVFP4>(layout, row[s][h], cols, q, off, sstep);
-            /* the aligned word holding the two bytes; which half is constant along the row (steps are
-             * multiples of 4) */
-            sword[s][h] = sexp + (off & ~(int64_t)3);
-            sshift[s][h] = (uint32_t)(off & 2) * 8u;
+            sbyte[s][h] = (int)(off & 2);
+            f.sw[s][h] = sexp + (off & ~(int64_t)3) + (int64_t)c0 * sstep;
+            f.w[s][h] = wrow[s][h] + (int64_t)c0 * 64 + 16 * q;
         }
 #pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        f.x[nt] = (const uint8_t *)(brow[nt] + (int64_t)c0 * 128 + 32 * q);
+        f.xsz[nt] = (xok >> nt & 1u) * 16u;
+    }
+    f.wstep = 64u * (uint32_t)cstep, f.sstep = (uint32_t)(sstep * cstep), f.xstep = 256u * (uint32_t)cstep;
+#pragma unroll
     for (int i = 0; i < S - 1; i++) {
-        const int cc = c0 + i * cstep;
-        if (cc < chunks) as_issue<SETS, NT>(ring, i, wrow, sword, sstep, brow, ntv, cc, q, lane, !WAIT);
+        if (i < n) {
+            nv_issue_w<SETS, NT>(ring + i * SU, f, i, lane);
+            if (!WAIT) nv_issue_x<SETS, NT>(ring + i * SU, f, i, ntv, lane);
+        }
         k3_cp_async_commit();
     }
     if (WAIT) {
         k3_pdl_wait();
 #pragma unroll
-        for (int i = 0; i < S - 1; i++) {
-            const int cc = c0 + i * cstep;
-            if (cc < chunks) as_issue_x<SETS, NT>(ring, i, brow, ntv, cc, q, lane);
-        }
+        for (int i = 0; i < S - 1; i++)
+            if (i < n) nv_issue_x<SETS, NT>(ring + i * SU, f, i, ntv, lane);
         k3_cp_async_commit();
         k3_cp_async_wait<0>();
     }
-    int st = 0; /* stage of the chunk being consumed */
-    for (int cc = c0; cc < chunks; cc += cstep) {
-        /* refill the stage consumed one iteration ago with chunk cc + (S - 1) cstep */
-        const int ahead = cc + (S - 1) * cstep;
-        const int sa = st == 0 ? S - 1 : st - 1;
-        if (ahead < chunks) as_issue<SETS, NT>(ring, sa, wrow, sword, sstep, brow, ntv, ahead, q, lane, true);
-        k3_cp_async_commit();
-        k3_cp_async_wait<S - 1>(); /* chunk cc's group (and every older one) has landed */
-        const uint4 *stage = ring + st * as_stage_uint4<SETS, NT>();
-        const uint32_t *sc = (const uint32_t *)(stage + SETS * 64);
-        const uint4 *xc = stage + SETS * 80 + lane;
-        uint4 cw[SETS][2];
-        uint32_t cs[SETS][2][2];
+    for (int i0 = 0; i0 < n; i0 += S) {
 #pragma unroll
-        for (int s = 0; s < SETS; s++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                cw[s][h] = stage[(s * 2 + h) * 32 + lane];
-                nv_scales_bf16x2(sc[(s * 2 + h) * 32 + lane] >> sshift[s][h], cs[s][h][0], cs[s][h][1]);
+        for (int d = 0; d < S; d++) {
+            if (i0 + d >= n) break; /* warp-uniform */
+            /* refill the stage consumed one chunk ago with chunk i0 + d + S - 1 */
+            uint4 *refill = ring + ((d + S - 1) % S) * SU;
+            const uint32_t ka = i0 + d + S - 1;
+            if (ka < (uint32_t)n) {
+                nv_issue_w<SETS, NT>(refill, f, ka, lane);
+                nv_issue_x<SETS, NT>(refill, f, ka, ntv, lane);
             }
-        st = st + 1 == S ? 0 : st + 1;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            uint32_t a[SETS][2][4];
+            k3_cp_async_commit();
+            k3_cp_async_wait<S - 1>(); /* chunk i0 + d's group (and every older one) has landed */
+            const uint4 *stage = ring + d * SU;
+            const uint8_t *sc = (const uint8_t *)(stage + SETS * 64);
+            uint4 cw[SETS][2];
+            uint32_t cs[SETS][2][2];
 #pragma unroll
             for (int s = 0; s < SETS; s++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) decode_fp4_word<FMT_NVFP4>(word_of(cw[s][h], j), cs[s][h][j >> 1], a[s][h]);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                if (nt >= ntv) break;
-                const uint4 xv = brow[nt] ? xc[(nt * 4 + j) * 32] : make_uint4(0u, 0u, 0u, 0u);
-                const uint32_t b00 = __byte_perm(xv.x, xv.z, 0x5410), b01 = __byte_perm(xv.x, xv.z, 0x7632);
-                const uint32_t b10 = __byte_perm(xv.y, xv.w, 0x5410), b11 = __byte_perm(xv.y, xv.w, 0x7632);
-#pragma unroll
-                for (int s = 0; s < SETS; s++) {
-                    mma16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
-                    mma16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
+                for (int h = 0; h < 2; h++) {
+                    cw[s][h] = stage[(s * 2 + h) * 32 + lane];
+                    nv_scales_bf16x2(*(const uint16_t *)(sc + ((s * 2 + h) * 32 + lane) * 4 + sbyte[s][h]),
+                                     cs[s][h][0], cs[s][h][1]);
                 }
-            }
+            mma_chunk_fp4<FMT_NVFP4, SETS, NT>(cw, cs, stage + SETS * 80 + lane, ntv, acc);
         }
     }
     k3_cp_async_wait<0>(); /* only empty groups can be left; the ring is clean for the next pass */
@@ -572,15 +602,16 @@ __device__ __forceinline__ constexpr float acc_scale() { return FMT == FMT_NVFP4
 template <int FMT, int SETS, int NT, int D, bool WAIT, bool ASYNC>
 __device__ __forceinline__ void mma_any(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
                                         const uint8_t *sexp, int32_t layout, int64_t cols,
-                                        const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
-                                        uint64_t pol, uint4 *xs, float (&acc)[SETS][NT][4]) {
+                                        const uint16_t *const (&brow)[NT], uint32_t xok, int ntv, int c0, int cstep,
+                                        int q, uint64_t pol, uint4 *xs, float (&acc)[SETS][NT][4]) {
     if (ASYNC) {
-        mma_range_nv_async<SETS, NT, WAIT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, xs, acc);
+        mma_range_nv_async<SETS, NT, WAIT>(wrow, row, sexp, layout, cols, brow, xok, ntv, c0, cstep, q, xs, acc);
     } else if (FMT == FMT_BF16) {
         if (WAIT) k3_pdl_wait();
         mma_range_bf16<SETS, NT>(wrow, row, cols, brow, ntv, c0, cstep, q, pol, acc);
     } else {
-        mma_range_fp4<FMT, SETS, NT, D, WAIT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, pol, xs, acc);
+        mma_range_fp4<FMT, SETS, NT, D, WAIT>(wrow, row, sexp, layout, cols, brow, xok, ntv, c0, cstep, q, pol, xs,
+                                              acc);
     }
 }
 
@@ -652,20 +683,20 @@ __global__ void __launch_bounds__(G1_WARPS * 32, G1_MIN_BLOCKS) k3_moe_gemm1_ker
     for (int pass = 0; pass < cnt; pass += NT * 8) {
         float acc[SETS][NT][4];
         const uint16_t *brow[NT];
+        uint32_t xok = 0; /* bit nt: this lane's row of token tile nt is a token (else padding: zero-filled) */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
             for (int s = 0; s < SETS; s++) acc[s][nt][0] = acc[s][nt][1] = acc[s][nt][2] = acc[s][nt][3] = 0.0f;
-            const int n = pass + nt * 8 + g;
-            brow[nt] = nullptr;
-            if (n < cnt) {
-                const int64_t pp = p0 + n;
-                brow[nt] = P.w4a4 ? P.xq + pp * P.L : P.x + (int64_t)(__ldcg(P.list + pp) / P.top_k) * P.L;
-            }
+            /* padding lanes keep a real address (the last token's row) but copy nothing */
+            xok |= (uint32_t)(pass + nt * 8 + g < cnt) << nt;
+            const int64_t pp = p0 + min(pass + nt * 8 + g, cnt - 1);
+            brow[nt] = P.w4a4 ? P.xq + pp * P.L : P.x + (int64_t)(__ldcg(P.list + pp) / P.top_k) * P.L;
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
         uint4 *ring = ASYNC ? k3_moe_dyn + warp * as_warp_uint4<SETS, NT>() : xring[warp];
-        mma_any<FMT, SETS, NT, G1_DEPTH, false, ASYNC>(wrow, row, sexp, P.layout, P.L, brow, ntv, warp, G1_WARPS, q,
+        mma_any<FMT, SETS, NT, G1_DEPTH, false, ASYNC>(wrow, row, sexp, P.layout, P.L, brow, xok, ntv, warp, G1_WARPS,
+                                                       q,
                                                        pol, ring, acc);
 
         /* split-K sum in warp order: warp 0 + warp 1 + warp 2 + warp 3 */
@@ -778,15 +809,17 @@ __global__ void __launch_bounds__(G2_WARPS * 32, ASYNC ? 4 : G2_MIN_BLOCKS) k3_m
     for (int pass = 0; pass < cnt; pass += NT * 8) {
         float acc[1][NT][4];
         const uint16_t *brow[NT];
+        uint32_t xok = 0;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.0f;
-            const int n = pass + nt * 8 + g;
-            brow[nt] = n < cnt ? P.a + (int64_t)(p0 + n) * P.I : nullptr;
+            xok |= (uint32_t)(pass + nt * 8 + g < cnt) << nt;
+            brow[nt] = P.a + (int64_t)(p0 + min(pass + nt * 8 + g, cnt - 1)) * P.I; /* as in GEMM1 */
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
         uint4 *ring = ASYNC ? k3_moe_dyn + warp * as_warp_uint4<1, NT>() : xring[warp];
-        mma_any<FMT, 1, NT, G2_DEPTH, true, ASYNC>(wrow, row, sexp, P.layout, P.I, brow, ntv, KS > 1 ? warp : 0, KS, q,
+        mma_any<FMT, 1, NT, G2_DEPTH, true, ASYNC>(wrow, row, sexp, P.layout, P.I, brow, xok, ntv, KS > 1 ? warp : 0,
+                                                   KS, q,
                                                    pol, ring, acc);
         if (KS > 1) {
             if (warp > 0) {
