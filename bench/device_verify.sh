@@ -4,6 +4,7 @@
 # runs compute-sanitizer on the GPU tests named in SAN (memcheck + racecheck, quick modes), then the benchmarks of
 # the three GPU issues and the demo. Logs go to $OUT (at most 8 files come back); a summary goes to stdout.
 #   SAN="gpu_moe:0 gpu_kda_proj"   tests to sanitize; "test:G" limits gpu_moe to groups G (K3_MOE_GROUPS)
+#   SAN_TOOLS="memcheck racecheck"  compute-sanitizer tools run on each of them (synccheck too for issue 5)
 #   STAGES="build test san moe gemm kda demo"
 . "$(dirname "$0")/device_common.sh"
 for stage in ${STAGES:-build test san moe gemm kda demo}; do
@@ -31,7 +32,7 @@ for stage in ${STAGES:-build test san moe gemm kda demo}; do
             t=${spec%%:*}
             g=""
             [ "$spec" != "$t" ] && g=${spec#*:}
-            for tool in memcheck racecheck; do
+            for tool in ${SAN_TOOLS:-memcheck racecheck}; do
                 echo "--- $tool $t ${g:+groups $g}"
                 env K3T_GEMM_QUICK=1 K3_MOE_QUICK=1 K3_MOE_NOFORK=1 ${g:+K3_MOE_GROUPS=$g} timeout 90 \
                     compute-sanitizer --tool $tool --error-exitcode 9 $B/$t >/tmp/san.log 2>&1
@@ -56,7 +57,7 @@ for stage in ${STAGES:-build test san moe gemm kda demo}; do
         ;;
     kda)
         log bench kda
-        timeout 60 $B/k3 bench kda --table tables/sm90.txt >"$OUT/bench_kda.txt" 2>&1
+        timeout 90 $B/k3 bench kda --reps 21 --table tables/sm90.txt >"$OUT/bench_kda.txt" 2>&1
         echo "exit $?"
         tail -20 "$OUT/bench_kda.txt"
         ;;
