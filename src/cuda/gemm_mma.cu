@@ -92,7 +92,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
         for (int t = 0; t < TILES; t++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                wcur[j][t][h] = c0 + j < c_hi ? k3_ld_stream_pf<L2B>(wrow[t][h] + (c0 + j) * 32, pol) : make_uint4(0, 0, 0, 0);
+                wcur[j][t][h] =
+                    c0 + j < c_hi ? k3_ld_stream_pf<L2B>(wrow[t][h] + (c0 + j) * 32, pol) : make_uint4(0, 0, 0, 0);
 
     /* L2 prefetch (PF > 0): the register double buffer keeps only about one step (UNROLL chunks per warp) in
      * flight, i.e. a few KB per warp; prefetching the weights of later steps into L2 keeps many more DRAM requests

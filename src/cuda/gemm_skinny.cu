@@ -41,7 +41,8 @@ __global__ void __launch_bounds__(THREADS)
     for (int j = 0; j < UNROLL; j++) {
         const int v = tid + j * THREADS;
 #pragma unroll
-        for (int r = 0; r < ROWS; r++) wcur[j][r] = v < kv ? k3_ld_stream_pf<L2B>(wrow[r] + v, pol) : make_uint4(0, 0, 0, 0);
+        for (int r = 0; r < ROWS; r++)
+            wcur[j][r] = v < kv ? k3_ld_stream_pf<L2B>(wrow[r] + v, pol) : make_uint4(0, 0, 0, 0);
     }
     /* PF = K3_PF_ALL: the rest of the block's rows (past the first batch, loaded above) is requested into L2 now,
      * one copy-engine request per row per 4 KB, so the whole slice is in flight from the start instead of one
