@@ -3,7 +3,8 @@
  * every K3 K value, strided x, residual (separate and aliasing y), partial row blocks, unwritten-element and
  * guard checks (outputs poisoned with the 0xFFFF NaN pattern), rejected shapes and arguments, bitwise
  * reproducibility, programmatic dependent launch on a producer -> consumer chain, and CUDA-graph replay.
- * K3T_GEMM_QUICK=1 (for compute-sanitizer runs) tests a subset of M. */
+ * K3T_GEMM_QUICK=1 (for compute-sanitizer runs) tests a subset of M; K3T_GEMM_ONLY=TEXT tests only the
+ * configurations whose name contains TEXT (the per-configuration checks; the chain test is always run). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,8 +166,10 @@ static int quick_m(int64_t m, int64_t max_m) {
 static void test_configs_on(k3_ctx *ctx, problem *p, int quick) {
     int32_t count = 0;
     const k3_gemm_config *cfgs = k3_gemm_configs(&count);
+    const char *only = getenv("K3T_GEMM_ONLY");
     for (int32_t c = 0; c < count; c++) {
         const k3_gemm_config *cfg = &cfgs[c];
+        if (only && !strstr(cfg->name, only)) continue;
         const char *why = NULL;
         const int ok = k3_gemm_config_supports(cfg, p->s.n, p->s.k, cfg->max_m, p->s.x_stride, &why);
         char what[160];
@@ -388,8 +391,8 @@ static void test_chain_graph(k3_ctx *ctx, uint64_t seed) {
     free(ref1);
 }
 
-/* Same geometry: configurations that differ only in what the registry does not describe (L2 prefetch, the
- * register cap for resident blocks) run the same arithmetic in the same order. */
+/* Same geometry: configurations that differ only in what the registry does not describe (L2 prefetch, the L2
+ * fetch-size hint, the register cap for resident blocks) run the same arithmetic in the same order. */
 static int same_geometry(const k3_gemm_config *a, const k3_gemm_config *b) {
     return a->kernel == b->kernel && a->threads == b->threads && a->rows_per_block == b->rows_per_block &&
            a->k_unroll == b->k_unroll && a->k_split == b->k_split && a->max_m == b->max_m &&
@@ -397,7 +400,7 @@ static int same_geometry(const k3_gemm_config *a, const k3_gemm_config *b) {
 }
 
 /* Two runs of every configuration on the same inputs: bitwise identical. Configurations of the same geometry
- * (e.g. w8_t1_u4, w8_t1_u4_pa, w8_t1_u4_o2): bitwise identical to each other too. */
+ * (e.g. w8_t1_u4, w8_t1_u4_l, w8_t1_u4_o2): bitwise identical to each other too. */
 static void test_bitwise(k3_ctx *ctx, problem *p) {
     int32_t count = 0;
     const k3_gemm_config *cfgs = k3_gemm_configs(&count);
@@ -439,7 +442,9 @@ int main(void) {
     if (k3_ctx_create(&opt, &ctx) != K3_STATUS_SUCCESS) K3T_SKIP("no usable CUDA context");
     const int quick = getenv("K3T_GEMM_QUICK") != NULL;
     const uint64_t seed = 0x4b3c1e55ull;
-    printf("gpu_gemm_kernels: seed 0x%llx%s\n", (unsigned long long)seed, quick ? " (quick: M subset)" : "");
+    const char *only = getenv("K3T_GEMM_ONLY");
+    printf("gpu_gemm_kernels: seed 0x%llx%s%s%s\n", (unsigned long long)seed, quick ? " (quick: M subset)" : "",
+           only ? ", configurations matching " : "", only ? only : "");
 
     /* every K of the K3 shape set; strided x (the KDA f_a slice: k 128 in rows of 144); row counts that leave
      * partial row blocks; a K that only the 8-element step divides (7176: MMA must refuse, skinny must work) */

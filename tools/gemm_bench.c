@@ -176,6 +176,13 @@ k3_status k3b_shape_open(k3_ctx *ctx, int64_t n, int64_t k, int64_t max_m, const
     s->w_pitch = (w_bytes + 255) / 256 * 256;
     s->copies = k3_bench_cold_copies((double)w_bytes, a.l2_bytes);
     s->calls = s->copies < K3B_MIN_CALLS ? K3B_MIN_CALLS : s->copies;
+    /* K3_BENCH_GEMM_CALLS (an experiment knob, not part of the method): more calls per graph, to separate the
+     * replay's own launch cost (amortized over the calls) from the per-kernel cost. */
+    const char *calls_env = getenv("K3_BENCH_GEMM_CALLS");
+    if (calls_env) {
+        const long v = strtol(calls_env, NULL, 10);
+        if (v > s->calls && v <= 4096) s->calls = (int32_t)v;
+    }
 
     size_t free_b = 0, total_b = 0;
     OPEN_CUDA(cudaMemGetInfo(&free_b, &total_b));

@@ -27,6 +27,28 @@ __device__ __forceinline__ uint4 k3_ld_stream(const void *p, uint64_t policy) {
     return v;
 }
 
+/* Weights as k3_ld_stream, plus the L2 prefetch-size hint (PTX .L2::128B / .L2::256B, template L2B = 128 or
+ * 256; 0 = no hint): on a miss the L2 fetches the whole aligned 128/256-byte block from DRAM, not only the
+ * sectors asked for. The MMA kernel's lanes ask for 64 bytes of a row per instruction (4 lanes x 16 B; the next
+ * 64 bytes come from the following instruction), so without the hint one 128-byte line can become two separate
+ * DRAM reads; the skinny kernel's warps already ask for 512 contiguous bytes. */
+template <int L2B>
+__device__ __forceinline__ uint4 k3_ld_stream_pf(const void *p, uint64_t policy) {
+    static_assert(L2B == 0 || L2B == 128 || L2B == 256, "L2 prefetch size: 0, 128 or 256 bytes");
+    uint4 v;
+    if constexpr (L2B == 256)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p), "l"(policy));
+    else if constexpr (L2B == 128)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p), "l"(policy));
+    else
+        v = k3_ld_stream(p, policy);
+    return v;
+}
+
 /* Activations written by the previous kernel: an ordinary (coherent, L1-cacheable) load, issued only after
  * k3_pdl_wait(). NOT the non-coherent .nc path: under PDL this kernel is already running while its producer
  * writes x, so x is not invariant for the kernel's lifetime, and an .nc load may be served stale lines that an
@@ -81,12 +103,13 @@ static inline cudaError_t k3_gemm_launch_cfg_init(cudaLaunchConfig_t *lc, cudaLa
 }
 
 /* One per configuration in src/plan/gemm_configs.def. The args were validated by k3_cuda_gemm_launch. */
-template <int THREADS, int ROWS, int UNROLL, int STATIC_K, int PF>
+template <int THREADS, int ROWS, int UNROLL, int STATIC_K, int PF, int L2B>
 cudaError_t k3_skinny_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
-template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB>
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B>
 cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
 
-/* PF (both families): L2 prefetch of the weights ahead of the demand loads. 0 = none; K3_PF_ALL = the block's
+/* L2B (both families): the L2 prefetch size of the weight loads (k3_ld_stream_pf): 0, 128 or 256 bytes.
+ * PF (both families): L2 prefetch of the weights ahead of the demand loads. 0 = none; K3_PF_ALL = the block's
  * whole weight slice, requested at its start; 1..K3_PF_ALL-1 (mma only) = this many K steps ahead of the step
  * being loaded into registers. */
 #define K3_PF_ALL 99

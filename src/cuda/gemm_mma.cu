@@ -32,9 +32,11 @@ __device__ __forceinline__ void k3_mma_bf16_16816(float (&c)[4], uint32_t a0, ui
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* MINB = 2 caps registers so that two blocks fit on an SM: with one block per SM (256 threads at > 128
- * registers) the next kernel's blocks cannot become resident, hence cannot prefetch under PDL, until ours exit. */
-template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int NT>
+/* MINB > 1 caps registers so that MINB blocks fit on an SM. Measured on the H200 (bench/NOTES-gemm.md): what
+ * counts is blocks resident per SM (bytes in flight) and a grid that fits in one wave; e.g. w8_t1_u4 takes 138
+ * registers at M <= 8 (one 256-thread block per SM), 128 with MINB 2 (two). The M 9-16 instances (two token
+ * tiles) need more registers than the M <= 8 ones, so without a cap they lose a block per SM. */
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B, int NT>
 __global__ void __launch_bounds__(WARPS * 32, MINB)
     k3_mma_kernel(const uint16_t *__restrict__ x, int64_t x_stride, const uint16_t *__restrict__ w,
                   const uint16_t *residual, uint16_t *y, int64_t y_stride, int32_t m, int32_t n, int32_t k) {
@@ -90,7 +92,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
         for (int t = 0; t < TILES; t++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                wcur[j][t][h] = c0 + j < c_hi ? k3_ld_stream(wrow[t][h] + (c0 + j) * 32, pol) : make_uint4(0, 0, 0, 0);
+                wcur[j][t][h] =
+                    c0 + j < c_hi ? k3_ld_stream_pf<L2B>(wrow[t][h] + (c0 + j) * 32, pol) : make_uint4(0, 0, 0, 0);
 
     /* L2 prefetch (PF > 0): the register double buffer keeps only about one step (UNROLL chunks per warp) in
      * flight, i.e. a few KB per warp; prefetching the weights of later steps into L2 keeps many more DRAM requests
@@ -148,7 +151,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
             for (int t = 0; t < TILES; t++)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    wnext[j][t][h] = c < c_hi ? k3_ld_stream(wrow[t][h] + c * 32, pol) : make_uint4(0, 0, 0, 0);
+                    wnext[j][t][h] = c < c_hi ? k3_ld_stream_pf<L2B>(wrow[t][h] + c * 32, pol) : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
                 xnext[j][nt] = xok[nt] && c < c_hi ? k3_ld_act(xrow[nt] + c * 32) : make_uint4(0, 0, 0, 0);
@@ -230,7 +233,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
     }
 }
 
-template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int NT>
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B, int NT>
 cudaError_t k3_mma_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
     cudaLaunchConfig_t lc;
     cudaLaunchAttribute attr[2];
@@ -243,7 +246,7 @@ cudaError_t k3_mma_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl
         attr[lc.numAttrs].val.clusterDim.z = 1;
         lc.numAttrs++;
     }
-    return cudaLaunchKernelEx(&lc, k3_mma_kernel<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, NT>,
+    return cudaLaunchKernelEx(&lc, k3_mma_kernel<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, NT>,
                               static_cast<const uint16_t *>(a->x), (int64_t)a->x_stride,
                               static_cast<const uint16_t *>(a->w), static_cast<const uint16_t *>(a->residual),
                               static_cast<uint16_t *>(a->y), (int64_t)a->y_stride, (int32_t)a->m, (int32_t)a->n,
@@ -252,19 +255,19 @@ cudaError_t k3_mma_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl
 
 } // namespace
 
-template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB>
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B>
 cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
     static_assert(CLUSTER_K >= 1 && CLUSTER_K <= 8, "portable cluster size");
     static_assert(PF >= 0 && PF <= K3_PF_ALL, "PF: 0, 1..K3_PF_ALL-1 steps, or K3_PF_ALL");
-    if (a->m <= 8) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, 1>(a, stream, pdl);
-    if (a->m <= 16) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, 2>(a, stream, pdl);
+    if (a->m <= 8) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, 1>(a, stream, pdl);
+    if (a->m <= 16) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, 2>(a, stream, pdl);
     return cudaErrorInvalidValue;
 }
 
-#define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk, pf)
-#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb) \
-    template cudaError_t k3_mma_launch<warps, tiles, unroll, cluster_k, pf, minb>(const k3_gemm_args *, cudaStream_t, \
-                                                                                 int);
+#define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk, pf, l2b)
+#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b) \
+    template cudaError_t k3_mma_launch<warps, tiles, unroll, cluster_k, pf, minb, l2b>(const k3_gemm_args *, \
+                                                                                      cudaStream_t, int);
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
 #undef K3_GEMM_MMA
