@@ -1,6 +1,7 @@
 /* KDA projection on the GPU at Kimi-K3 TP8 shapes: the overlapped path captured into a CUDA graph on a
  * non-default stream and replayed; qkvg, beta and g1 vs an independent fp64 evaluation; every element written;
- * replays bitwise identical; overlapped == sequential bit for bit. Exit 77 (skipped) without a GPU. */
+ * replays bitwise identical; overlapped == sequential bit for bit; with the tuned QKVG kernel and with the
+ * linear plan table's. Exit 77 (skipped) without a GPU. */
 #include <string.h>
 
 #include "k3.h"
@@ -55,88 +56,93 @@ int main(void) {
     CU(cudaMemcpy(w, hw, (size_t)2 * P * H, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(wfb, hfb, 2 * G * 128, cudaMemcpyHostToDevice));
 
-    k3_kda_proj_desc d, dseq;
-    k3_kda_proj_desc_init(&d);
-    dseq = d;
-    dseq.overlap_max_tokens = 0;
-    k3_kda_proj_plan *plan = NULL, *seq = NULL;
-    CHECK(k3_kda_proj_plan_create(ctx, &d, &plan) == K3_STATUS_SUCCESS, "plan: %s", k3_ctx_last_error(ctx));
-    CHECK(k3_kda_proj_plan_create(ctx, &dseq, &seq) == K3_STATUS_SUCCESS, "seq plan: %s", k3_ctx_last_error(ctx));
-    if (!plan || !seq) return k3t_finish();
-    size_t ws_bytes = 0, ws2 = 0;
-    k3_kda_proj_workspace_size(plan, &ws_bytes);
-    k3_kda_proj_workspace_size(seq, &ws2);
-    if (ws2 > ws_bytes) ws_bytes = ws2;
-    void *ws = NULL;
-    if (ws_bytes) CU(cudaMalloc(&ws, ws_bytes));
-
     cudaStream_t s;
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     uint16_t *oq = malloc(2 * (MT * Q + GUARD)), *of = malloc(2 * (MT * F + GUARD)), *og = malloc(2 * (MT * G + GUARD));
     uint16_t *oq2 = malloc(2 * MT * Q), *of2 = malloc(2 * MT * F), *og2 = malloc(2 * MT * G);
-    const int64_t ms[] = {1, 2, 3, 4, 8, 9, 13, 14, 15, 16};
-    for (int t = 0; t < (int)(sizeof ms / sizeof ms[0]); t++) {
-        const int64_t m = ms[t];
-        CU(cudaMemset(qkvg, 0xff, 2 * (MT * Q + GUARD)));
-        CU(cudaMemset(fab, 0xff, 2 * (MT * F + GUARD)));
-        CU(cudaMemset(g1, 0xff, 2 * (MT * G + GUARD)));
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        k3_status st = k3_kda_proj_run(plan, m, x, w, wfb, qkvg, fab, g1, ws, ws_bytes, s);
-        CU(cudaStreamEndCapture(s, &graph));
-        CHECK(st == K3_STATUS_SUCCESS, "capture m=%lld: %s", (long long)m, k3_ctx_last_error(ctx));
-        CU(cudaGraphInstantiate(&exec, graph, 0));
-        CU(cudaGraphLaunch(exec, s));
-        CU(cudaStreamSynchronize(s));
-        CU(cudaMemcpy(oq, qkvg, 2 * (MT * Q + GUARD), cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(of, fab, 2 * (MT * F + GUARD), cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(og, g1, 2 * (MT * G + GUARD), cudaMemcpyDeviceToHost));
-        const double eq = kref_rel_l2(m, 0, Q, oq, Q, rq, Q);
-        const double eb = kref_rel_l2(m, 128, 12, of, F, rf, F); /* beta columns 128..139 */
-        const double ea = kref_rel_l2(m, 0, 128, of, F, rf, F);  /* f_a */
-        const double eg = kref_rel_l2(m, 0, G, og, G, rg, G);
-        CHECK(eq <= 2e-3 && eb <= 2e-3 && ea <= 2e-3 && eg <= 2e-3,
-              "m=%lld rel-L2 qkvg %.3g beta %.3g f_a %.3g g1 %.3g", (long long)m, eq, eb, ea, eg);
-        int unwritten = 0, guard_hit = 0;
-        for (int64_t i = 0; i < m * Q; i++) unwritten += oq[i] == 0xffff;
-        for (int64_t i = 0; i < m * F; i++) unwritten += of[i] == 0xffff;
-        for (int64_t i = 0; i < m * G; i++) unwritten += og[i] == 0xffff;
-        for (int64_t i = m * Q; i < MT * Q + GUARD; i++) guard_hit += oq[i] != 0xffff;
-        for (int64_t i = m * F; i < MT * F + GUARD; i++) guard_hit += of[i] != 0xffff;
-        for (int64_t i = m * G; i < MT * G + GUARD; i++) guard_hit += og[i] != 0xffff;
-        CHECK(unwritten == 0, "m=%lld: %d output elements not written (or NaN)", (long long)m, unwritten);
-        CHECK(guard_hit == 0, "m=%lld: %d elements written past row m", (long long)m, guard_hit);
+    /* the QKVG kernel tuned for this architecture (-1), then the linear plan's table's */
+    for (int kv = 0; kv < 2; kv++) {
+        k3_kda_proj_desc d, dseq;
+        k3_kda_proj_desc_init(&d);
+        d.qkvg_kernel = kv ? K3_KERNEL_AUTO : -1;
+        printf("qkvg_kernel %d\n", (int)d.qkvg_kernel);
+        dseq = d;
+        dseq.overlap_max_tokens = 0;
+        k3_kda_proj_plan *plan = NULL, *seq = NULL;
+        CHECK(k3_kda_proj_plan_create(ctx, &d, &plan) == K3_STATUS_SUCCESS, "plan: %s", k3_ctx_last_error(ctx));
+        CHECK(k3_kda_proj_plan_create(ctx, &dseq, &seq) == K3_STATUS_SUCCESS, "seq plan: %s", k3_ctx_last_error(ctx));
+        if (!plan || !seq) return k3t_finish();
+        size_t ws_bytes = 0, ws2 = 0;
+        k3_kda_proj_workspace_size(plan, &ws_bytes);
+        k3_kda_proj_workspace_size(seq, &ws2);
+        if (ws2 > ws_bytes) ws_bytes = ws2;
+        void *ws = NULL;
+        if (ws_bytes) CU(cudaMalloc(&ws, ws_bytes));
+        const int64_t ms[] = {1, 2, 3, 4, 8, 9, 13, 14, 15, 16};
+        for (int t = 0; t < (int)(sizeof ms / sizeof ms[0]); t++) {
+            const int64_t m = ms[t];
+            CU(cudaMemset(qkvg, 0xff, 2 * (MT * Q + GUARD)));
+            CU(cudaMemset(fab, 0xff, 2 * (MT * F + GUARD)));
+            CU(cudaMemset(g1, 0xff, 2 * (MT * G + GUARD)));
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            k3_status st = k3_kda_proj_run(plan, m, x, w, wfb, qkvg, fab, g1, ws, ws_bytes, s);
+            CU(cudaStreamEndCapture(s, &graph));
+            CHECK(st == K3_STATUS_SUCCESS, "capture m=%lld: %s", (long long)m, k3_ctx_last_error(ctx));
+            CU(cudaGraphInstantiate(&exec, graph, 0));
+            CU(cudaGraphLaunch(exec, s));
+            CU(cudaStreamSynchronize(s));
+            CU(cudaMemcpy(oq, qkvg, 2 * (MT * Q + GUARD), cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(of, fab, 2 * (MT * F + GUARD), cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(og, g1, 2 * (MT * G + GUARD), cudaMemcpyDeviceToHost));
+            const double eq = kref_rel_l2(m, 0, Q, oq, Q, rq, Q);
+            const double eb = kref_rel_l2(m, 128, 12, of, F, rf, F); /* beta columns 128..139 */
+            const double ea = kref_rel_l2(m, 0, 128, of, F, rf, F);  /* f_a */
+            const double eg = kref_rel_l2(m, 0, G, og, G, rg, G);
+            CHECK(eq <= 2e-3 && eb <= 2e-3 && ea <= 2e-3 && eg <= 2e-3,
+                  "m=%lld rel-L2 qkvg %.3g beta %.3g f_a %.3g g1 %.3g", (long long)m, eq, eb, ea, eg);
+            int unwritten = 0, guard_hit = 0;
+            for (int64_t i = 0; i < m * Q; i++) unwritten += oq[i] == 0xffff;
+            for (int64_t i = 0; i < m * F; i++) unwritten += of[i] == 0xffff;
+            for (int64_t i = 0; i < m * G; i++) unwritten += og[i] == 0xffff;
+            for (int64_t i = m * Q; i < MT * Q + GUARD; i++) guard_hit += oq[i] != 0xffff;
+            for (int64_t i = m * F; i < MT * F + GUARD; i++) guard_hit += of[i] != 0xffff;
+            for (int64_t i = m * G; i < MT * G + GUARD; i++) guard_hit += og[i] != 0xffff;
+            CHECK(unwritten == 0, "m=%lld: %d output elements not written (or NaN)", (long long)m, unwritten);
+            CHECK(guard_hit == 0, "m=%lld: %d elements written past row m", (long long)m, guard_hit);
 
-        /* replay: bitwise identical */
-        CU(cudaGraphLaunch(exec, s));
-        CU(cudaStreamSynchronize(s));
-        CU(cudaMemcpy(oq2, qkvg, 2 * m * Q, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(of2, fab, 2 * m * F, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(og2, g1, 2 * m * G, cudaMemcpyDeviceToHost));
-        CHECK(!memcmp(oq, oq2, 2 * m * Q) && !memcmp(of, of2, 2 * m * F) && !memcmp(og, og2, 2 * m * G),
-              "m=%lld: replay not bitwise identical", (long long)m);
+            /* replay: bitwise identical */
+            CU(cudaGraphLaunch(exec, s));
+            CU(cudaStreamSynchronize(s));
+            CU(cudaMemcpy(oq2, qkvg, 2 * m * Q, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(of2, fab, 2 * m * F, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(og2, g1, 2 * m * G, cudaMemcpyDeviceToHost));
+            CHECK(!memcmp(oq, oq2, 2 * m * Q) && !memcmp(of, of2, 2 * m * F) && !memcmp(og, og2, 2 * m * G),
+                  "m=%lld: replay not bitwise identical", (long long)m);
 
-        /* sequential plan, eager on the stream: the same bits */
-        st = k3_kda_proj_run(seq, m, x, w, wfb, qkvg, fab, g1, ws, ws_bytes, s);
-        CHECK(st == K3_STATUS_SUCCESS, "sequential m=%lld: %s", (long long)m, k3_ctx_last_error(ctx));
-        CU(cudaStreamSynchronize(s));
-        CU(cudaMemcpy(oq2, qkvg, 2 * m * Q, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(of2, fab, 2 * m * F, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(og2, g1, 2 * m * G, cudaMemcpyDeviceToHost));
-        CHECK(!memcmp(oq, oq2, 2 * m * Q) && !memcmp(of, of2, 2 * m * F) && !memcmp(og, og2, 2 * m * G),
-              "m=%lld: overlapped and sequential differ", (long long)m);
-        CU(cudaGraphExecDestroy(exec));
-        CU(cudaGraphDestroy(graph));
-        printf("m=%2lld rel-L2 qkvg %.2e beta %.2e f_a %.2e g1 %.2e\n", (long long)m, eq, eb, ea, eg);
+            /* sequential plan, eager on the stream: the same bits */
+            st = k3_kda_proj_run(seq, m, x, w, wfb, qkvg, fab, g1, ws, ws_bytes, s);
+            CHECK(st == K3_STATUS_SUCCESS, "sequential m=%lld: %s", (long long)m, k3_ctx_last_error(ctx));
+            CU(cudaStreamSynchronize(s));
+            CU(cudaMemcpy(oq2, qkvg, 2 * m * Q, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(of2, fab, 2 * m * F, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(og2, g1, 2 * m * G, cudaMemcpyDeviceToHost));
+            CHECK(!memcmp(oq, oq2, 2 * m * Q) && !memcmp(of, of2, 2 * m * F) && !memcmp(og, og2, 2 * m * G),
+                  "m=%lld: overlapped and sequential differ", (long long)m);
+            CU(cudaGraphExecDestroy(exec));
+            CU(cudaGraphDestroy(graph));
+            printf("m=%2lld rel-L2 qkvg %.2e beta %.2e f_a %.2e g1 %.2e\n", (long long)m, eq, eb, ea, eg);
+        }
+        /* validation on the device path: misaligned pointer */
+        CHECK(k3_kda_proj_run(plan, 1, (char *)x + 2, w, wfb, qkvg, fab, g1, ws, ws_bytes, s) ==
+                  K3_STATUS_INVALID_ARGUMENT, "misaligned x rejected");
+        k3_kda_proj_plan_destroy(plan);
+        k3_kda_proj_plan_destroy(seq);
+        cudaFree(ws);
     }
-    /* validation on the device path: misaligned pointer */
-    CHECK(k3_kda_proj_run(plan, 1, (char *)x + 2, w, wfb, qkvg, fab, g1, ws, ws_bytes, s) ==
-              K3_STATUS_INVALID_ARGUMENT, "misaligned x rejected");
-    k3_kda_proj_plan_destroy(plan);
-    k3_kda_proj_plan_destroy(seq);
     CU(cudaStreamDestroy(s));
-    cudaFree(x), cudaFree(w), cudaFree(wfb), cudaFree(qkvg), cudaFree(fab), cudaFree(g1), cudaFree(ws);
+    cudaFree(x), cudaFree(w), cudaFree(wfb), cudaFree(qkvg), cudaFree(fab), cudaFree(g1);
     free(hx), free(hw), free(hfb), free(rq), free(rf), free(rg), free(oq), free(of), free(og), free(oq2), free(of2),
         free(og2);
     k3_ctx_destroy(ctx);

@@ -50,6 +50,11 @@ static void test_validation(k3_ctx *ctx) {
     bad.run_n_rows_per_block = 3;
     expect_plan_error(ctx, &bad, "rows per block 3", "run_n_rows_per_block");
     bad = d;
+    bad.qkvg_kernel = K3_KERNEL_SKINNY;
+    expect_plan_error(ctx, &bad, "qkvg_kernel SKINNY", "qkvg_kernel");
+    bad.qkvg_kernel = -2;
+    expect_plan_error(ctx, &bad, "qkvg_kernel -2", "qkvg_kernel");
+    bad = d;
     bad.local_heads = 0;
     expect_plan_error(ctx, &bad, "heads 0", "local_heads");
     k3_kda_proj_plan *p = NULL;

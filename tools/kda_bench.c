@@ -14,19 +14,21 @@ static void kda_bench_help(void) {
            "Times, per token count M (default 1-16), on the CUDA device, at Kimi-K3 TP8 shapes\n"
            "(x [M, 7168], packed in_proj [6288, 7168], f_b [1536, 128]):\n"
            "  overlapped   QKVG on the caller's stream, F_AB then f_b on the aux stream (fork/join); timed with\n"
-           "               the F_AB kernel at 1 and at 2 output rows per block (ov1, ov2); the better is used\n"
+           "               the F_AB kernel at 1 and at 2 output rows per block (ov1, ov2); the better is used;\n"
+           "               QKVG through the kernel tuned for the KDA plan (cuBLASLt on SM90); ov-tab: the same\n"
+           "               with QKVG through the linear plan's table instead\n"
            "  sequential   the same kernels one after another on one stream\n"
-           "  qkvg         the QKVG GEMM alone (the planned kernel)\n"
+           "  qkvg-tab     the QKVG GEMM alone through the linear plan's table; qkvg-lt: through cuBLASLt\n"
            "  cublas       QKVG, F_AB, f_b each through cuBLASLt, one after another\n"
            "Method: each variant is captured into a CUDA graph of many back-to-back calls over enough weight\n"
            "copies to exceed 3x the L2, replayed R times (default 15); the median per-call time is reported.\n"
-           "Bars (issue 5), for M = 1..14: overlapped <= qkvg + 1.0 us and <= 0.75 x cublas.\n"
+           "Bars (issue 5), for M = 1..14: overlapped <= the faster QKVG alone + 1.0 us and <= 0.75 x cublas.\n"
            "Also prints the largest M through which overlapping never loses to sequential (the tuned max_tokens)\n"
            "and the better F_AB split per M (the tuning data of src/plan/kda_tuning.c).\n"
            "  --table FILE   plan the QKVG GEMM from this table file (k3_ctx_load_table); --force ignores its key\n"
-           "  --diag         also time the overlap under the bench's own fork/join with the library's branch kernels,\n"
-           "                 in each launch order (branch or QKVG captured first) and aux stream priority (highest or\n"
-           "                 lowest): bf-hi, bf-lo, qf-hi, qf-lo\n"
+           "  --diag         also time the overlap (QKVG through cuBLASLt, the library's branch kernels) under the\n"
+           "                 bench's own fork/join, in each launch order (branch or QKVG queued first) and aux stream\n"
+           "                 priority (highest or lowest): bf-hi, bf-lo, qf-hi, qf-lo\n"
            "All variants of one M are timed in one interleaved run (replay r of each before replay r + 1 of any).\n");
 }
 
@@ -53,6 +55,7 @@ typedef struct kda_bench {
     void *ws;
     size_t ws_bytes;
     k3_kda_proj_plan *ov, *ov2, *seq; /* overlapped with run_n 1 and 2 rows per block; sequential */
+    k3_kda_proj_plan *ov_tab;         /* overlapped with the QKVG kernel of the linear plan's table */
     k3_linear_plan *qkvg_plan, *lt_qkvg, *lt_fab, *lt_fb;
     cudaStream_t aux, aux_low; /* --diag: the bench's own fork/join (highest and lowest priority aux streams) */
     cudaEvent_t fork, join;
@@ -78,6 +81,12 @@ static k3_status call_overlap2(KB_CALL_ARGS) {
     return report(b, k3_kda_proj_run(b->ov2, b->m, b->x, b->w[c], b->wfb[c], b->qkvg, b->fab, b->g1, b->ws,
                                      b->ws_bytes, s), "overlapped (2 rows per block)");
 }
+static k3_status call_overlap_tab(KB_CALL_ARGS) {
+    kda_bench *b = (kda_bench *)u;
+    (void)err, (void)err_size;
+    return report(b, k3_kda_proj_run(b->ov_tab, b->m, b->x, b->w[c], b->wfb[c], b->qkvg, b->fab, b->g1, b->ws,
+                                     b->ws_bytes, s), "overlapped (QKVG from the table)");
+}
 static k3_status call_seq(KB_CALL_ARGS) {
     kda_bench *b = (kda_bench *)u;
     (void)err, (void)err_size; /* report() prints the context's message */
@@ -90,6 +99,12 @@ static k3_status call_qkvg(KB_CALL_ARGS) {
     return report(b, k3_linear_run(b->qkvg_plan, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s),
                   "qkvg");
 }
+static k3_status call_qkvg_lt(KB_CALL_ARGS) {
+    kda_bench *b = (kda_bench *)u;
+    (void)err, (void)err_size;
+    return report(b, k3_linear_run(b->lt_qkvg, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s),
+                  "qkvg (cuBLASLt)");
+}
 static k3_status call_cublas(KB_CALL_ARGS) {
     kda_bench *b = (kda_bench *)u;
     (void)err, (void)err_size; /* report() prints the context's message */
@@ -101,9 +116,10 @@ static k3_status call_cublas(KB_CALL_ARGS) {
     return report(b, st, "cublas chain");
 }
 
-/* --diag variants: the library's branch kernels (run_n with 2 rows per block, then run_k) under the bench's own
- * fork/join, to find what the launch order and the aux stream's priority cost. The fork event is recorded on the
- * caller's stream before either part, so in both orders the branch depends only on the previous call. */
+/* --diag variants: the library's branch kernels (run_n with 2 rows per block, then run_k) and QKVG through
+ * cuBLASLt under the bench's own fork/join, to find what the launch order and the aux stream's priority cost.
+ * The fork event is recorded on the caller's stream before either part, so in both orders the branch depends
+ * only on the previous call. */
 enum { FJ_BRANCH_FIRST = 0, FJ_QKVG_FIRST = 1, FJ_HIGH = 0, FJ_LOW = 2 };
 
 static k3_status call_fj(kda_bench *b, int32_t c, cudaStream_t s, int mode, char *err, size_t err_size) {
@@ -112,7 +128,7 @@ static k3_status call_fj(kda_bench *b, int32_t c, cudaStream_t s, int mode, char
     if (cudaEventRecord(b->fork, s) != cudaSuccess) goto cuda_fail;
     for (int part = 0; part < 2; part++) {
         if (part == ((mode & FJ_QKVG_FIRST) ? 0 : 1)) {
-            st = k3_linear_run(b->qkvg_plan, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s);
+            st = k3_linear_run(b->lt_qkvg, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s);
         } else {
             if (cudaStreamWaitEvent(a, b->fork, 0) != cudaSuccess) goto cuda_fail;
             st = k3_cuda_kda_run_n(b->ctx, b->m, b->x, KB_H, b->w[c] + (size_t)KB_Q * KB_H, KB_F, 2, b->fab, a);
@@ -285,8 +301,9 @@ int k3_bench_kda(int argc, char **argv) {
         k3_kda_proj_desc d;
         k3_kda_proj_desc_init(&d);
         d.overlap_max_tokens = 16; /* measure the overlap at every M; the tuned threshold is the output */
-        k3_kda_proj_desc ds = d, d2 = d;
+        k3_kda_proj_desc ds = d, d2 = d, dt = d;
         ds.overlap_max_tokens = 0;
+        dt.qkvg_kernel = K3_KERNEL_AUTO;
         d.run_n_rows_per_block = 1;
         d2.run_n_rows_per_block = 2;
         k3_linear_desc lq, lf, lg;
@@ -298,6 +315,7 @@ int k3_bench_kda(int argc, char **argv) {
         if (report(&b, k3_kda_proj_plan_create(b.ctx, &d, &b.ov), "plan") ||
             report(&b, k3_kda_proj_plan_create(b.ctx, &d2, &b.ov2), "plan") ||
             report(&b, k3_kda_proj_plan_create(b.ctx, &ds, &b.seq), "plan") ||
+            report(&b, k3_kda_proj_plan_create(b.ctx, &dt, &b.ov_tab), "plan") ||
             report(&b, k3_linear_plan_create(b.ctx, &lq, &qp), "plan"))
             goto done;
         b.qkvg_plan = qp;
@@ -306,7 +324,8 @@ int k3_bench_kda(int argc, char **argv) {
             report(&b, k3_linear_plan_create(b.ctx, &lf, &b.lt_fab), "plan") ||
             report(&b, k3_linear_plan_create(b.ctx, &lg, &b.lt_fb), "plan"))
             goto done;
-        size_t s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0;
+        size_t s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+        k3_kda_proj_workspace_size(b.ov_tab, &s7);
         k3_kda_proj_workspace_size(b.ov, &s1);
         k3_kda_proj_workspace_size(b.seq, &s2);
         k3_linear_workspace_size(b.qkvg_plan, &s3);
@@ -314,8 +333,8 @@ int k3_bench_kda(int argc, char **argv) {
         k3_linear_workspace_size(b.lt_fab, &s5);
         k3_linear_workspace_size(b.lt_fb, &s6);
         size_t mx = s1;
-        const size_t all[] = {s2, s3, s4, s5, s6};
-        for (int i = 0; i < 5; i++) mx = all[i] > mx ? all[i] : mx;
+        const size_t all[] = {s2, s3, s4, s5, s6, s7};
+        for (int i = 0; i < 6; i++) mx = all[i] > mx ? all[i] : mx;
         if (diag) {
             int least = 0, greatest = 0;
             if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
@@ -341,21 +360,24 @@ int k3_bench_kda(int argc, char **argv) {
         printf("k3 bench kda on %s (sm_%d), %d weight copies (%.0f MB), %lld replays, median us per call\n",
                arch.device_name, (int)arch.sm_version, (int)b.copies, b.copies * (wbytes + fbbytes) / 1e6,
                (long long)reps);
-        printf("%3s %8s %8s %4s %11s %9s %9s %9s %9s %s\n", "M", "ov1", "ov2", "R", "sequential", "qkvg", "cublas",
-               "ov-qkvg", "ov/cublas", "bars (M<=14: ov<=qkvg+1.0, ov<=0.75 cublas; ov = better of ov1/ov2)");
+        printf("%3s %8s %8s %4s %8s %11s %9s %9s %9s %9s %9s %s\n", "M", "ov1", "ov2", "R", "ov-tab", "sequential",
+               "qkvg-tab", "qkvg-lt", "cublas", "ov-qkvg", "ov/cublas",
+               "bars (M<=14: ov<=qkvg+1.0, ov<=0.75 cublas; ov = better of ov1/ov2, qkvg = faster of qkvg-tab/-lt)");
     } else
         printf("{\"device\": \"%s\", \"copies\": %d, \"rows\": [", arch.device_name, (int)b.copies);
     int all_ok = 1, tuned_max = 0, still_wins = 1;
     const int32_t calls = b.copies * 8;
     for (int i = 0; i < nm; i++) {
         b.m = ms[i];
-        double t_ov, t_ov2, t_seq, t_q, t_lt;
+        double t_ov, t_ov2, t_seq, t_q, t_lt, t_ovt, t_qt, t_ql;
         /* correctness of each variant on copy 0 before timing */
         char err[320] = "";
         int ok = call_overlap(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
                  k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, "overlapped", rq, rf, rg);
         ok = ok && call_overlap2(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
              k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, "overlapped2", rq, rf, rg);
+        ok = ok && call_overlap_tab(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
+             k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, "overlapped-tab", rq, rf, rg);
         ok = ok && call_seq(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
              k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, "sequential", rq, rf, rg);
         ok = ok && call_cublas(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
@@ -364,15 +386,17 @@ int k3_bench_kda(int argc, char **argv) {
                               k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS &&
                               check_outputs(&b, "diag qf-lo", rq, rf, rg)));
         const k3_bench_timing tm = {b.copies, calls, 3, (int32_t)reps};
-        const k3_bench_variant v[] = {{call_overlap, &b}, {call_overlap2, &b}, {call_seq, &b},   {call_qkvg, &b},
-                                      {call_cublas, &b},  {call_bf_high, &b},  {call_bf_low, &b}, {call_qf_high, &b},
-                                      {call_qf_low, &b}};
-        double t[9];
-        if (!ok || k3_bench_graph_time_n(v, diag ? 9 : 5, &tm, s, t, err, sizeof err)) {
+        const k3_bench_variant v[] = {{call_overlap, &b},     {call_overlap2, &b}, {call_seq, &b},
+                                      {call_qkvg, &b},        {call_cublas, &b},   {call_overlap_tab, &b},
+                                      {call_qkvg_lt, &b},     {call_bf_high, &b},  {call_bf_low, &b},
+                                      {call_qf_high, &b},     {call_qf_low, &b}};
+        double t[11];
+        if (!ok || k3_bench_graph_time_n(v, diag ? 11 : 7, &tm, s, t, err, sizeof err)) {
             if (err[0]) fprintf(stderr, "k3 bench kda: m=%lld: %s\n", (long long)b.m, err);
             goto done;
         }
-        t_ov = t[0], t_ov2 = t[1], t_seq = t[2], t_q = t[3], t_lt = t[4];
+        t_ov = t[0], t_ov2 = t[1], t_seq = t[2], t_qt = t[3], t_lt = t[4], t_ovt = t[5], t_ql = t[6];
+        t_q = t_qt < t_ql ? t_qt : t_ql; /* the bar holds the overlap to the fastest QKVG alone */
         const int best_r = t_ov2 < t_ov ? 2 : 1;
         const double t1 = t_ov;
         if (best_r == 2) t_ov = t_ov2;
@@ -382,24 +406,25 @@ int k3_bench_kda(int argc, char **argv) {
         else still_wins = 0;
         if (json)
             printf("%s{\"m\": %lld, \"overlapped_r1_us\": %.3f, \"overlapped_r2_us\": %.3f, \"best_rows_per_block\": %d, "
-                   "\"sequential_us\": %.3f, \"qkvg_us\": %.3f, \"cublas_chain_us\": %.3f}",
-                   i ? ", " : "", (long long)b.m, t1, t_ov2, best_r, t_seq, t_q, t_lt);
+                   "\"overlapped_table_qkvg_us\": %.3f, \"sequential_us\": %.3f, \"qkvg_table_us\": %.3f, "
+                   "\"qkvg_cublaslt_us\": %.3f, \"cublas_chain_us\": %.3f}",
+                   i ? ", " : "", (long long)b.m, t1, t_ov2, best_r, t_ovt, t_seq, t_qt, t_ql, t_lt);
         else
-            printf("%3lld %8.2f %8.2f %4d %11.2f %9.2f %9.2f %+9.2f %9.3f %s\n", (long long)b.m, t1, t_ov2, best_r,
-                   t_seq, t_q, t_lt, t_ov - t_q, t_ov / t_lt,
+            printf("%3lld %8.2f %8.2f %4d %8.2f %11.2f %9.2f %9.2f %9.2f %+9.2f %9.3f %s\n", (long long)b.m, t1, t_ov2,
+                   best_r, t_ovt, t_seq, t_qt, t_ql, t_lt, t_ov - t_q, t_ov / t_lt,
                    !in_scope ? "(not in scope)" : (bar1 && bar2) ? "PASS" : !bar1 ? "FAIL (ov > qkvg + 1.0)" :
                                                                                     "FAIL (ov > 0.75 cublas)");
         if (diag && json)
             printf(", {\"m\": %lld, \"diag_us\": {\"bf_hi\": %.3f, \"bf_lo\": %.3f, \"qf_hi\": %.3f, \"qf_lo\": %.3f}}",
-                   (long long)b.m, t[5], t[6], t[7], t[8]);
+                   (long long)b.m, t[7], t[8], t[9], t[10]);
         else if (diag)
-            printf("    diag M=%lld, minus qkvg: bf-hi %+.2f  bf-lo %+.2f  qf-hi %+.2f  qf-lo %+.2f us\n", (long long)b.m,
-                   t[5] - t_q, t[6] - t_q, t[7] - t_q, t[8] - t_q);
+            printf("    diag M=%lld, minus qkvg-lt: bf-hi %+.2f  bf-lo %+.2f  qf-hi %+.2f  qf-lo %+.2f us\n",
+                   (long long)b.m, t[7] - t_ql, t[8] - t_ql, t[9] - t_ql, t[10] - t_ql);
     }
     if (json)
         printf("], \"overlap_never_loses_through\": %d, \"bars_pass\": %s}\n", tuned_max, all_ok ? "true" : "false");
     else {
-        printf("QKVG kernel at M=1: %s\n", kname);
+        printf("QKVG kernel of the linear plan's table at M=1 (qkvg-tab, ov-tab): %s\n", kname);
         printf("overlap never slower than sequential for M = 1..%d (measured M in order; tuned max_tokens)\n",
                tuned_max);
         printf("bars for M <= 14: %s\n", all_ok ? "PASS" : "FAIL");
@@ -410,6 +435,7 @@ done:
     k3_kda_proj_plan_destroy(b.ov);
     k3_kda_proj_plan_destroy(b.ov2);
     k3_kda_proj_plan_destroy(b.seq);
+    k3_kda_proj_plan_destroy(b.ov_tab);
     k3_linear_plan_destroy(b.qkvg_plan);
     k3_linear_plan_destroy(b.lt_qkvg);
     k3_linear_plan_destroy(b.lt_fab);

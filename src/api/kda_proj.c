@@ -28,6 +28,7 @@ void k3_kda_proj_desc_init(k3_kda_proj_desc *d) {
     d->max_tokens = 16;
     d->overlap_max_tokens = -1;
     d->run_n_rows_per_block = 0;
+    d->qkvg_kernel = -1;
 }
 
 static k3_status kda_validate(k3_ctx *ctx, const k3_kda_proj_desc *d) {
@@ -54,6 +55,9 @@ static k3_status kda_validate(k3_ctx *ctx, const k3_kda_proj_desc *d) {
                  (long long)d->overlap_max_tokens);
     K3_CHECK_ARG(ctx, d->run_n_rows_per_block >= 0 && d->run_n_rows_per_block <= 2,
                  "kda: run_n_rows_per_block must be 0 (tuned), 1 or 2, got %d", (int)d->run_n_rows_per_block);
+    K3_CHECK_ARG(ctx, d->qkvg_kernel == -1 || d->qkvg_kernel == K3_KERNEL_AUTO || d->qkvg_kernel == K3_KERNEL_FALLBACK,
+                 "kda: qkvg_kernel must be -1 (tuned), K3_KERNEL_AUTO (%d) or K3_KERNEL_FALLBACK (%d), got %d",
+                 (int)K3_KERNEL_AUTO, (int)K3_KERNEL_FALLBACK, (int)d->qkvg_kernel);
     return K3_STATUS_SUCCESS;
 }
 
@@ -80,6 +84,7 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
     k3_linear_desc ld;
     k3_linear_desc_init(&ld, p->qkvg_rows, d->hidden);
     ld.max_m = d->max_tokens;
+    ld.force_kernel = (k3_kernel)(d->qkvg_kernel >= 0 ? d->qkvg_kernel : p->tuning.qkvg_kernel);
     k3_status st = k3_linear_plan_create(ctx, &ld, &p->qkvg);
     if (st == K3_STATUS_SUCCESS) st = k3_linear_workspace_size(p->qkvg, &p->ws_bytes);
     if (st == K3_STATUS_SUCCESS && ctx->backend == K3_BACKEND_CUDA && p->d.overlap_max_tokens > 0)

@@ -10,4 +10,8 @@ void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out) {
     out->overlap_max_tokens = sm90 ? 16 : 14;
     out->run_n_rows_per_block[0] = 1;
     for (int m = 1; m <= 16; m++) out->run_n_rows_per_block[m] = sm90 ? 2 : 1;
+    /* SM90, session 9: with the table's own kernels for 6144 x 7168 (22.3-22.5 us alone, vs cuBLASLt's 24-25) the
+     * overlap cost +1.9..+7.1 us at M 1-8, with cuBLASLt's (96 blocks, one per SM, 36 SMs idle) +0.3..+1.1 us;
+     * so the overlapped projection is fastest with cuBLASLt for QKVG at M >= 2 and within noise at M 1. */
+    out->qkvg_kernel = sm90 ? K3_KERNEL_FALLBACK : K3_KERNEL_AUTO;
 }
