@@ -302,6 +302,27 @@ __device__ __forceinline__ void mma_tail(const uint8_t *const (&wrow)[SETS][2], 
     }
 }
 
+/* The NVFP4 tail steps (cols % 128): decoded exact, so brought to the ring's 2^-9 scale (exact) and added
+ * after the chunks. */
+template <int SETS, int NT>
+__device__ __forceinline__ void nv_tail(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
+                                        const uint8_t *sexp, int32_t layout, int64_t cols,
+                                        const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
+                                        float (&acc)[SETS][NT][4]) {
+    float t[SETS][NT][4];
+#pragma unroll
+    for (int s = 0; s < SETS; s++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) t[s][nt][0] = t[s][nt][1] = t[s][nt][2] = t[s][nt][3] = 0.0f;
+    mma_tail<FMT_NVFP4, SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, t);
+#pragma unroll
+    for (int s = 0; s < SETS; s++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[s][nt][k] = __fadd_rn(acc[s][nt][k], __fmul_rn(t[s][nt][k], 1.0f / NV_ACC));
+}
+
 /* Activation (B operand) ring depth in shared memory, per warp: XD - 1 chunks of x in flight ahead of the
  * MMAs (L2 latency is shorter than HBM's, so fewer than the weights' D). Sized so a block's ring stays
  * <= 32 KB: 4 warps x XD x NT x 2 KB. */
@@ -420,19 +441,7 @@ __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS]
     }
     k3_cp_async_wait<0>(); /* only empty groups can be left; keeps the ring clean for the next pass */
     if (FMT == FMT_NVFP4 && (cols % 128) != 0) {
-        /* the tail steps decode exact weights: bring them to the same 2^-9 scale (exact) */
-        float t[SETS][NT][4];
-#pragma unroll
-        for (int s = 0; s < SETS; s++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) t[s][nt][0] = t[s][nt][1] = t[s][nt][2] = t[s][nt][3] = 0.0f;
-        mma_tail<FMT, SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, t);
-#pragma unroll
-        for (int s = 0; s < SETS; s++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int k = 0; k < 4; k++) acc[s][nt][k] = __fadd_rn(acc[s][nt][k], __fmul_rn(t[s][nt][k], 1.0f / NV_ACC));
+        nv_tail<SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, acc);
     } else {
         mma_tail<FMT, SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, acc);
     }
@@ -579,20 +588,7 @@ __device__ __forceinline__ void mma_range_nv_async(const uint8_t *const (&wrow)[
         }
     }
     k3_cp_async_wait<0>(); /* only empty groups can be left; the ring is clean for the next pass */
-    if ((cols % 128) != 0) {
-        float t[SETS][NT][4];
-#pragma unroll
-        for (int s = 0; s < SETS; s++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) t[s][nt][0] = t[s][nt][1] = t[s][nt][2] = t[s][nt][3] = 0.0f;
-        mma_tail<FMT_NVFP4, SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, t);
-#pragma unroll
-        for (int s = 0; s < SETS; s++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int k = 0; k < 4; k++) acc[s][nt][k] = __fadd_rn(acc[s][nt][k], __fmul_rn(t[s][nt][k], 1.0f / NV_ACC));
-    }
+    if ((cols % 128) != 0) nv_tail<SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, acc);
 }
 
 /* The main loop of either kind; FP4 accumulators are scaled by 1 / acc_scale<FMT>(). */
