@@ -385,11 +385,8 @@ static void test_validation(void) {
           "message truncated to the buffer");
 
     /* k3_act_check records the message on the context */
-    k3_ctx_options opt;
-    k3_ctx_options_init(&opt);
-    opt.backend = K3_BACKEND_CPU;
-    k3_ctx *ctx = NULL;
-    CHECK(k3_ctx_create(&opt, &ctx) == K3_STATUS_SUCCESS, "cpu ctx");
+    k3_ctx *ctx = k3t_cpu_ctx();
+    CHECK(ctx != NULL, "cpu ctx");
     CHECK(k3_act_check(ctx, &d) == K3_STATUS_INVALID_ARGUMENT, "act_check fails");
     CHECK(!strcmp(k3_ctx_last_error(ctx), "SITU activation requires activation_situ_beta"), "ctx message: %s",
           k3_ctx_last_error(ctx));

@@ -5,14 +5,6 @@
 #include "kda_ref.h"
 #include "test_util.h"
 
-static k3_ctx *cpu_ctx(void) {
-    k3_ctx_options o;
-    k3_ctx_options_init(&o);
-    o.backend = K3_BACKEND_CPU;
-    k3_ctx *c = NULL;
-    return k3_ctx_create(&o, &c) == K3_STATUS_SUCCESS ? c : NULL;
-}
-
 static void expect_plan_error(k3_ctx *ctx, const k3_kda_proj_desc *d, const char *what, const char *needle) {
     k3_kda_proj_plan *p = NULL;
     k3_status st = k3_kda_proj_plan_create(ctx, d, &p);
@@ -127,7 +119,7 @@ static void test_cpu_results(k3_ctx *ctx, uint64_t seed) {
 int main(void) {
     const uint64_t seed = 0x6b6461u;
     printf("seed %llu\n", (unsigned long long)seed);
-    k3_ctx *ctx = cpu_ctx();
+    k3_ctx *ctx = k3t_cpu_ctx();
     CHECK(ctx != NULL, "cpu context");
     if (!ctx) return k3t_finish();
     test_validation(ctx);

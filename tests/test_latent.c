@@ -306,10 +306,7 @@ static void test_defaults(void) {
 int main(void) {
     printf("seed 0x%llx\n", (unsigned long long)SEED);
     k3t_rng r = {SEED};
-    k3_ctx_options opt;
-    k3_ctx_options_init(&opt);
-    opt.backend = K3_BACKEND_CPU;
-    if (k3_ctx_create(&opt, &g_ctx) != K3_STATUS_SUCCESS) {
+    if (!(g_ctx = k3t_cpu_ctx())) {
         printf("cannot create a CPU context\n");
         return 1;
     }

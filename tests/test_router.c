@@ -75,15 +75,6 @@ static void ref_router(const k3_router_desc *d, const uint16_t *x, const void *g
     free(taken);
 }
 
-static k3_ctx *cpu_ctx(void) {
-    k3_ctx_options opt;
-    k3_ctx_options_init(&opt);
-    opt.backend = K3_BACKEND_CPU;
-    k3_ctx *ctx = NULL;
-    if (k3_ctx_create(&opt, &ctx) != K3_STATUS_SUCCESS) return NULL;
-    return ctx;
-}
-
 /* Runs the plan for m tokens and compares every token with the reference. Returns the number of bad tokens. */
 static int compare(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const uint16_t *x, const void *gate,
                    const float *bias, const char *label) {
@@ -378,7 +369,7 @@ int main(void) {
     const uint64_t seed = 0x4007E4ull;
     printf("seed 0x%llx\n", (unsigned long long)seed);
     rng.s = seed;
-    k3_ctx *ctx = cpu_ctx();
+    k3_ctx *ctx = k3t_cpu_ctx();
     CHECK(ctx != NULL, "cpu context");
     if (!ctx) return k3t_finish();
     const rcase cases[] = {

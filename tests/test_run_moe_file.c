@@ -425,10 +425,7 @@ int main(void) {
     }
     printf("seed 0x%llx, files in %s\n", (unsigned long long)SEED, g_dir);
     k3t_rng r = {SEED};
-    k3_ctx_options opt;
-    k3_ctx_options_init(&opt);
-    opt.backend = K3_BACKEND_CPU;
-    if (k3_ctx_create(&opt, &g_ctx) != K3_STATUS_SUCCESS) return 1;
+    if (!(g_ctx = k3t_cpu_ctx())) return 1;
     make_sources(&r);
 
     /* F32 sources -> `k3 quant nvfp4` (only the two expert tensors; the rest is copied unchanged) */

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "k3.h"
+
 static int k3t_passed, k3t_failed;
 
 #define CHECK(cond, ...)                                                                                     \
@@ -35,6 +37,15 @@ static inline float k3t_bf16_to_f32(uint16_t b) {
 static inline int k3t_finish(void) {
     printf("%d passed, %d failed\n", k3t_passed, k3t_failed);
     return k3t_failed ? 1 : (k3t_passed ? 0 : 1);
+}
+
+/* A context on the CPU backend (the reference); NULL when it cannot be created. */
+static inline k3_ctx *k3t_cpu_ctx(void) {
+    k3_ctx_options opt;
+    k3_ctx_options_init(&opt);
+    opt.backend = K3_BACKEND_CPU;
+    k3_ctx *ctx = NULL;
+    return k3_ctx_create(&opt, &ctx) == K3_STATUS_SUCCESS ? ctx : NULL;
 }
 
 /* Ends a GPU test that found no device: exit code 77 is reported as "skipped" by ctest. */
