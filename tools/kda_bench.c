@@ -69,41 +69,39 @@ static k3_status report(kda_bench *b, k3_status st, const char *what) {
 
 #define KB_CALL_ARGS void *u, int32_t c, void *s, char *err, size_t err_size
 
+/* One projection through plan p / one QKVG GEMM through plan q, with weight copy c; report() prints the
+ * context's message on failure. */
+static k3_status run_kda(kda_bench *b, k3_kda_proj_plan *p, int32_t c, void *s, const char *what) {
+    return report(b, k3_kda_proj_run(p, b->m, b->x, b->w[c], b->wfb[c], b->qkvg, b->fab, b->g1, b->ws, b->ws_bytes, s),
+                  what);
+}
+static k3_status run_qkvg(kda_bench *b, k3_linear_plan *q, int32_t c, void *s, const char *what) {
+    return report(b, k3_linear_run(q, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s), what);
+}
+#define KB_UNUSED_ERR (void)err, (void)err_size
 static k3_status call_overlap(KB_CALL_ARGS) {
-    kda_bench *b = (kda_bench *)u;
-    (void)err, (void)err_size; /* report() prints the context's message */
-    return report(b, k3_kda_proj_run(b->ov, b->m, b->x, b->w[c], b->wfb[c], b->qkvg, b->fab, b->g1, b->ws,
-                                     b->ws_bytes, s), "overlapped");
+    KB_UNUSED_ERR;
+    return run_kda((kda_bench *)u, ((kda_bench *)u)->ov, c, s, "overlapped");
 }
 static k3_status call_overlap2(KB_CALL_ARGS) {
-    kda_bench *b = (kda_bench *)u;
-    (void)err, (void)err_size;
-    return report(b, k3_kda_proj_run(b->ov2, b->m, b->x, b->w[c], b->wfb[c], b->qkvg, b->fab, b->g1, b->ws,
-                                     b->ws_bytes, s), "overlapped (2 rows per block)");
+    KB_UNUSED_ERR;
+    return run_kda((kda_bench *)u, ((kda_bench *)u)->ov2, c, s, "overlapped (2 rows per block)");
 }
 static k3_status call_overlap_tab(KB_CALL_ARGS) {
-    kda_bench *b = (kda_bench *)u;
-    (void)err, (void)err_size;
-    return report(b, k3_kda_proj_run(b->ov_tab, b->m, b->x, b->w[c], b->wfb[c], b->qkvg, b->fab, b->g1, b->ws,
-                                     b->ws_bytes, s), "overlapped (QKVG from the table)");
+    KB_UNUSED_ERR;
+    return run_kda((kda_bench *)u, ((kda_bench *)u)->ov_tab, c, s, "overlapped (QKVG from the table)");
 }
 static k3_status call_seq(KB_CALL_ARGS) {
-    kda_bench *b = (kda_bench *)u;
-    (void)err, (void)err_size; /* report() prints the context's message */
-    return report(b, k3_kda_proj_run(b->seq, b->m, b->x, b->w[c], b->wfb[c], b->qkvg, b->fab, b->g1, b->ws,
-                                     b->ws_bytes, s), "sequential");
+    KB_UNUSED_ERR;
+    return run_kda((kda_bench *)u, ((kda_bench *)u)->seq, c, s, "sequential");
 }
 static k3_status call_qkvg(KB_CALL_ARGS) {
-    kda_bench *b = (kda_bench *)u;
-    (void)err, (void)err_size; /* report() prints the context's message */
-    return report(b, k3_linear_run(b->qkvg_plan, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s),
-                  "qkvg");
+    KB_UNUSED_ERR;
+    return run_qkvg((kda_bench *)u, ((kda_bench *)u)->qkvg_plan, c, s, "qkvg");
 }
 static k3_status call_qkvg_lt(KB_CALL_ARGS) {
-    kda_bench *b = (kda_bench *)u;
-    (void)err, (void)err_size;
-    return report(b, k3_linear_run(b->lt_qkvg, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s),
-                  "qkvg (cuBLASLt)");
+    KB_UNUSED_ERR;
+    return run_qkvg((kda_bench *)u, ((kda_bench *)u)->lt_qkvg, c, s, "qkvg (cuBLASLt)");
 }
 static k3_status call_cublas(KB_CALL_ARGS) {
     kda_bench *b = (kda_bench *)u;
