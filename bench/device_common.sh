@@ -4,7 +4,7 @@ set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
-B=build-dev
+B=${K3_BIN:-build-dev}  # K3_BIN: a folder of prebuilt (carried) binaries instead
 log() { echo "== $* ($(date +%T), ${SECONDS}s)"; }
 # k3_build_dev [TARGET...]: configure (Release, sm_90a only) and build the targets (all when none); on failure
 # print the end of the build log and exit.
