@@ -304,6 +304,7 @@ static void test_chain_graph(k3_ctx *ctx, uint64_t seed) {
     CUDA_OK(cudaMemcpy(dw1, hw1, (size_t)n1 * k1 * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dw2, hw2, (size_t)n2 * n1 * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dres, hres, (size_t)m * n2 * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize()); /* pageable copies may still be landing; the chain's stream is non-blocking */
     for (int64_t i = 0; i < m; i++) /* step 1 reference, fp64 */
         for (int64_t j = 0; j < n1; j++) {
             double acc = 0;

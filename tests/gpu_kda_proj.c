@@ -65,6 +65,7 @@ int main(void) {
     CU(cudaMemcpy(x, hx, 2 * MT * H, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(w, hw, (size_t)2 * P * H, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(wfb, hfb, 2 * G * 128, cudaMemcpyHostToDevice));
+    CU(cudaDeviceSynchronize()); /* pageable copies may still be landing; the test's stream is non-blocking */
 
     cudaStream_t s;
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -91,9 +92,9 @@ int main(void) {
         const int64_t ms[] = {1, 2, 3, 4, 8, 9, 13, 14, 15, 16};
         for (int t = 0; t < (int)(sizeof ms / sizeof ms[0]); t++) {
             const int64_t m = ms[t];
-            CU(cudaMemset(qkvg, 0xff, 2 * (MT * Q + GUARD)));
-            CU(cudaMemset(fab, 0xff, 2 * (MT * F + GUARD)));
-            CU(cudaMemset(g1, 0xff, 2 * (MT * G + GUARD)));
+            CU(cudaMemsetAsync(qkvg, 0xff, 2 * (MT * Q + GUARD), s));
+            CU(cudaMemsetAsync(fab, 0xff, 2 * (MT * F + GUARD), s));
+            CU(cudaMemsetAsync(g1, 0xff, 2 * (MT * G + GUARD), s));
             cudaGraph_t graph;
             cudaGraphExec_t exec;
             CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));

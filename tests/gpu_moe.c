@@ -58,7 +58,10 @@ static void *dalloc(size_t bytes) {
 
 static void *dup_to_device(const void *h, size_t bytes) {
     void *d = dalloc(bytes);
-    if (d && bytes) cuda_ok(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), "copy to device");
+    /* a pageable cudaMemcpy may return before its DMA lands, and the tests' stream does not wait for the legacy
+     * stream: wait for the copy here */
+    if (d && bytes && cuda_ok(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), "copy to device"))
+        cuda_ok(cudaDeviceSynchronize(), "copy to device (sync)");
     return d;
 }
 
@@ -201,7 +204,7 @@ static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, uint64_t se
     int32_t *dids = (int32_t *)dup_to_device(ids, (size_t)np * 4);
     int32_t *d_offs = (int32_t *)dalloc((size_t)(E + 1) * 4), *d_cur = (int32_t *)dalloc((size_t)E * 4);
     int32_t *d_act = (int32_t *)dalloc((size_t)E * 4), *d_n = (int32_t *)dalloc(4), *d_list = (int32_t *)dalloc((size_t)np * 4);
-    cudaMemset(d_list, 0xff, (size_t)np * 4);
+    cudaMemsetAsync(d_list, 0xff, (size_t)np * 4, g_stream);
     const double t0 = now_s();
     const k3_status st = k3_cuda_moe_dispatch(g_gpu, dids, np, E, d_offs, d_cur, d_act, d_n, d_list, g_stream);
     cuda_ok(cudaStreamSynchronize(g_stream), "dispatch sync");
@@ -398,9 +401,10 @@ static void moe_case(const mcase *c, uint64_t seed) {
         uint16_t *dout = (uint16_t *)dalloc((size_t)(M * L) * 2);
         float *dof = (float *)dalloc((size_t)(M * L) * 4);
         void *dws = dalloc(wsg);
-        cudaMemset(dws, 0xff, wsg); /* poison: every workspace value read must have been written */
-        cudaMemset(dout, 0xff, (size_t)(M * L) * 2);
-        cudaMemset(dof, 0xff, (size_t)(M * L) * 4);
+        cudaMemsetAsync(dws, 0xff, wsg, g_stream); /* poison: every workspace value read must have been written; on
+                                                   * g_stream (non-blocking: a legacy-stream memset could land late) */
+        cudaMemsetAsync(dout, 0xff, (size_t)(M * L) * 2, g_stream);
+        cudaMemsetAsync(dof, 0xff, (size_t)(M * L) * 4, g_stream);
         k3_status st = k3_moe_run(pg, M, dx, dids, dwts, &md.dw, dout, dof, dws, wsg, g_stream);
         CHECK(st == K3_STATUS_SUCCESS, "%s: gpu run: %s", c->tag, k3_ctx_last_error(g_gpu));
         if (cuda_ok(cudaStreamSynchronize(g_stream), "moe run sync")) {
@@ -450,10 +454,10 @@ static void moe_case(const mcase *c, uint64_t seed) {
                     c2.route = ROUTE_RANDOM;
                     fill_routing(&c2, &rng, ids, wts);
                     for (int64_t i = 0; i < M * L; i++) x[i] = rand_bf16(&rng, 1.0f);
-                    cudaMemcpy(dx, x, (size_t)(M * L) * 2, cudaMemcpyHostToDevice);
-                    cudaMemcpy(dids, ids, (size_t)np * 4, cudaMemcpyHostToDevice);
-                    cudaMemcpy(dwts, wts, (size_t)np * 4, cudaMemcpyHostToDevice);
-                    cudaMemset(dof, 0xff, (size_t)(M * L) * 4);
+                    cudaMemcpyAsync(dx, x, (size_t)(M * L) * 2, cudaMemcpyHostToDevice, g_stream);
+                    cudaMemcpyAsync(dids, ids, (size_t)np * 4, cudaMemcpyHostToDevice, g_stream);
+                    cudaMemcpyAsync(dwts, wts, (size_t)np * 4, cudaMemcpyHostToDevice, g_stream);
+                    cudaMemsetAsync(dof, 0xff, (size_t)(M * L) * 4, g_stream);
                     if (cuda_ok(cudaGraphLaunch(exec, g_stream), "graph launch") &&
                         cuda_ok(cudaStreamSynchronize(g_stream), "graph sync")) {
                         cudaMemcpy(f_g, dof, (size_t)(M * L) * 4, cudaMemcpyDeviceToHost);
@@ -576,7 +580,7 @@ static void latent_case(int64_t H, int64_t L, int32_t E, int32_t k, int64_t I, i
         int32_t *dids = (int32_t *)dalloc((size_t)nk * 4);
         float *dwt = (float *)dalloc((size_t)nk * 4);
         void *dws = dalloc(wsg);
-        cudaMemset(dws, 0xff, wsg);
+        cudaMemsetAsync(dws, 0xff, wsg, g_stream);
         k3_status st = k3_latent_moe_run(pg, M, dx, &dw, use_res ? dres : NULL, dy, dids, dwt, dws, wsg, g_stream);
         CHECK(st == K3_STATUS_SUCCESS, "latent gpu run: %s", k3_ctx_last_error(g_gpu));
         if (cuda_ok(cudaStreamSynchronize(g_stream), "latent sync")) {
@@ -617,7 +621,7 @@ static void latent_case(int64_t H, int64_t L, int32_t E, int32_t k, int64_t I, i
                       cudaGetErrorString(ce));
                 if (cst == K3_STATUS_SUCCESS && ce == cudaSuccess && cuda_ok(cudaGraphInstantiate(&ex, gr, 0), "latent instantiate")) {
                     for (int64_t i = 0; i < M * H; i++) x[i] = rand_bf16(&rng, 1.0f);
-                    cudaMemcpy(dx, x, (size_t)(M * H) * 2, cudaMemcpyHostToDevice);
+                    cudaMemcpyAsync(dx, x, (size_t)(M * H) * 2, cudaMemcpyHostToDevice, g_stream);
                     if (cuda_ok(cudaGraphLaunch(ex, g_stream), "latent graph launch") &&
                         cuda_ok(cudaStreamSynchronize(g_stream), "latent graph sync")) {
                         cudaMemcpy(yg, dy, (size_t)(M * H) * 2, cudaMemcpyDeviceToHost);
@@ -777,6 +781,7 @@ static const mcase k_moe_cases[] = {
 /* One group of cases in a child process: a sticky CUDA error (an illegal address, say) then costs only that
  * group, and every other group still reports. Returns the child's exit status (77: no device). */
 static int run_group(int gi, int quick) {
+    k3t_passed = k3t_failed = 0; /* this group's own counts (a forked child inherits the parent's) */
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return 77;
     signal(SIGALRM, on_alarm);
