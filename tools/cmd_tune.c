@@ -14,6 +14,18 @@
 
 #define TUNE_MAX_CAND 64
 #define TUNE_KEEP_RATIO 1.05 /* a specialized kernel must beat the best cuBLASLt by >= 5% */
+/* Close calls are measured again: one pass's medians moved by 2-4% between neighbouring M in session 9 (6144 x
+ * 7168 M 3 fell back to cuBLASLt between points at 1.05x and 1.07x). Where the decision is within this band of the
+ * threshold, or the runner-up configuration within TUNE_CLOSE of the best, the finalists (the best two
+ * specialized, the best two cuBLASLt algorithms) are measured twice more each, interleaved, and each is judged by
+ * the median of its three measurements. */
+#define TUNE_BAND_LO 0.97
+#define TUNE_BAND_HI 1.12
+#define TUNE_CLOSE 1.03
+
+static double median3(double a, double b, double c) {
+    return a > b ? (b > c ? b : a > c ? c : a) : (a > c ? a : b > c ? c : b);
+}
 
 static void tune_help(void) {
     printf("usage: k3 tune [--shapes k3|tp8|all|N,K[,N,K...]|FILE] [--m 1-16] [--out FILE] [--reps R] [--note TEXT]\n\n"
@@ -21,6 +33,8 @@ static void tune_help(void) {
            "heuristic algorithms (CUDA graph replay, cold weights, median; every candidate checked against the CPU\n"
            "reference first; see `k3 bench gemm --help`), keeps a specialized kernel only where it beats the best\n"
            "cuBLASLt algorithm by >= 5%% (else writes `cublaslt hI`, the best algorithm), and writes the table\n"
+           "(close calls, within -3%%..+12%% of that threshold or with a runner-up configuration within 3%%, are\n"
+           "measured twice more, interleaved, and decided on the medians of three)\n"
            "keyed by this device (GPU name, SM count, capability, driver, runtime, library version, date).\n\n"
            "  --shapes S   k3 = all (default): the TP8 shapes of K3-MODEL.md section 2 plus TP4/TP16; tp8; N,K,...;\n"
            "               or a file with one \"N K\" per line\n"
@@ -166,8 +180,8 @@ int k3_cmd_tune(int argc, char **argv) {
             const int64_t m = ms[mi];
             k3b_candidate cand[TUNE_MAX_CAND];
             const int nc = k3b_candidates(n, k, m, 1, cand, TUNE_MAX_CAND);
-            int best_spec = -1, best_lt = -1;
-            double spec_us = 0, lt_us = 0;
+            int best_spec = -1, best_lt = -1, second_spec = -1, second_lt = -1;
+            double spec_us = 0, lt_us = 0, second_spec_us = 0, second_lt_us = 0;
             snprintf(what, sizeof what, "%lldx%lld M=%lld", (long long)n, (long long)k, (long long)m);
             for (int c = 0; c < nc; c++) {
                 k3_linear_desc d;
@@ -199,9 +213,17 @@ int k3_cmd_tune(int argc, char **argv) {
                     continue;
                 }
                 if (cand[c].kernel == K3_KERNEL_FALLBACK) {
-                    if (best_lt < 0 || r.us < lt_us) best_lt = c, lt_us = r.us;
+                    if (best_lt < 0 || r.us < lt_us) {
+                        second_lt = best_lt, second_lt_us = lt_us;
+                        best_lt = c, lt_us = r.us;
+                    } else if (second_lt < 0 || r.us < second_lt_us) {
+                        second_lt = c, second_lt_us = r.us;
+                    }
                 } else if (best_spec < 0 || r.us < spec_us) {
+                    second_spec = best_spec, second_spec_us = spec_us;
                     best_spec = c, spec_us = r.us;
+                } else if (second_spec < 0 || r.us < second_spec_us) {
+                    second_spec = c, second_spec_us = r.us;
                 }
             }
             if (rc != K3_EXIT_OK) break;
@@ -212,6 +234,35 @@ int k3_cmd_tune(int argc, char **argv) {
                 continue;
             }
             points++;
+            int remeasured = 0;
+            if (best_spec >= 0 && ((lt_us >= TUNE_BAND_LO * TUNE_KEEP_RATIO * spec_us &&
+                                    lt_us <= TUNE_BAND_HI * TUNE_KEEP_RATIO * spec_us) ||
+                                   (second_spec >= 0 && second_spec_us <= TUNE_CLOSE * spec_us))) {
+                /* finalists: 0 best specialized, 1 runner-up specialized, 2 best cuBLASLt, 3 runner-up cuBLASLt */
+                const int fin[4] = {best_spec, second_spec, best_lt, second_lt};
+                double us[4][3] = {{0}};
+                int ok[4];
+                us[0][0] = spec_us, us[1][0] = second_spec_us, us[2][0] = lt_us, us[3][0] = second_lt_us;
+                for (int f = 0; f < 4; f++) ok[f] = fin[f] >= 0;
+                for (int rep = 1; rep < 3; rep++)
+                    for (int f = 0; f < 4; f++) {
+                        if (!ok[f]) continue;
+                        k3_linear_desc d;
+                        k3b_result r;
+                        k3b_candidate_desc(&cand[fin[f]], n, k, &d);
+                        k3b_measure(s, &d, m, &r);
+                        ok[f] = r.status == K3_STATUS_SUCCESS && r.correct;
+                        us[f][rep] = r.us;
+                    }
+                if (ok[0] && ok[2]) { /* otherwise keep the first pass's decision */
+                    double med[4];
+                    for (int f = 0; f < 4; f++) med[f] = ok[f] ? median3(us[f][0], us[f][1], us[f][2]) : 0;
+                    const int s1 = ok[1] && med[1] < med[0], l1 = ok[3] && med[3] < med[2];
+                    best_spec = fin[s1], spec_us = med[s1];
+                    best_lt = fin[2 + l1], lt_us = med[2 + l1];
+                    remeasured = 1;
+                }
+            }
             if (best_spec >= 0 && lt_us >= TUNE_KEEP_RATIO * spec_us) {
                 choice.kernel = cand[best_spec].kernel;
                 choice.cfg = k3_gemm_config_find(choice.kernel, cand[best_spec].config);
@@ -228,8 +279,9 @@ int k3_cmd_tune(int argc, char **argv) {
             }
             char chosen[96];
             k3_table_choice_string(choice, chosen, sizeof chosen);
-            snprintf(line, sizeof line, "%-22s best specialized %-22s %8.2f us | best cublaslt %s %8.2f us | -> %s",
-                     what, best_spec >= 0 ? cand[best_spec].config : "-", spec_us, cand[best_lt].config, lt_us, chosen);
+            snprintf(line, sizeof line, "%-22s best specialized %-22s %8.2f us | best cublaslt %s %8.2f us | -> %s%s",
+                     what, best_spec >= 0 ? cand[best_spec].config : "-", spec_us, cand[best_lt].config, lt_us, chosen,
+                     remeasured ? " (close: medians of 3)" : "");
             if (!pr.tty) progress_line(&pr, line);
         }
         k3b_shape_close(s);
