@@ -455,11 +455,12 @@ typedef struct k3_kda_proj_desc {
                                    architecture (src/plan/kda_tuning.c; 14 where none was measured) */
     int32_t run_n_rows_per_block; /* F_AB kernel split: 1 or 2 output rows per block; 0 (default) = the tuned
                                      per-M choice of this architecture (benchmarks force it to compare) */
-    int32_t qkvg_kernel; /* the QKVG GEMM's kernel, for every m and both paths (so they give the same bits):
-                            -1 (default) = the choice measured for this architecture (src/plan/kda_tuning.c),
-                            K3_KERNEL_AUTO = the linear plan's table (the fastest QKVG alone), K3_KERNEL_FALLBACK =
-                            cuBLASLt. On SM90 the default is cuBLASLt: it leaves SMs idle that the aux branch uses,
-                            while the table's one-wave kernels leave none (bench/NOTES-kda.md). */
+    int32_t qkvg_kernel; /* the QKVG GEMM's kernel, the same for both paths (so they give the same bits):
+                            -1 (default) = the per-m choice measured for this architecture (src/plan/kda_tuning.c),
+                            K3_KERNEL_AUTO = the linear plan's table (the fastest QKVG alone) at every m,
+                            K3_KERNEL_FALLBACK = cuBLASLt at every m. On SM90 the default is the table at m 1-3 and
+                            cuBLASLt from m 4: cuBLASLt's grid leaves SMs idle that the aux branch uses, while the
+                            table's one-wave kernels leave none (bench/NOTES-kda.md). */
 } k3_kda_proj_desc;
 
 typedef struct k3_kda_proj_plan k3_kda_proj_plan;

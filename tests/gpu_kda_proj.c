@@ -71,11 +71,13 @@ int main(void) {
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     uint16_t *oq = malloc(2 * (MT * Q + GUARD)), *of = malloc(2 * (MT * F + GUARD)), *og = malloc(2 * (MT * G + GUARD));
     uint16_t *oq2 = malloc(2 * MT * Q), *of2 = malloc(2 * MT * F), *og2 = malloc(2 * MT * G);
-    /* the QKVG kernel tuned for this architecture (-1), then the linear plan's table's */
-    for (int kv = 0; kv < 2; kv++) {
+    /* the QKVG kernel tuned per m for this architecture (-1), then the linear plan's table's and cuBLASLt's at
+     * every m */
+    const int32_t qkvg_kernels[] = {-1, K3_KERNEL_AUTO, K3_KERNEL_FALLBACK};
+    for (int kv = 0; kv < 3; kv++) {
         k3_kda_proj_desc d, dseq;
         k3_kda_proj_desc_init(&d);
-        d.qkvg_kernel = kv ? K3_KERNEL_AUTO : -1;
+        d.qkvg_kernel = qkvg_kernels[kv];
         printf("qkvg_kernel %d\n", (int)d.qkvg_kernel);
         dseq = d;
         dseq.overlap_max_tokens = 0;

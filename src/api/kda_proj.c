@@ -12,8 +12,9 @@ struct k3_kda_proj_plan {
     k3_ctx *ctx;
     k3_kda_proj_desc d;
     int64_t qkvg_rows, fab_rows, fb_rows;
-    k3_linear_plan *qkvg;     /* the big GEMM, planned by the GEMM tables */
-    size_t ws_bytes;          /* what the QKVG plan needs */
+    k3_linear_plan *qkvg[2];  /* the big GEMM: [0] through the GEMM table, [1] through cuBLASLt (made if used) */
+    k3_linear_plan *qkvg_for[K3_KDA_MAX_TOKENS + 1]; /* per m: one of the two */
+    size_t ws_bytes;          /* what the QKVG plans need */
     k3_fork_join *fj;         /* CUDA only */
     k3_kda_tuning tuning;
 };
@@ -81,12 +82,23 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
     if (d->run_n_rows_per_block > 0)
         for (int i = 1; i <= K3_KDA_MAX_TOKENS; i++) p->tuning.run_n_rows_per_block[i] = d->run_n_rows_per_block;
 
-    k3_linear_desc ld;
-    k3_linear_desc_init(&ld, p->qkvg_rows, d->hidden);
-    ld.max_m = d->max_tokens;
-    ld.force_kernel = (k3_kernel)(d->qkvg_kernel >= 0 ? d->qkvg_kernel : p->tuning.qkvg_kernel);
-    k3_status st = k3_linear_plan_create(ctx, &ld, &p->qkvg);
-    if (st == K3_STATUS_SUCCESS) st = k3_linear_workspace_size(p->qkvg, &p->ws_bytes);
+    /* the QKVG kernel per m (tuned, or the caller's for every m), the same for both paths */
+    k3_status st = K3_STATUS_SUCCESS;
+    for (int64_t m = 1; m <= d->max_tokens && st == K3_STATUS_SUCCESS; m++) {
+        const int32_t kernel = d->qkvg_kernel >= 0 ? d->qkvg_kernel : p->tuning.qkvg_kernel[m];
+        const int which = kernel == K3_KERNEL_FALLBACK;
+        if (!p->qkvg[which]) {
+            k3_linear_desc ld;
+            k3_linear_desc_init(&ld, p->qkvg_rows, d->hidden);
+            ld.max_m = d->max_tokens;
+            ld.force_kernel = (k3_kernel)kernel;
+            size_t bytes = 0;
+            st = k3_linear_plan_create(ctx, &ld, &p->qkvg[which]);
+            if (st == K3_STATUS_SUCCESS) st = k3_linear_workspace_size(p->qkvg[which], &bytes);
+            if (bytes > p->ws_bytes) p->ws_bytes = bytes;
+        }
+        p->qkvg_for[m] = p->qkvg[which];
+    }
     if (st == K3_STATUS_SUCCESS && ctx->backend == K3_BACKEND_CUDA && p->d.overlap_max_tokens > 0)
         st = k3_fork_join_create(ctx, &p->fj);
     if (st != K3_STATUS_SUCCESS) {
@@ -100,7 +112,8 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
 void k3_kda_proj_plan_destroy(k3_kda_proj_plan *p) {
     if (!p) return;
     k3_fork_join_destroy(p->fj);
-    k3_linear_plan_destroy(p->qkvg);
+    k3_linear_plan_destroy(p->qkvg[0]);
+    k3_linear_plan_destroy(p->qkvg[1]);
     free(p);
 }
 
@@ -151,10 +164,10 @@ k3_status k3_kda_proj_run(k3_kda_proj_plan *p, int64_t m, const void *x, const v
          * SMs QKVG leaves idle. Measured on the H200 (`k3 bench kda --diag`): +0.4..+0.8 us over QKVG alone at
          * M 1..14 instead of +0.9..+1.3 with the branch queued first. */
         K3_TRY(k3_fork_join_fork(ctx, p->fj, stream));
-        K3_TRY(k3_linear_run(p->qkvg, m, x, w_packed, NULL, qkvg, ws, ws_bytes, stream));
+        K3_TRY(k3_linear_run(p->qkvg_for[m], m, x, w_packed, NULL, qkvg, ws, ws_bytes, stream));
         K3_TRY(kda_branch(p, m, (const uint16_t *)x, w_fab, w_fb, fab, g1, k3_fork_join_aux(p->fj)));
         return k3_fork_join_join(ctx, p->fj, stream);
     }
-    K3_TRY(k3_linear_run(p->qkvg, m, x, w_packed, NULL, qkvg, ws, ws_bytes, stream));
+    K3_TRY(k3_linear_run(p->qkvg_for[m], m, x, w_packed, NULL, qkvg, ws, ws_bytes, stream));
     return kda_branch(p, m, (const uint16_t *)x, w_fab, w_fb, fab, g1, stream);
 }

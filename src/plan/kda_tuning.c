@@ -10,8 +10,12 @@ void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out) {
     out->overlap_max_tokens = sm90 ? 16 : 14;
     out->run_n_rows_per_block[0] = 1;
     for (int m = 1; m <= 16; m++) out->run_n_rows_per_block[m] = sm90 ? 2 : 1;
-    /* SM90, session 9: with the table's own kernels for 6144 x 7168 (22.3-22.5 us alone, vs cuBLASLt's 24-25) the
-     * overlap cost +1.9..+7.1 us at M 1-8, with cuBLASLt's (96 blocks, one per SM, 36 SMs idle) +0.3..+1.1 us;
-     * so the overlapped projection is fastest with cuBLASLt for QKVG at M >= 2 and within noise at M 1. */
-    out->qkvg_kernel = sm90 ? K3_KERNEL_FALLBACK : K3_KERNEL_AUTO;
+    /* SM90: with the table's own kernel for 6144 x 7168 (`mma w8_t1_u2_l`, 22.1-22.5 us alone, vs cuBLASLt's
+     * 23.5-25.3) the overlap costs +1.9..+7.1 us at M 4-8: its one wave fills every SM, so the branch waits; with
+     * cuBLASLt's (96 blocks, one per SM, 36 SMs idle) +0.3..+1.1 us. At M 1-3 the two overlaps are within noise of
+     * each other (24.5-25.3 us), but cuBLASLt's QKVG time moved between H200 instances (24.0 vs 25.3 us alone at
+     * M 1, session 10), and with it the overlap (25.9 us: 0.757 x the cuBLAS chain), while the table's held at
+     * 24.5 (0.72). So: the table at M 1-3, cuBLASLt from M 4 (bench/NOTES-kda.md, session 10). */
+    for (int m = 0; m <= 16; m++)
+        out->qkvg_kernel[m] = !sm90 || m <= 3 ? K3_KERNEL_AUTO : K3_KERNEL_FALLBACK;
 }

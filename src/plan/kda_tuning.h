@@ -7,7 +7,8 @@
 typedef struct k3_kda_tuning {
     int64_t overlap_max_tokens;  /* overlap the aux branch for m <= this */
     int32_t run_n_rows_per_block[17]; /* index m (1..16): output rows per run_n block (1 or 2) */
-    int32_t qkvg_kernel;              /* K3_KERNEL_AUTO (the linear plan's table) or K3_KERNEL_FALLBACK */
+    int32_t qkvg_kernel[17];          /* index m (1..16): K3_KERNEL_AUTO (the linear plan's table) or
+                                         K3_KERNEL_FALLBACK (cuBLASLt) for QKVG */
 } k3_kda_tuning;
 
 /* The tuning for a table id; architectures without measurements get the defaults (overlap through 14, the
