@@ -458,8 +458,8 @@ typedef struct k3_kda_proj_desc {
     int32_t qkvg_kernel; /* the QKVG GEMM's kernel, the same for both paths (so they give the same bits):
                             -1 (default) = the per-m choice measured for this architecture (src/plan/kda_tuning.c),
                             K3_KERNEL_AUTO = the linear plan's table (the fastest QKVG alone) at every m,
-                            K3_KERNEL_FALLBACK = cuBLASLt at every m. On SM90 the default is the table at m 1-3 and
-                            cuBLASLt from m 4: cuBLASLt's grid leaves SMs idle that the aux branch uses, while the
+                            K3_KERNEL_FALLBACK = cuBLASLt at every m. On SM90 the default is the table at m 1 and
+                            cuBLASLt from m 2: cuBLASLt's grid leaves SMs idle that the aux branch uses, while the
                             table's one-wave kernels leave none (bench/NOTES-kda.md). */
 } k3_kda_proj_desc;
 

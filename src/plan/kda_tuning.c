@@ -12,10 +12,11 @@ void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out) {
     for (int m = 1; m <= 16; m++) out->run_n_rows_per_block[m] = sm90 ? 2 : 1;
     /* SM90: with the table's own kernel for 6144 x 7168 (`mma w8_t1_u2_l`, 22.1-22.5 us alone, vs cuBLASLt's
      * 23.5-25.3) the overlap costs +1.9..+7.1 us at M 4-8: its one wave fills every SM, so the branch waits; with
-     * cuBLASLt's (96 blocks, one per SM, 36 SMs idle) +0.3..+1.1 us. At M 1-3 the two overlaps are within noise of
-     * each other (24.5-25.3 us), but cuBLASLt's QKVG time moved between H200 instances (24.0 vs 25.3 us alone at
-     * M 1, session 10), and with it the overlap (25.9 us: 0.757 x the cuBLAS chain), while the table's held at
-     * 24.5 (0.72). So: the table at M 1-3, cuBLASLt from M 4 (bench/NOTES-kda.md, session 10). */
+     * cuBLASLt's (96 blocks, one per SM, 36 SMs idle) +0.3..+1.1 us. At M 1-3 the two are close, and which is
+     * faster depended on the H200 instance (session 10): where cuBLASLt's QKVG took 23.9 us alone, the overlap
+     * with it was 24.2 / 24.6-25.0 / 24.6-24.7 us at M 1 / 2 / 3 and with the table's 24.3 / 25.3 / 25.5; where it
+     * took 25.3, 25.8 / 26.0 / 25.8 against 24.5 / 25.1 / 25.3 (0.757 x the cuBLAS chain at M 1). So: the table
+     * at M 1 (within 0.1 us where it is not faster, and keeps the overlap <= 0.75 x the chain), cuBLASLt from M 2 (bench/NOTES-kda.md). */
     for (int m = 0; m <= 16; m++)
-        out->qkvg_kernel[m] = !sm90 || m <= 3 ? K3_KERNEL_AUTO : K3_KERNEL_FALLBACK;
+        out->qkvg_kernel[m] = !sm90 || m <= 1 ? K3_KERNEL_AUTO : K3_KERNEL_FALLBACK;
 }
