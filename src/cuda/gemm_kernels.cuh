@@ -79,7 +79,6 @@ __device__ __forceinline__ void k3_prefetch_l2(const void *p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
 }
 
-
 /* BF16 bits <-> fp32 (exact widening; round-to-nearest-even narrowing). */
 __device__ __forceinline__ float k3_bf16_to_f32_dev(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 __device__ __forceinline__ uint16_t k3_f32_to_bf16_dev(float f) {
@@ -103,15 +102,16 @@ static inline cudaError_t k3_gemm_launch_cfg_init(cudaLaunchConfig_t *lc, cudaLa
 }
 
 /* One per configuration in src/plan/gemm_configs.def. The args were validated by k3_cuda_gemm_launch. */
-template <int THREADS, int ROWS, int UNROLL, int STATIC_K, int PF, int L2B>
+template <int THREADS, int ROWS, int UNROLL, int STATIC_K>
 cudaError_t k3_skinny_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
 template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B>
 cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
 
-/* L2B (both families): the L2 prefetch size of the weight loads (k3_ld_stream_pf): 0, 128 or 256 bytes.
- * PF (both families): L2 prefetch of the weights ahead of the demand loads. 0 = none; K3_PF_ALL = the block's
- * whole weight slice, requested at its start; 1..K3_PF_ALL-1 (mma only) = this many K steps ahead of the step
- * being loaded into registers. */
+/* L2B (mma): the L2 prefetch size of the weight loads (k3_ld_stream_pf): 0, 128 or 256 bytes. (Measured on the
+ * skinny kernel too, 1-2% slower there: its warps already ask for 512 contiguous bytes; bench/NOTES-gemm.md.)
+ * PF (mma): L2 prefetch of the weights ahead of the demand loads. 0 = none; K3_PF_ALL = the block's whole weight
+ * slice, requested at its start; 1..K3_PF_ALL-1 = this many K steps ahead of the step being loaded into
+ * registers. */
 #define K3_PF_ALL 99
 
 #endif

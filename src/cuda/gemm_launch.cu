@@ -16,8 +16,7 @@ struct k3_gemm_instance {
 };
 
 const k3_gemm_instance k3_instances[] = {
-#define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk, pf, l2b) \
-    {K3_KERNEL_SKINNY, #nm, &k3_skinny_launch<thr, rows, unroll, sk, pf, l2b>},
+#define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk) {K3_KERNEL_SKINNY, #nm, &k3_skinny_launch<thr, rows, unroll, sk>},
 #define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b) \
     {K3_KERNEL_MMA, #nm, &k3_mma_launch<warps, tiles, unroll, cluster_k, pf, minb, l2b>},
 #include "plan/gemm_configs.def"

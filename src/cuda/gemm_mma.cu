@@ -264,7 +264,7 @@ cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
     return cudaErrorInvalidValue;
 }
 
-#define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk, pf, l2b)
+#define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk)
 #define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b) \
     template cudaError_t k3_mma_launch<warps, tiles, unroll, cluster_k, pf, minb, l2b>(const k3_gemm_args *, \
                                                                                       cudaStream_t, int);

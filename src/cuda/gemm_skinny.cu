@@ -11,7 +11,7 @@
 
 namespace {
 
-template <int THREADS, int ROWS, int UNROLL, int STATIC_K, int PF, int L2B, int M>
+template <int THREADS, int ROWS, int UNROLL, int STATIC_K, int M>
 __global__ void __launch_bounds__(THREADS)
     k3_skinny_kernel(const uint16_t *__restrict__ x, int64_t x_stride, const uint16_t *__restrict__ w,
                      const uint16_t *residual, uint16_t *y, int64_t y_stride, int32_t n, int32_t k_dyn) {
@@ -42,18 +42,7 @@ __global__ void __launch_bounds__(THREADS)
         const int v = tid + j * THREADS;
 #pragma unroll
         for (int r = 0; r < ROWS; r++)
-            wcur[j][r] = v < kv ? k3_ld_stream_pf<L2B>(wrow[r] + v, pol) : make_uint4(0, 0, 0, 0);
-    }
-    /* PF = K3_PF_ALL: the rest of the block's rows (past the first batch, loaded above) is requested into L2 now,
-     * one copy-engine request per row per 4 KB, so the whole slice is in flight from the start instead of one
-     * batch per thread; the demand loads then mostly hit L2. */
-    if constexpr (PF != 0) {
-        static_assert(PF == K3_PF_ALL, "skinny: PF is 0 or K3_PF_ALL");
-        const int p_lo = THREADS * UNROLL; /* in 16-byte vectors */
-        for (int r = tid; r < ROWS; r += THREADS)
-            if (row0 + r < n)
-                for (int v = p_lo; v < kv; v += 256) /* 256 vectors = 4 KB per request */
-                    k3_prefetch_l2(wrow[r] + v, (uint32_t)min(kv - v, 256) * 16u);
+            wcur[j][r] = v < kv ? k3_ld_stream(wrow[r] + v, pol) : make_uint4(0, 0, 0, 0);
     }
     /* Let the next kernel launch now: it fires only once every block of this grid has reached this point (so
      * it never takes slots our blocks need), and the next kernel's own wait still orders its reads after our
@@ -68,7 +57,7 @@ __global__ void __launch_bounds__(THREADS)
             const int v = v0 + (UNROLL + j) * THREADS;
 #pragma unroll
             for (int r = 0; r < ROWS; r++)
-                wnext[j][r] = v < kv ? k3_ld_stream_pf<L2B>(wrow[r] + v, pol) : make_uint4(0, 0, 0, 0);
+                wnext[j][r] = v < kv ? k3_ld_stream(wrow[r] + v, pol) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int j = 0; j < UNROLL; j++) {
@@ -118,12 +107,12 @@ __global__ void __launch_bounds__(THREADS)
     }
 }
 
-template <int THREADS, int ROWS, int UNROLL, int STATIC_K, int PF, int L2B, int M>
+template <int THREADS, int ROWS, int UNROLL, int STATIC_K, int M>
 cudaError_t k3_skinny_launch_m(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
     cudaLaunchConfig_t lc;
     cudaLaunchAttribute attr[1];
     k3_gemm_launch_cfg_init(&lc, attr, dim3((unsigned)((a->n + ROWS - 1) / ROWS)), dim3(THREADS), stream, pdl);
-    return cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, STATIC_K, PF, L2B, M>,
+    return cudaLaunchKernelEx(&lc, k3_skinny_kernel<THREADS, ROWS, UNROLL, STATIC_K, M>,
                               static_cast<const uint16_t *>(a->x), (int64_t)a->x_stride,
                               static_cast<const uint16_t *>(a->w), static_cast<const uint16_t *>(a->residual),
                               static_cast<uint16_t *>(a->y), (int64_t)a->y_stride, (int32_t)a->n, (int32_t)a->k);
@@ -131,25 +120,25 @@ cudaError_t k3_skinny_launch_m(const k3_gemm_args *a, cudaStream_t stream, int p
 
 } // namespace
 
-template <int THREADS, int ROWS, int UNROLL, int STATIC_K, int PF, int L2B>
+template <int THREADS, int ROWS, int UNROLL, int STATIC_K>
 cudaError_t k3_skinny_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
     static_assert(THREADS % 32 == 0 && THREADS <= 1024, "THREADS must be whole warps");
     static_assert(STATIC_K % 8 == 0, "STATIC_K must be a multiple of 8");
     switch (a->m) { /* M 1..8: the registry's max_m for this family */
-    case 1: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, PF, L2B, 1>(a, stream, pdl);
-    case 2: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, PF, L2B, 2>(a, stream, pdl);
-    case 3: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, PF, L2B, 3>(a, stream, pdl);
-    case 4: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, PF, L2B, 4>(a, stream, pdl);
-    case 5: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, PF, L2B, 5>(a, stream, pdl);
-    case 6: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, PF, L2B, 6>(a, stream, pdl);
-    case 7: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, PF, L2B, 7>(a, stream, pdl);
-    case 8: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, PF, L2B, 8>(a, stream, pdl);
+    case 1: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, 1>(a, stream, pdl);
+    case 2: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, 2>(a, stream, pdl);
+    case 3: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, 3>(a, stream, pdl);
+    case 4: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, 4>(a, stream, pdl);
+    case 5: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, 5>(a, stream, pdl);
+    case 6: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, 6>(a, stream, pdl);
+    case 7: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, 7>(a, stream, pdl);
+    case 8: return k3_skinny_launch_m<THREADS, ROWS, UNROLL, STATIC_K, 8>(a, stream, pdl);
     default: return cudaErrorInvalidValue;
     }
 }
 
-#define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk, pf, l2b) \
-    template cudaError_t k3_skinny_launch<thr, rows, unroll, sk, pf, l2b>(const k3_gemm_args *, cudaStream_t, int);
+#define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk) \
+    template cudaError_t k3_skinny_launch<thr, rows, unroll, sk>(const k3_gemm_args *, cudaStream_t, int);
 #define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b)
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
