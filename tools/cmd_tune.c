@@ -27,6 +27,55 @@ static double median3(double a, double b, double c) {
     return a > b ? (b > c ? b : a > c ? c : a) : (a > c ? a : b > c ? c : b);
 }
 
+/* The fastest two candidates of one kind (specialized, or cuBLASLt) at a point: indices into the candidate list
+ * (-1: none yet) and their times. */
+typedef struct top2 {
+    int best, second;
+    double best_us, second_us;
+} top2;
+
+static void top2_add(top2 *t, int c, double us) {
+    if (t->best < 0 || us < t->best_us) {
+        t->second = t->best, t->second_us = t->best_us;
+        t->best = c, t->best_us = us;
+    } else if (t->second < 0 || us < t->second_us) {
+        t->second = c, t->second_us = us;
+    }
+}
+
+/* A close call (see TUNE_BAND_LO): measures the finalists of spec and lt twice more, interleaved, and replaces
+ * each kind's best by the finalist with the lower median of three. Returns 1 if it did (0: not a close call, or a
+ * best finalist failed a re-measurement, so the first pass's decision stands). */
+static int remeasure_close_call(k3b_shape *s, const k3b_candidate *cand, int64_t n, int64_t k, int64_t m, top2 *spec,
+                                top2 *lt) {
+    if (spec->best < 0 || !((lt->best_us >= TUNE_BAND_LO * TUNE_KEEP_RATIO * spec->best_us &&
+                             lt->best_us <= TUNE_BAND_HI * TUNE_KEEP_RATIO * spec->best_us) ||
+                            (spec->second >= 0 && spec->second_us <= TUNE_CLOSE * spec->best_us)))
+        return 0;
+    /* finalists: 0 best specialized, 1 runner-up specialized, 2 best cuBLASLt, 3 runner-up cuBLASLt */
+    const int fin[4] = {spec->best, spec->second, lt->best, lt->second};
+    double us[4][3] = {{spec->best_us}, {spec->second_us}, {lt->best_us}, {lt->second_us}};
+    int ok[4];
+    for (int f = 0; f < 4; f++) ok[f] = fin[f] >= 0;
+    for (int rep = 1; rep < 3; rep++)
+        for (int f = 0; f < 4; f++) {
+            if (!ok[f]) continue;
+            k3_linear_desc d;
+            k3b_result r;
+            k3b_candidate_desc(&cand[fin[f]], n, k, &d);
+            k3b_measure(s, &d, m, &r);
+            ok[f] = r.status == K3_STATUS_SUCCESS && r.correct;
+            us[f][rep] = r.us;
+        }
+    if (!ok[0] || !ok[2]) return 0;
+    double med[4];
+    for (int f = 0; f < 4; f++) med[f] = ok[f] ? median3(us[f][0], us[f][1], us[f][2]) : 0;
+    const int s1 = ok[1] && med[1] < med[0], l1 = ok[3] && med[3] < med[2];
+    spec->best = fin[s1], spec->best_us = med[s1];
+    lt->best = fin[2 + l1], lt->best_us = med[2 + l1];
+    return 1;
+}
+
 static void tune_help(void) {
     printf("usage: k3 tune [--shapes k3|tp8|all|N,K[,N,K...]|FILE] [--m 1-16] [--out FILE] [--reps R] [--note TEXT]\n\n"
            "For every (N, K, M) times every compiled configuration that supports it and cuBLASLt's top %d\n"
@@ -180,8 +229,7 @@ int k3_cmd_tune(int argc, char **argv) {
             const int64_t m = ms[mi];
             k3b_candidate cand[TUNE_MAX_CAND];
             const int nc = k3b_candidates(n, k, m, 1, cand, TUNE_MAX_CAND);
-            int best_spec = -1, best_lt = -1, second_spec = -1, second_lt = -1;
-            double spec_us = 0, lt_us = 0, second_spec_us = 0, second_lt_us = 0;
+            top2 spec = {-1, -1, 0, 0}, lt = {-1, -1, 0, 0};
             snprintf(what, sizeof what, "%lldx%lld M=%lld", (long long)n, (long long)k, (long long)m);
             for (int c = 0; c < nc; c++) {
                 k3_linear_desc d;
@@ -212,57 +260,19 @@ int k3_cmd_tune(int argc, char **argv) {
                     progress_line(&pr, line);
                     continue;
                 }
-                if (cand[c].kernel == K3_KERNEL_FALLBACK) {
-                    if (best_lt < 0 || r.us < lt_us) {
-                        second_lt = best_lt, second_lt_us = lt_us;
-                        best_lt = c, lt_us = r.us;
-                    } else if (second_lt < 0 || r.us < second_lt_us) {
-                        second_lt = c, second_lt_us = r.us;
-                    }
-                } else if (best_spec < 0 || r.us < spec_us) {
-                    second_spec = best_spec, second_spec_us = spec_us;
-                    best_spec = c, spec_us = r.us;
-                } else if (second_spec < 0 || r.us < second_spec_us) {
-                    second_spec = c, second_spec_us = r.us;
-                }
+                top2_add(cand[c].kernel == K3_KERNEL_FALLBACK ? &lt : &spec, c, r.us);
             }
             if (rc != K3_EXIT_OK) break;
             k3_table_choice choice = {K3_KERNEL_AUTO, NULL, 0};
-            if (best_lt < 0) {
+            if (lt.best < 0) {
                 snprintf(line, sizeof line, "k3 tune: %s: no cuBLASLt algorithm measured; left to the default", what);
                 progress_line(&pr, line);
                 continue;
             }
             points++;
-            int remeasured = 0;
-            if (best_spec >= 0 && ((lt_us >= TUNE_BAND_LO * TUNE_KEEP_RATIO * spec_us &&
-                                    lt_us <= TUNE_BAND_HI * TUNE_KEEP_RATIO * spec_us) ||
-                                   (second_spec >= 0 && second_spec_us <= TUNE_CLOSE * spec_us))) {
-                /* finalists: 0 best specialized, 1 runner-up specialized, 2 best cuBLASLt, 3 runner-up cuBLASLt */
-                const int fin[4] = {best_spec, second_spec, best_lt, second_lt};
-                double us[4][3] = {{0}};
-                int ok[4];
-                us[0][0] = spec_us, us[1][0] = second_spec_us, us[2][0] = lt_us, us[3][0] = second_lt_us;
-                for (int f = 0; f < 4; f++) ok[f] = fin[f] >= 0;
-                for (int rep = 1; rep < 3; rep++)
-                    for (int f = 0; f < 4; f++) {
-                        if (!ok[f]) continue;
-                        k3_linear_desc d;
-                        k3b_result r;
-                        k3b_candidate_desc(&cand[fin[f]], n, k, &d);
-                        k3b_measure(s, &d, m, &r);
-                        ok[f] = r.status == K3_STATUS_SUCCESS && r.correct;
-                        us[f][rep] = r.us;
-                    }
-                if (ok[0] && ok[2]) { /* otherwise keep the first pass's decision */
-                    double med[4];
-                    for (int f = 0; f < 4; f++) med[f] = ok[f] ? median3(us[f][0], us[f][1], us[f][2]) : 0;
-                    const int s1 = ok[1] && med[1] < med[0], l1 = ok[3] && med[3] < med[2];
-                    best_spec = fin[s1], spec_us = med[s1];
-                    best_lt = fin[2 + l1], lt_us = med[2 + l1];
-                    remeasured = 1;
-                }
-            }
+            const int remeasured = remeasure_close_call(s, cand, n, k, m, &spec, &lt);
+            const int best_spec = spec.best, best_lt = lt.best;
+            const double spec_us = spec.best_us, lt_us = lt.best_us;
             if (best_spec >= 0 && lt_us >= TUNE_KEEP_RATIO * spec_us) {
                 choice.kernel = cand[best_spec].kernel;
                 choice.cfg = k3_gemm_config_find(choice.kernel, cand[best_spec].config);

@@ -204,6 +204,13 @@ static int check_outputs(kda_bench *b, const char *what, const double *rq, const
     return ok;
 }
 
+/* Runs variant v once on weight copy 0 and checks its outputs (err receives a failed call's reason). */
+static int variant_correct(kda_bench *b, const k3_bench_variant *v, cudaStream_t s, const char *what, const double *rq,
+                           const double *rf, const double *rg, char *err, size_t err_size) {
+    return v->fn(v->user, 0, s, err, err_size) == K3_STATUS_SUCCESS &&
+           k3_bench_sync(s, err, err_size) == K3_STATUS_SUCCESS && check_outputs(b, what, rq, rf, rg);
+}
+
 static void reference(const uint16_t *x, const uint16_t *w, const uint16_t *wfb, double *rq, double *rf,
                       double *rg) {
     for (int i = 0; i < KB_MT; i++) {
@@ -380,20 +387,6 @@ int k3_bench_kda(int argc, char **argv) {
     const int32_t calls = b.copies * 8;
     for (int i = 0; i < nm; i++) {
         b.m = ms[i];
-        /* correctness of each variant on copy 0 before timing */
-        char err[320] = "";
-        int ok = call_overlap(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
-                 k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, "overlapped", rq, rf, rg);
-        for (int a = 0; a < KB_ALTS; a++)
-            ok = ok && call_alt(&alts[a], 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
-                 k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, alts[a].name, rq, rf, rg);
-        ok = ok && call_seq(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
-             k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, "sequential", rq, rf, rg);
-        ok = ok && call_cublas(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
-             k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS && check_outputs(&b, "cublas", rq, rf, rg);
-        ok = ok && (!diag || (call_qf_low(&b, 0, s, err, sizeof err) == K3_STATUS_SUCCESS &&
-                              k3_bench_sync(s, err, sizeof err) == K3_STATUS_SUCCESS &&
-                              check_outputs(&b, "diag qf-lo", rq, rf, rg)));
         const k3_bench_timing tm = {b.copies, calls, 3, (int32_t)reps};
         /* 0 ov, 1 sequential, 2 qkvg-tab, 3 qkvg-lt, 4 cublas, 5.. the alternatives, then the --diag four */
         enum { KB_NV = 5 + KB_ALTS + 4 };
@@ -402,6 +395,14 @@ int k3_bench_kda(int argc, char **argv) {
         for (int a = 0; a < KB_ALTS; a++) v[5 + a] = (k3_bench_variant){call_alt, &alts[a]};
         const k3_bench_variant dv[4] = {{call_bf_high, &b}, {call_bf_low, &b}, {call_qf_high, &b}, {call_qf_low, &b}};
         for (int j = 0; j < 4; j++) v[5 + KB_ALTS + j] = dv[j];
+        /* correctness of each variant that writes all three outputs, on copy 0, before timing */
+        char err[320] = "";
+        int ok = variant_correct(&b, &v[0], s, "overlapped", rq, rf, rg, err, sizeof err);
+        for (int a = 0; a < KB_ALTS; a++)
+            ok = ok && variant_correct(&b, &v[5 + a], s, alts[a].name, rq, rf, rg, err, sizeof err);
+        ok = ok && variant_correct(&b, &v[1], s, "sequential", rq, rf, rg, err, sizeof err) &&
+             variant_correct(&b, &v[4], s, "cublas", rq, rf, rg, err, sizeof err) &&
+             (!diag || variant_correct(&b, &v[KB_NV - 1], s, "diag qf-lo", rq, rf, rg, err, sizeof err));
         double t[KB_NV];
         if (!ok || k3_bench_graph_time_n(v, diag ? KB_NV : KB_NV - 4, &tm, s, t, err, sizeof err)) {
             if (err[0]) fprintf(stderr, "k3 bench kda: m=%lld: %s\n", (long long)b.m, err);
