@@ -51,6 +51,10 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
     const int c_lo = CLUSTER_K > 1 ? (int)blockIdx.y * per_rank : 0;
     const int c_hi = CLUSTER_K > 1 ? min(chunks, c_lo + per_rank) : chunks;
     const uint64_t pol = k3_policy_evict_first();
+    /* Distributed shared memory may be written only once its block has started: every thread arrives here, at
+     * its start (relaxed: no memory ordering), and waits for the whole cluster just before the epilogue's remote
+     * stores, by when every block has long arrived. */
+    if constexpr (CLUSTER_K > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 
     /* This lane's weight rows: g and g + 8 of every tile; rows past n read row n-1 and are never stored. */
     const uint16_t *wrow[TILES][2];
@@ -205,34 +209,38 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
             }
         }
     } else {
-        /* Block partial (sum over warps), then the cluster's blocks add their partials through distributed
-         * shared memory in rank order (deterministic); each rank finishes a slice of the outputs. */
-        __shared__ float part[NT * 8 * ROWS];
+        /* Block partial (sum over warps), written straight into rank 0's shared memory (distributed shared
+         * memory stores, after the wait that pairs with the arrive at the kernel's start); one cluster barrier
+         * publishes them, then rank 0 adds them in rank order (deterministic) and stores y. The other ranks may
+         * leave at the barrier: nobody reads their shared memory. (ncu,
+         * 144x7168: 12-14% of the stall cycles were the memory barriers of the two cluster.sync() this replaced,
+         * partials read by every rank from every rank; bench/NOTES-gemm.md) */
+        constexpr int PART = NT * 8 * ROWS;
+        __shared__ float part[CLUSTER_K][PART];
+        cg::cluster_group cluster = cg::this_cluster();
+        const int rank = (int)cluster.block_rank();
+        float *dst = cluster.map_shared_rank(&part[0][0], 0) + rank * PART;
+        asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* rank 0 has started (see the arrive above) */
         for (int e = tid; e < outs; e += WARPS * 32) {
             const int tk = e / ROWS, r = e % ROWS;
             float s = 0.0f;
 #pragma unroll
             for (int wi = 0; wi < WARPS; wi++) s += red[wi][tk][r];
-            part[e] = s;
+            dst[e] = s;
         }
-        cg::cluster_group cluster = cg::this_cluster();
-        cluster.sync(); /* every rank's partials are written */
-        const int rank = (int)cluster.block_rank();
-        for (int e = rank * WARPS * 32 + tid; e < outs; e += CLUSTER_K * WARPS * 32) {
-            const int tk = e / ROWS, r = e % ROWS, row = row0 + r;
-            float s = 0.0f;
+        cluster.sync(); /* release / acquire: every rank's partials are in rank 0's shared memory */
+        if (rank == 0)
+            for (int e = tid; e < outs; e += WARPS * 32) {
+                const int tk = e / ROWS, r = e % ROWS, row = row0 + r;
+                float s = 0.0f;
 #pragma unroll
-            for (int rk = 0; rk < CLUSTER_K; rk++) s += cluster.map_shared_rank(part, rk)[e];
-            if (row < n) {
-                const size_t o = (size_t)tk * (size_t)y_stride + (size_t)row;
-                if (residual) s += k3_bf16_to_f32_dev(residual[o]);
-                y[o] = k3_f32_to_bf16_dev(s);
+                for (int rk = 0; rk < CLUSTER_K; rk++) s += part[rk][e];
+                if (row < n) {
+                    const size_t o = (size_t)tk * (size_t)y_stride + (size_t)row;
+                    if (residual) s += k3_bf16_to_f32_dev(residual[o]);
+                    y[o] = k3_f32_to_bf16_dev(s);
+                }
             }
-        }
-        /* keep every rank's shared memory alive until all remote reads are done: an execution barrier only (the
-         * reads' values were consumed above), so a relaxed arrive, without the memory fence of cluster.sync()
-         * (ncu, 144x7168: 12-14% of the stall cycles were memory barriers; bench/NOTES-gemm.md) */
-        asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
     }
 }
 
