@@ -212,9 +212,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
         /* Block partial (sum over warps), written straight into rank 0's shared memory (distributed shared
          * memory stores, after the wait that pairs with the arrive at the kernel's start); one cluster barrier
          * publishes them, then rank 0 adds them in rank order (deterministic) and stores y. The other ranks may
-         * leave at the barrier: nobody reads their shared memory. (ncu,
-         * 144x7168: 12-14% of the stall cycles were the memory barriers of the two cluster.sync() this replaced,
-         * partials read by every rank from every rank; bench/NOTES-gemm.md) */
+         * leave at the barrier: nobody reads their shared memory. Why: with every rank reading every rank's
+         * partials, two cluster.sync() were needed, and their memory barriers were 12-14% of the stall cycles
+         * of 144x7168 (ncu); this form took it from 3.3 to 2.65 us at M 16 (bench/NOTES-gemm.md). */
         constexpr int PART = NT * 8 * ROWS;
         __shared__ float part[CLUSTER_K][PART];
         cg::cluster_group cluster = cg::this_cluster();
