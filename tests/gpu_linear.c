@@ -62,6 +62,35 @@ static void shape_free(shape_data *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* fp64 reference: sum[i, j] = x[i] . w[j] over the bf16 values. A product of two bf16 values is exact in fp32
+ * (8-bit significands), and eight fp64 partial sums per dot product keep the adds independent. The weight row is
+ * the outer loop, widened once and reused by every token; the earlier token-outer loop read all of w max_m
+ * times and widened every element per token, which took most of this test's ~1 minute on the table's shapes. */
+static int reference_sums(shape_data *s) {
+    const int64_t n = s->n, k = s->k, m = s->max_m;
+    float *xf = (float *)malloc((size_t)(m * k) * sizeof(float)), *wf = (float *)malloc((size_t)k * sizeof(float));
+    if (!xf || !wf) {
+        free(xf), free(wf);
+        return 0;
+    }
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t kk = 0; kk < k; kk++) xf[i * k + kk] = k3t_bf16_to_f32(s->hx[i * s->xs + kk]);
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t kk = 0; kk < k; kk++) wf[kk] = k3t_bf16_to_f32(s->hw[j * k + kk]);
+        for (int64_t i = 0; i < m; i++) {
+            const float *xr = xf + i * k;
+            double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t kk = 0;
+            for (; kk + 8 <= k; kk += 8)
+                for (int u = 0; u < 8; u++) a[u] += (double)(xr[kk + u] * wf[kk + u]);
+            for (; kk < k; kk++) a[0] += (double)(xr[kk] * wf[kk]);
+            s->sum[i * n + j] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+        }
+    }
+    free(xf), free(wf);
+    return 1;
+}
+
 static int shape_init(shape_data *s, int64_t n, int64_t k, int64_t max_m, int64_t xs, int64_t ys, uint64_t seed) {
     memset(s, 0, sizeof *s);
     s->n = n, s->k = k, s->max_m = max_m, s->xs = xs, s->ys = ys;
@@ -78,21 +107,10 @@ static int shape_init(shape_data *s, int64_t n, int64_t k, int64_t max_m, int64_
     for (int64_t i = 0; i < max_m * xs; i++) s->hx[i] = k3_bf16_from_f32(k3t_uniform(&rng));
     for (int64_t i = 0; i < n * k; i++) s->hw[i] = k3_bf16_from_f32(k3t_uniform(&rng));
     for (int64_t i = 0; i < max_m * ys; i++) s->hr[i] = k3_bf16_from_f32(8.0f * k3t_uniform(&rng));
-    /* fp64 reference: four independent partial sums per dot product (fast enough for lm_head at M = 16) */
-    for (int64_t i = 0; i < max_m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            const uint16_t *xr = s->hx + i * xs, *wr = s->hw + j * k;
-            double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-            int64_t kk = 0;
-            for (; kk + 4 <= k; kk += 4) {
-                a0 += bf16_val(xr[kk]) * bf16_val(wr[kk]);
-                a1 += bf16_val(xr[kk + 1]) * bf16_val(wr[kk + 1]);
-                a2 += bf16_val(xr[kk + 2]) * bf16_val(wr[kk + 2]);
-                a3 += bf16_val(xr[kk + 3]) * bf16_val(wr[kk + 3]);
-            }
-            for (; kk < k; kk++) a0 += bf16_val(xr[kk]) * bf16_val(wr[kk]);
-            s->sum[i * n + j] = (a0 + a1) + (a2 + a3);
-        }
+    if (!reference_sums(s)) {
+        CHECK(0, "out of host memory");
+        return 0;
+    }
     int ok = cuda_ok(cudaMalloc((void **)&s->dx, (size_t)(max_m * xs) * 2), "malloc x") &&
              cuda_ok(cudaMalloc((void **)&s->dw, (size_t)(n * k) * 2), "malloc w") &&
              cuda_ok(cudaMalloc((void **)&s->dr, (size_t)(max_m * ys) * 2), "malloc r") &&
