@@ -5,6 +5,7 @@
 
 #include "bench_graph.h"
 #include "cli.h"
+#include "gemm_bars.h"
 #include "gemm_bench.h"
 #include "gemm_shapes.h"
 
@@ -20,7 +21,10 @@ static void bench_help(void) {
            "totalling >= max(180 MB, 3 x L2); one call per copy is captured into a CUDA graph, warmed up and\n"
            "replayed R times; the per-call time is the median replay / calls. Bytes = weights + x + y; percent\n"
            "of the 4.37 TB/s read ceiling; speedup = cuBLASLt / plan; geometric mean over all points; points\n"
-           "where the plan is slower than cuBLASLt by more than 2%% are listed.\n\n"
+           "where the plan is slower than cuBLASLt by more than 2%% are listed; then a PASS/FAIL line for each\n"
+           "acceptance bar of BENCHMARKS.md that the measured points cover (geometric mean >= 1.35x, also shown\n"
+           "by M; weights >= 40 MB at >= 85%% of the ceiling at M <= 8; 144x7168 <= 3.0 us; 1536x128 <= 1.2 us\n"
+           "at M <= 8 and <= 1.5 us at M <= 16).\n\n"
            "  --shapes S        k3 = tp8 (default): the 14 TP8 shapes; all: + TP4/TP16; or N,K[,N,K...]\n"
            "  --m LIST          token counts, e.g. 1-16 or 1,2,4 (default 1,2,3,4,6,8,12,16)\n"
            "  --reps R          timed replays per measurement (>= 7, default 11)\n"
@@ -172,6 +176,8 @@ static int bench_gemm(int argc, char **argv) {
 
     int rc = K3_EXIT_OK, first_json = 1, n_points = 0, n_slower = 0, n_incorrect = 0;
     double log_sum = 0;
+    k3b_bars bars; /* the acceptance bars of BENCHMARKS.md over the points measured */
+    k3b_bars_init(&bars);
     char slower[4096] = "";
     size_t slower_len = 0;
     point *p = (point *)calloc(1, sizeof *p);
@@ -221,6 +227,8 @@ static int bench_gemm(int argc, char **argv) {
             for (int c = 0; c < p->n_cand; c++)
                 if (p->cand_r[c].status == K3_STATUS_SUCCESS && !p->cand_r[c].correct) n_incorrect++;
             if (plan_ok && p->plan.correct && lt) {
+                k3b_bars_add(&bars, p->n, p->k, p->m, p->plan.us, lt_us,
+                             k3b_percent_of_ceiling(p->n, p->k, p->m, p->plan.us));
                 n_points++;
                 log_sum += log(lt_us / p->plan.us);
                 if (p->plan.us > 1.02 * lt_us) {
@@ -298,6 +306,8 @@ static int bench_gemm(int argc, char **argv) {
         fprintf(f, "points where the plan is slower than cuBLASLt by > 2%%: %d%s%s\n", n_slower, n_slower ? ": " : "",
                 slower);
         if (n_incorrect) fprintf(f, "INCORRECT results (rel-L2 > %.0e or NaN): %d\n", K3B_REL_L2_MAX, n_incorrect);
+        fprintf(f, "bar: no point slower than cuBLASLt by > 2%%: %s\n", n_slower ? "FAIL" : "PASS");
+        k3b_bars_print(&bars, f);
     }
     if (n_incorrect) rc = K3_EXIT_FAIL;
     k3_ctx_destroy(ctx);

@@ -1,0 +1,39 @@
+/* The GEMM acceptance bars of BENCHMARKS.md (issue 4), judged by `k3 bench gemm` from the points it measured:
+ * the geometric-mean speedup over cuBLASLt (also by M), weights >= 40 MB at M <= 8 reaching 85% of the read
+ * ceiling, 144x7168 <= 3.0 us at M <= 16, and 1536x128 <= 1.2 us at M <= 8 / <= 1.5 us at M <= 16. (The "never
+ * slower than cuBLASLt by > 2%" bar is counted by the bench itself.) Pure host code: unit-tested on the CPU. */
+#ifndef K3_TOOLS_GEMM_BARS_H
+#define K3_TOOLS_GEMM_BARS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define K3B_BARS_MAX_M 32
+#define K3B_BARS_GEOMEAN 1.35
+#define K3B_BARS_BIG_BYTES 40e6     /* weights of at least this many bytes ... */
+#define K3B_BARS_BIG_PCT 85.0       /* ... reach this percent of the ceiling at M <= 8 */
+#define K3B_BARS_LIST 768
+
+typedef struct k3b_bars {
+    int n_points;
+    double log_sum;
+    int n_m[K3B_BARS_MAX_M + 1];
+    double log_sum_m[K3B_BARS_MAX_M + 1];
+    int big_points, big_misses;          /* weights >= 40 MB, M <= 8 */
+    int tiny_points, tiny_misses;        /* 144x7168, M <= 16 */
+    double tiny_worst_us;
+    int64_t tiny_worst_m;
+    int fb_points, fb_misses;            /* 1536x128, M <= 16 */
+    char big_list[K3B_BARS_LIST], tiny_list[K3B_BARS_LIST], fb_list[K3B_BARS_LIST];
+} k3b_bars;
+
+void k3b_bars_init(k3b_bars *b);
+/* One measured, correct point: the plan's and the best cuBLASLt algorithm's time (us); pct = the plan's percent
+ * of the read ceiling. */
+void k3b_bars_add(k3b_bars *b, int64_t n, int64_t k, int64_t m, double plan_us, double lt_us, double pct);
+/* One line per bar that the measured points cover ("bar ...: PASS|FAIL ..."), then the geometric mean by M.
+ * Returns the number of failed bars. */
+int k3b_bars_print(const k3b_bars *b, FILE *f);
+
+#endif
