@@ -174,9 +174,8 @@ static int bench_gemm(int argc, char **argv) {
                "cublasLt", "", "%ceil", "speedup", "rel-L2 plan");
     }
 
-    int rc = K3_EXIT_OK, first_json = 1, n_points = 0, n_slower = 0, n_incorrect = 0;
-    double log_sum = 0;
-    k3b_bars bars; /* the acceptance bars of BENCHMARKS.md over the points measured */
+    int rc = K3_EXIT_OK, first_json = 1, n_slower = 0, n_incorrect = 0;
+    k3b_bars bars; /* the points compared with cuBLASLt: the geometric mean and the bars of BENCHMARKS.md */
     k3b_bars_init(&bars);
     char slower[4096] = "";
     size_t slower_len = 0;
@@ -229,8 +228,6 @@ static int bench_gemm(int argc, char **argv) {
             if (plan_ok && p->plan.correct && lt) {
                 k3b_bars_add(&bars, p->n, p->k, p->m, p->plan.us, lt_us,
                              k3b_percent_of_ceiling(p->n, p->k, p->m, p->plan.us));
-                n_points++;
-                log_sum += log(lt_us / p->plan.us);
                 if (p->plan.us > 1.02 * lt_us) {
                     n_slower++;
                     if (slower_len < sizeof slower - 96) {
@@ -295,7 +292,8 @@ static int bench_gemm(int argc, char **argv) {
         k3b_shape_close(s);
     }
     free(p);
-    const double geomean = n_points ? exp(log_sum / n_points) : 0;
+    const double geomean = k3b_bars_geomean(&bars);
+    const int n_points = bars.n_points;
     if (json) {
         printf("], \"points_compared\": %d, \"geomean_speedup\": %.4f, \"slower_than_cublaslt_by_2pct\": %d, "
                "\"incorrect\": %d}\n",

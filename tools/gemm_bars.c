@@ -51,10 +51,12 @@ void k3b_bars_add(k3b_bars *b, int64_t n, int64_t k, int64_t m, double plan_us, 
     }
 }
 
+double k3b_bars_geomean(const k3b_bars *b) { return b->n_points ? exp(b->log_sum / b->n_points) : 0.0; }
+
 int k3b_bars_print(const k3b_bars *b, FILE *f) {
     int failed = 0;
     if (b->n_points) {
-        const double g = exp(b->log_sum / b->n_points);
+        const double g = k3b_bars_geomean(b);
         const int ok = g >= K3B_BARS_GEOMEAN;
         failed += !ok;
         fprintf(f, "bar: geometric-mean speedup >= %.2fx (over the K3 TP8 set and M in {1,2,3,4,6,8,12,16}): %s "

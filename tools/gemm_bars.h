@@ -32,6 +32,8 @@ void k3b_bars_init(k3b_bars *b);
 /* One measured, correct point: the plan's and the best cuBLASLt algorithm's time (us); pct = the plan's percent
  * of the read ceiling. */
 void k3b_bars_add(k3b_bars *b, int64_t n, int64_t k, int64_t m, double plan_us, double lt_us, double pct);
+/* The geometric-mean speedup over cuBLASLt of the points added (0 when none). */
+double k3b_bars_geomean(const k3b_bars *b);
 /* One line per bar that the measured points cover ("bar ...: PASS|FAIL ..."), then the geometric mean by M.
  * Returns the number of failed bars. */
 int k3b_bars_print(const k3b_bars *b, FILE *f);

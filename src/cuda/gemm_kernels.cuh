@@ -27,21 +27,17 @@ __device__ __forceinline__ uint4 k3_ld_stream(const void *p, uint64_t policy) {
     return v;
 }
 
-/* Weights as k3_ld_stream, plus the L2 prefetch-size hint (PTX .L2::128B / .L2::256B, template L2B = 128 or
- * 256; 0 = no hint): on a miss the L2 fetches the whole aligned 128/256-byte block from DRAM, not only the
- * sectors asked for. The MMA kernel's lanes ask for 64 bytes of a row per instruction (4 lanes x 16 B; the next
- * 64 bytes come from the following instruction), so without the hint one 128-byte line can become two separate
- * DRAM reads; the skinny kernel's warps already ask for 512 contiguous bytes. */
+/* Weights as k3_ld_stream, plus (L2B = 256; 0 = no hint) the L2 prefetch-size hint .L2::256B: on a miss the L2
+ * fetches the whole aligned 256-byte block from DRAM, not only the sectors asked for. The MMA kernel's lanes ask
+ * for 64 bytes of a row per instruction (4 lanes x 16 B; the next 64 bytes come from the following instruction),
+ * so without the hint one 128-byte line can become two separate DRAM reads; the skinny kernel's warps already ask
+ * for 512 contiguous bytes. */
 template <int L2B>
 __device__ __forceinline__ uint4 k3_ld_stream_pf(const void *p, uint64_t policy) {
-    static_assert(L2B == 0 || L2B == 128 || L2B == 256, "L2 prefetch size: 0, 128 or 256 bytes");
+    static_assert(L2B == 0 || L2B == 256, "L2 prefetch size: 0 or 256 bytes");
     uint4 v;
     if constexpr (L2B == 256)
         asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p), "l"(policy));
-    else if constexpr (L2B == 128)
-        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                      : "l"(p), "l"(policy));
     else
@@ -107,7 +103,7 @@ cudaError_t k3_skinny_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl
 template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B>
 cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
 
-/* L2B (mma): the L2 prefetch size of the weight loads (k3_ld_stream_pf): 0, 128 or 256 bytes. (Measured on the
+/* L2B (mma): the L2 prefetch size of the weight loads (k3_ld_stream_pf): 0 or 256 bytes. (Measured on the
  * skinny kernel too, 1-2% slower there: its warps already ask for 512 contiguous bytes; bench/NOTES-gemm.md.)
  * PF (mma): L2 prefetch of the weights ahead of the demand loads. 0 = none; K3_PF_ALL = the block's whole weight
  * slice, requested at its start; 1..K3_PF_ALL-1 = this many K steps ahead of the step being loaded into

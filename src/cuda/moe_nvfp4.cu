@@ -467,7 +467,6 @@ __device__ __forceinline__ void k3_cp_async4(void *smem, const void *gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(gmem) : "memory");
 }
 
-/* One chunk's weights, scale words and activations of this lane into stage st; the caller commits. */
 /* The producer side of one lane's ring: its addresses at the warp's first chunk and the byte steps from one
  * of its chunks to the next; chunk k's address is base + k * step, one IMAD.WIDE each. Why: recomputing
  * row * row_bytes + chunk * 64 and the scale offsets in 64 bits for every chunk cost ~130 of the loop's 579
@@ -692,8 +691,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, G1_MIN_BLOCKS) k3_moe_gemm1_ker
         const int ntv = min(NT, (cnt - pass + 7) / 8);
         uint4 *ring = ASYNC ? k3_moe_dyn + warp * as_warp_uint4<SETS, NT>() : xring[warp];
         mma_any<FMT, SETS, NT, G1_DEPTH, false, ASYNC>(wrow, row, sexp, P.layout, P.L, brow, xok, ntv, warp, G1_WARPS,
-                                                       q,
-                                                       pol, ring, acc);
+                                                       q, pol, ring, acc);
 
         /* split-K sum in warp order: warp 0 + warp 1 + warp 2 + warp 3 */
         if (warp > 0) {
@@ -815,8 +813,7 @@ __global__ void __launch_bounds__(G2_WARPS * 32, ASYNC ? 4 : G2_MIN_BLOCKS) k3_m
         const int ntv = min(NT, (cnt - pass + 7) / 8);
         uint4 *ring = ASYNC ? k3_moe_dyn + warp * as_warp_uint4<1, NT>() : xring[warp];
         mma_any<FMT, 1, NT, G2_DEPTH, true, ASYNC>(wrow, row, sexp, P.layout, P.I, brow, xok, ntv, KS > 1 ? warp : 0,
-                                                   KS, q,
-                                                   pol, ring, acc);
+                                                   KS, q, pol, ring, acc);
         if (KS > 1) {
             if (warp > 0) {
                 float *red = ASYNC ? (float *)ring : red_s + (warp - 1) * RED;
