@@ -54,7 +54,21 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
     /* Distributed shared memory may be written only once its block has started: every thread arrives here, at
      * its start (relaxed: no memory ordering), and waits for the whole cluster just before the epilogue's remote
      * stores, by when every block has long arrived. */
-    if constexpr (CLUSTER_K > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    /* Rank 0 receives the other ranks' partials by st.async, counted by an mbarrier in its shared memory: it
+     * initializes the barrier and announces the bytes to expect before its arrive below, so every rank that has
+     * waited for the cluster may send. */
+    constexpr int PART = NT * 8 * TILES * 16;
+    __shared__ __align__(8) uint64_t part_bar;
+    if constexpr (CLUSTER_K > 1) {
+        if (blockIdx.y == 0 && tid == 0) {
+            const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&part_bar);
+            const uint32_t bytes = (uint32_t)((CLUSTER_K - 1) * m * TILES * 16 * 4);
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+        }
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    }
 
     /* This lane's weight rows: g and g + 8 of every tile; rows past n read row n-1 and are never stored. */
     const uint16_t *wrow[TILES][2];
@@ -209,27 +223,43 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
             }
         }
     } else {
-        /* Block partial (sum over warps), written straight into rank 0's shared memory (distributed shared
-         * memory stores, after the wait that pairs with the arrive at the kernel's start); one cluster barrier
-         * publishes them, then rank 0 adds them in rank order (deterministic) and stores y. The other ranks may
-         * leave at the barrier: nobody reads their shared memory. Why: with every rank reading every rank's
-         * partials, two cluster.sync() were needed, and their memory barriers were 12-14% of the stall cycles
-         * of 144x7168 (ncu); this form took it from 3.3 to 2.65 us at M 16 (bench/NOTES-gemm.md). */
-        constexpr int PART = NT * 8 * ROWS;
+        /* Block partial (sum over warps); the other ranks send theirs into rank 0's shared memory with st.async,
+         * whose bytes complete rank 0's mbarrier (set up at the kernel's start), then leave; rank 0 waits on that
+         * barrier alone, adds the partials in rank order (deterministic) and stores y. No cluster-wide release:
+         * the memory barrier of cluster.sync() cost 12-14% of the stall cycles of 144x7168 (ncu,
+         * bench/NOTES-gemm.md). */
         __shared__ float part[CLUSTER_K][PART];
-        cg::cluster_group cluster = cg::this_cluster();
-        const int rank = (int)cluster.block_rank();
-        float *dst = cluster.map_shared_rank(&part[0][0], 0) + rank * PART;
-        asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* rank 0 has started (see the arrive above) */
+        const int rank = (int)blockIdx.y; /* the cluster spans blockIdx.y: rank = blockIdx.y */
+        asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* rank 0 has started, its barrier is set */
+        const uint32_t bar_local = (uint32_t)__cvta_generic_to_shared(&part_bar);
+        uint32_t bar_remote = 0;
+        if (rank != 0) asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(bar_remote) : "r"(bar_local));
         for (int e = tid; e < outs; e += WARPS * 32) {
             const int tk = e / ROWS, r = e % ROWS;
             float s = 0.0f;
 #pragma unroll
             for (int wi = 0; wi < WARPS; wi++) s += red[wi][tk][r];
-            dst[e] = s;
+            if (rank == 0) {
+                part[0][e] = s;
+            } else { /* an asynchronous remote store that completes its bytes on rank 0's barrier: no fence */
+                uint32_t dst;
+                asm volatile("mapa.shared::cluster.u32 %0, %1, 0;"
+                             : "=r"(dst)
+                             : "r"((uint32_t)__cvta_generic_to_shared(&part[rank][e])));
+                asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(dst),
+                             "r"(__float_as_uint(s)), "r"(bar_remote)
+                             : "memory");
+            }
         }
-        cluster.sync(); /* release / acquire: every rank's partials are in rank 0's shared memory */
-        if (rank == 0)
+        if (rank == 0) {
+            __syncthreads(); /* rank 0's own partials */
+            uint32_t done = 0;
+            while (!done)
+                asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0; "
+                             "selp.u32 %0, 1, 0, p; }"
+                             : "=r"(done)
+                             : "r"(bar_local)
+                             : "memory");
             for (int e = tid; e < outs; e += WARPS * 32) {
                 const int tk = e / ROWS, r = e % ROWS, row = row0 + r;
                 float s = 0.0f;
@@ -241,6 +271,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
                     y[o] = k3_f32_to_bf16_dev(s);
                 }
             }
+        }
     }
 }
 
