@@ -107,7 +107,9 @@ cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
  * skinny kernel too, 1-2% slower there: its warps already ask for 512 contiguous bytes; bench/NOTES-gemm.md.)
  * PF (mma): L2 prefetch of the weights ahead of the demand loads. 0 = none; K3_PF_ALL = the block's whole weight
  * slice, requested at its start; 1..K3_PF_ALL-1 = this many K steps ahead of the step being loaded into
- * registers. */
+ * registers; K3_PF_HEAD + H = steps 1..H only, requested once at the block's start (before griddepcontrol.wait,
+ * so under PDL while the previous kernel's last blocks drain), nothing in the loop. */
 #define K3_PF_ALL 99
+#define K3_PF_HEAD 100
 
 #endif

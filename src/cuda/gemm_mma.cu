@@ -120,12 +120,19 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
      * range (PF = K3_PF_ALL); then (PF < K3_PF_ALL) each warp asks, every step, for its own chunks PF steps after
      * the step it loads into registers, one request per weight row, from lanes 0..ROWS-1. Measured (H200,
      * bench/NOTES-gemm.md, session 8): it pays a few percent on small and mid shapes only; on large shapes the
-     * in-loop requests (64-256 bytes each) cost more than they hide, so those configurations stay without it. */
+     * in-loop requests (64-256 bytes each) cost more than they hide, so those configurations stay without it.
+     * Head only (PF = K3_PF_HEAD + H): steps 1..H at the start and nothing in the loop. Under PDL a block starts
+     * when a block of the previous kernel leaves, so these requests fill the DRAM while that kernel's last blocks
+     * drain and before our griddepcontrol.wait returns (a timeline of 3584x7168 showed blocks leaving over ~3 us
+     * and the wait returning ~0.75 us after the last). Measured (session 12): 32-64 KB per block gains 3-5% on
+     * the 51-60 MB shapes; 128 KB per block loses 10-15%. */
     constexpr int PF_ROWS = (ROWS + 31) / 32;
+    constexpr bool PF_LOOP = PF > 0 && PF < K3_PF_ALL; /* requests inside the loop too */
+    constexpr int PF_STEPS = PF > K3_PF_HEAD ? PF - K3_PF_HEAD : PF; /* steps requested at the start */
     const uint16_t *pfrow[PF_ROWS];
     if constexpr (PF > 0) {
         const int p_lo = c_lo + step;
-        const int p_hi = PF >= K3_PF_ALL ? c_hi : min(c_hi, c_lo + (PF + 1) * step);
+        const int p_hi = PF == K3_PF_ALL ? c_hi : min(c_hi, c_lo + (PF_STEPS + 1) * step);
         for (int r = tid; r < ROWS; r += WARPS * 32) {
             const int row = row0 + r;
             if (row < n) {
@@ -134,11 +141,12 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
                     k3_prefetch_l2(base + (size_t)c * 32, (uint32_t)min(p_hi - c, 64) * 64u);
             }
         }
+        if constexpr (PF_LOOP)
 #pragma unroll
-        for (int i = 0; i < PF_ROWS; i++) {
-            const int r = i * 32 + lane, row = row0 + r;
-            pfrow[i] = r < ROWS && row < n ? w + (size_t)row * (size_t)k : nullptr;
-        }
+            for (int i = 0; i < PF_ROWS; i++) {
+                const int r = i * 32 + lane, row = row0 + r;
+                pfrow[i] = r < ROWS && row < n ? w + (size_t)row * (size_t)k : nullptr;
+            }
     }
     /* Let the next kernel launch now: it fires only once every block of this grid has reached this point (so
      * it never takes slots our blocks need), and the next kernel's own wait still orders its reads after our
@@ -152,7 +160,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
             xcur[j][nt] = xok[nt] && c0 + j < c_hi ? k3_ld_act(xrow[nt] + (c0 + j) * 32) : make_uint4(0, 0, 0, 0);
 
     for (; c0 < c_hi; c0 += step) {
-        if constexpr (PF > 0 && PF < K3_PF_ALL) {
+        if constexpr (PF_LOOP) {
             const int cp = c0 + (PF + 1) * step;
             if (cp < c_hi) {
                 const uint32_t bytes = (uint32_t)min(UNROLL, c_hi - cp) * 64u;
@@ -300,7 +308,8 @@ cudaError_t k3_mma_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl
 template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B>
 cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
     static_assert(CLUSTER_K >= 1 && CLUSTER_K <= 8, "portable cluster size");
-    static_assert(PF >= 0 && PF <= K3_PF_ALL, "PF: 0, 1..K3_PF_ALL-1 steps, or K3_PF_ALL");
+    static_assert(PF >= 0 && PF != K3_PF_HEAD && PF < K3_PF_HEAD + 100,
+                  "PF: 0, 1..K3_PF_ALL-1 steps, K3_PF_ALL, or K3_PF_HEAD + 1..99 steps");
     if (a->m <= 8) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, 1>(a, stream, pdl);
     if (a->m <= 16) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, 2>(a, stream, pdl);
     return cudaErrorInvalidValue;
