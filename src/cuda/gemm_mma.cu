@@ -234,8 +234,10 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
         /* Block partial (sum over warps); the other ranks send theirs into rank 0's shared memory with st.async,
          * whose bytes complete rank 0's mbarrier (set up at the kernel's start), then leave; rank 0 waits on that
          * barrier alone, adds the partials in rank order (deterministic) and stores y. No cluster-wide release:
-         * the memory barrier of cluster.sync() cost 12-14% of the stall cycles of 144x7168 (ncu,
-         * bench/NOTES-gemm.md). */
+         * the memory barrier of cluster.sync() cost 12-14% of the stall cycles of 144x7168 (ncu); without it
+         * 144x7168 went from 2.10 / 2.30 / 2.65 to 1.88 / 2.11 / 2.53 us at M 1 / 8 / 16 (bench/NOTES-gemm.md,
+         * session 12). A sender may leave with its stores in flight: they complete on rank 0's barrier, and
+         * rank 0, whose shared memory they target, waits for all of them. */
         __shared__ float part[CLUSTER_K][PART];
         const int rank = (int)blockIdx.y; /* the cluster spans blockIdx.y: rank = blockIdx.y */
         asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* rank 0 has started, its barrier is set */
