@@ -90,8 +90,8 @@ k3_status k3b_shape_open(k3_ctx *ctx, int64_t n, int64_t k, int64_t max_m, const
     return K3_STATUS_NOT_AVAILABLE;
 }
 void k3b_shape_close(k3b_shape *s) { (void)s; }
-int32_t k3b_shape_copies(const k3b_shape *s) { return s ? 0 : 0; }
-int32_t k3b_shape_calls(const k3b_shape *s) { return s ? 0 : 0; }
+int32_t k3b_shape_copies(const k3b_shape *s) { (void)s; return 0; }
+int32_t k3b_shape_calls(const k3b_shape *s) { (void)s; return 0; }
 void k3b_measure(k3b_shape *s, const k3_linear_desc *d, int64_t m, k3b_result *r) {
     (void)s, (void)d, (void)m;
     memset(r, 0, sizeof *r);

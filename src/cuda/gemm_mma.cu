@@ -16,11 +16,7 @@
  * B[k][c] with the same physical k: every product of the dot product appears exactly once.
  * Memory-level parallelism comes from the next group's weights being loaded before the current group is
  * multiplied (register double buffer), the same effect a multi-stage cp.async pipeline would have. */
-#include <cooperative_groups.h>
-
 #include "cuda/gemm_kernels.cuh"
-
-namespace cg = cooperative_groups;
 
 namespace {
 
@@ -51,12 +47,11 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
     const int c_lo = CLUSTER_K > 1 ? (int)blockIdx.y * per_rank : 0;
     const int c_hi = CLUSTER_K > 1 ? min(chunks, c_lo + per_rank) : chunks;
     const uint64_t pol = k3_policy_evict_first();
-    /* Distributed shared memory may be written only once its block has started: every thread arrives here, at
-     * its start (relaxed: no memory ordering), and waits for the whole cluster just before the epilogue's remote
-     * stores, by when every block has long arrived. */
-    /* Rank 0 receives the other ranks' partials by st.async, counted by an mbarrier in its shared memory: it
-     * initializes the barrier and announces the bytes to expect before its arrive below, so every rank that has
-     * waited for the cluster may send. */
+    /* K split over a cluster: rank 0 receives the other ranks' partials by st.async, counted by an mbarrier in
+     * its shared memory. Distributed shared memory may be written only once its block has started, so every
+     * thread arrives here, at its start (relaxed: no memory ordering), and waits for the whole cluster just
+     * before the epilogue's remote stores, by when every block has long arrived; rank 0 initializes the barrier
+     * and announces the bytes to expect before its arrive, so every rank that has waited may send. */
     constexpr int PART = NT * 8 * TILES * 16;
     __shared__ __align__(8) uint64_t part_bar;
     if constexpr (CLUSTER_K > 1) {
