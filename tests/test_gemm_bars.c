@@ -60,6 +60,16 @@ int main(void) {
     CHECK(failed == 1 && strstr(out, "FAIL (1.349x"), "geomean 1.349x fails:\n%s", out);
     CHECK(!strstr(out, "144x7168") && !strstr(out, "1536x128"), "unmeasured bars not printed:\n%s", out);
 
+    /* a point more than 2% slower than cuBLASLt fails that bar and is listed; one 1% slower does not */
+    k3b_bars_init(&b);
+    k3b_bars_add(&b, 7168, 3584, 12, 15.58, 15.21, 75.8);
+    k3b_bars_add(&b, 7168, 3584, 16, 10.1, 10.0, 75.0);
+    failed = render(&b, out, sizeof out);
+    CHECK(failed == 2 && b.slow_misses == 1, "one slower point (and the geomean under 1.35x): %d\n%s", failed, out);
+    CHECK(strstr(out, "bar: no point slower than cuBLASLt by > 2%: FAIL") &&
+              !strcmp(b.slow_list, "7168x3584 M=12 (15.58 vs 15.21 us)"),
+          "slower line and list:\n%s\n%s", out, b.slow_list);
+
     /* points without a cuBLASLt time are not counted */
     k3b_bars_init(&b);
     k3b_bars_add(&b, 144, 7168, 1, 2.0, 0.0, 20.0);

@@ -17,7 +17,8 @@ void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out) {
      * with it was 24.2 / 24.6-25.0 / 24.6-24.7 us at M 1 / 2 / 3 and with the table's 24.3 / 25.3 / 25.5; where it
      * took 25.3, 25.8 / 26.0 / 25.8 against 24.5 / 25.1 / 25.3 (0.757 x the cuBLAS chain at M 1). So: the table
      * at M 1 (within 0.1 us where it is not faster, and it keeps the overlap <= 0.75 x the chain), cuBLASLt from
-     * M 2 (bench/NOTES-kda.md). */
+     * M 2 (bench/NOTES-kda.md). Re-measured in session 12 with the table's faster `w8_t1_u2_l_h2` (22.0 us
+     * alone): the same picture, the overlap with it 24.3-29.5 us at M 1-8 against 24.2-25.4 with cuBLASLt's. */
     for (int m = 0; m <= 16; m++)
         out->qkvg_kernel[m] = !sm90 || m <= 1 ? K3_KERNEL_AUTO : K3_KERNEL_FALLBACK;
 }
