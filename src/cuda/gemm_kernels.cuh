@@ -100,15 +100,16 @@ static inline cudaError_t k3_gemm_launch_cfg_init(cudaLaunchConfig_t *lc, cudaLa
 /* One per configuration in src/plan/gemm_configs.def. The args were validated by k3_cuda_gemm_launch. */
 template <int THREADS, int ROWS, int UNROLL, int STATIC_K>
 cudaError_t k3_skinny_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
-template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B>
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B, int PIPE>
 cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
 
-/* L2B (mma): the L2 prefetch size of the weight loads (k3_ld_stream_pf): 0 or 256 bytes. (Measured on the
- * skinny kernel too, 1-2% slower there: its warps already ask for 512 contiguous bytes; bench/NOTES-gemm.md.)
+/* L2B (mma): the L2 prefetch size of the weight loads (k3_ld_stream_pf): 0 or 256 bytes. (Measured on the skinny
+ * kernel too, 1-2% slower there: its warps already ask for 512 contiguous bytes; bench/NOTES-gemm.md.)
  * PF (mma): L2 prefetch of the weights ahead of the demand loads. 0 = none; K3_PF_ALL = the block's whole weight
- * slice, requested at its start; 1..K3_PF_ALL-1 = this many K steps ahead of the step being loaded into
- * registers; K3_PF_HEAD + H = steps 1..H only, requested once at the block's start (before griddepcontrol.wait,
- * so under PDL while the previous kernel's last blocks drain), nothing in the loop. */
+ * slice, requested at its start; 1..K3_PF_ALL-1 = this many K steps ahead of the step being loaded into registers;
+ * K3_PF_HEAD + H = the H steps after those loaded into registers at the start only, requested once at the block's
+ * start (before griddepcontrol.wait, so under PDL while the previous kernel's last blocks drain), nothing in the
+ * loop. */
 #define K3_PF_ALL 99
 #define K3_PF_HEAD 100
 

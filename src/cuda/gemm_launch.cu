@@ -17,8 +17,8 @@ struct k3_gemm_instance {
 
 const k3_gemm_instance k3_instances[] = {
 #define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk) {K3_KERNEL_SKINNY, #nm, &k3_skinny_launch<thr, rows, unroll, sk>},
-#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b) \
-    {K3_KERNEL_MMA, #nm, &k3_mma_launch<warps, tiles, unroll, cluster_k, pf, minb, l2b>},
+#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe) \
+    {K3_KERNEL_MMA, #nm, &k3_mma_launch<warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe>},
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
 #undef K3_GEMM_MMA

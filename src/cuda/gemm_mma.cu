@@ -14,8 +14,9 @@
  * rows g and g+8 and for token g; the first MMA maps logical (2q, 2q+1, 2q+8, 2q+9) to physical 8q + (0..3),
  * the second to 8q + (4..7). The map depends on k alone (never on the row or token), so A[r][k] always meets
  * B[k][c] with the same physical k: every product of the dot product appears exactly once.
- * Memory-level parallelism comes from the next group's weights being loaded before the current group is
- * multiplied (register double buffer), the same effect a multi-stage cp.async pipeline would have. */
+ * Memory-level parallelism comes from loading the next step's operands into registers before the current step
+ * is multiplied (one or two steps in flight per warp: PIPE below) and from L2 prefetch (PF), instead of a
+ * multi-stage cp.async pipeline. */
 #include "cuda/gemm_kernels.cuh"
 
 namespace {
@@ -28,11 +29,66 @@ __device__ __forceinline__ void k3_mma_bf16_16816(float (&c)[4], uint32_t a0, ui
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* One group of UNROLL chunks of this lane's weight rows (16 bytes per row and chunk); chunks at or past c_hi
+ * read nothing and hold zeros. */
+template <int UNROLL, int TILES, int L2B>
+__device__ __forceinline__ void k3_mma_load_w(uint4 (&wv)[UNROLL][TILES][2], const uint16_t *const (&wrow)[TILES][2],
+                                              int c, int c_hi, uint64_t pol) {
+#pragma unroll
+    for (int j = 0; j < UNROLL; j++)
+#pragma unroll
+        for (int t = 0; t < TILES; t++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                wv[j][t][h] = c + j < c_hi ? k3_ld_stream_pf<L2B>(wrow[t][h] + (c + j) * 32, pol) : make_uint4(0, 0, 0, 0);
+}
+
+/* The same group's activations for this lane's tokens (absent tokens: zeros, loaded from nowhere). Coherent loads:
+ * under PDL, x may be the previous kernel's output. */
+template <int UNROLL, int NT>
+__device__ __forceinline__ void k3_mma_load_x(uint4 (&xv)[UNROLL][NT], const uint16_t *const (&xrow)[NT],
+                                              const bool (&xok)[NT], int c, int c_hi) {
+#pragma unroll
+    for (int j = 0; j < UNROLL; j++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            xv[j][nt] = xok[nt] && c + j < c_hi ? k3_ld_act(xrow[nt] + (c + j) * 32) : make_uint4(0, 0, 0, 0);
+}
+
+/* The MMAs of one group: two k16 steps per 32-element chunk (the k map of the file comment). */
+template <int UNROLL, int TILES, int NT>
+__device__ __forceinline__ void k3_mma_group(float (&acc)[TILES][NT][4], const uint4 (&wv)[UNROLL][TILES][2],
+                                             const uint4 (&xv)[UNROLL][NT]) {
+#pragma unroll
+    for (int j = 0; j < UNROLL; j++)
+#pragma unroll
+        for (int t = 0; t < TILES; t++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const uint4 lo = wv[j][t][0], hi = wv[j][t][1], xq = xv[j][nt];
+                k3_mma_bf16_16816(acc[t][nt], lo.x, hi.x, lo.y, hi.y, xq.x, xq.y);
+                k3_mma_bf16_16816(acc[t][nt], lo.z, hi.z, lo.w, hi.w, xq.z, xq.w);
+            }
+}
+
+/* In-loop L2 prefetch (PF_LOOP configurations): one request per weight row of the block for the UNROLL chunks of
+ * this warp starting at chunk cp, from the lanes holding a row (pfrow[i] null for the others). */
+template <int PF_ROWS>
+__device__ __forceinline__ void k3_mma_prefetch_step(const uint16_t *const (&pfrow)[PF_ROWS], int cp, int c_hi,
+                                                     int unroll) {
+    if (cp < c_hi) {
+        const uint32_t bytes = (uint32_t)min(unroll, c_hi - cp) * 64u;
+#pragma unroll
+        for (int i = 0; i < PF_ROWS; i++)
+            if (pfrow[i]) k3_prefetch_l2(pfrow[i] + cp * 32, bytes);
+    }
+}
+
 /* MINB > 1 caps registers so that MINB blocks fit on an SM. Measured on the H200 (bench/NOTES-gemm.md): what
  * counts is blocks resident per SM (bytes in flight) and a grid that fits in one wave; e.g. w8_t1_u4 takes 138
  * registers at M <= 8 (one 256-thread block per SM), 128 with MINB 2 (two). The M 9-16 instances (two token
  * tiles) need more registers than the M <= 8 ones, so without a cap they lose a block per SM. */
-template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B, int NT>
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B, int PIPE, int NT>
 __global__ void __launch_bounds__(WARPS * 32, MINB)
     k3_mma_kernel(const uint16_t *__restrict__ x, int64_t x_stride, const uint16_t *__restrict__ w,
                   const uint16_t *residual, uint16_t *y, int64_t y_stride, int32_t m, int32_t n, int32_t k) {
@@ -93,41 +149,40 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[t][nt][i] = 0.0f;
 
-    /* Register double buffer over groups of UNROLL chunks: the next group's weights AND activations are in
-     * flight while the current group is multiplied, so neither the DRAM nor the L2 round trip is exposed
-     * once per iteration. */
+    /* Register groups of UNROLL chunks per warp (a step), pipelined in one of two ways (PIPE):
+     * 1: the next step is loaded while the current one is multiplied, then copied into place. ptxas makes the
+     *    copies wait on the scoreboard of every load just issued, so ONE step is in flight per warp, and the
+     *    MMAs overlap it.
+     * 2: two register groups A and B used in turn, no copies: both are in flight at the one wait per pair of
+     *    steps (ptxas puts all these loads on one scoreboard), and the MMAs run between the waits.
+     * 2 doubles the bytes in flight per warp but needs more registers; which wins depends on the configuration
+     * (measured: bench/NOTES-gemm.md, session 13). */
+    static_assert(PIPE == 1 || PIPE == 2, "pipe: 1 or 2 register groups in flight");
     const int step = WARPS * UNROLL;
     int c0 = c_lo + warp * UNROLL;
-    uint4 wcur[UNROLL][TILES][2], xcur[UNROLL][NT];
-#pragma unroll
-    for (int j = 0; j < UNROLL; j++)
-#pragma unroll
-        for (int t = 0; t < TILES; t++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                wcur[j][t][h] =
-                    c0 + j < c_hi ? k3_ld_stream_pf<L2B>(wrow[t][h] + (c0 + j) * 32, pol) : make_uint4(0, 0, 0, 0);
-
-    /* L2 prefetch (PF > 0): the register double buffer keeps only about one step (UNROLL chunks per warp) in
-     * flight, i.e. a few KB per warp; prefetching the weights of later steps into L2 keeps many more DRAM requests
-     * outstanding at no register cost, and the demand loads then mostly hit L2. The block first asks for steps
-     * 1..PF (the block's chunks are contiguous in every row, one request per row per 4 KB), or for its whole K
-     * range (PF = K3_PF_ALL); then (PF < K3_PF_ALL) each warp asks, every step, for its own chunks PF steps after
-     * the step it loads into registers, one request per weight row, from lanes 0..ROWS-1. Measured (H200,
-     * bench/NOTES-gemm.md, session 8): it pays a few percent on small and mid shapes only; on large shapes the
-     * in-loop requests (64-256 bytes each) cost more than they hide, so those configurations stay without it.
-     * Head only (PF = K3_PF_HEAD + H): steps 1..H at the start and nothing in the loop. Under PDL a block starts
-     * when a block of the previous kernel leaves, so these requests fill the DRAM while that kernel's last blocks
-     * drain and before our griddepcontrol.wait returns (a timeline of 3584x7168 showed blocks leaving over ~3 us
-     * and the wait returning ~0.75 us after the last). Measured (session 12): 32-64 KB per block gains 3-5% on
-     * the 51-60 MB shapes; 128 KB per block loses 10-15%. */
+    uint4 wa[UNROLL][TILES][2], xa[UNROLL][NT], wb[UNROLL][TILES][2], xb[UNROLL][NT];
+    k3_mma_load_w<UNROLL, TILES, L2B>(wa, wrow, c0, c_hi, pol);
+    if constexpr (PIPE == 2) k3_mma_load_w<UNROLL, TILES, L2B>(wb, wrow, c0 + step, c_hi, pol);
+    /* L2 prefetch (PF > 0): the registers hold one or two steps (UNROLL chunks per warp each) in flight, a few KB per
+     * warp; prefetching the weights of later steps into L2 keeps more DRAM requests outstanding at no register cost,
+     * and the demand loads then mostly hit L2. The block first asks for the PF steps after the PIPE steps loaded at the
+     * start (the block's chunks are contiguous in every row, one request per row per 4 KB), or for its whole K range
+     * (PF = K3_PF_ALL); then (PF < K3_PF_ALL) each warp asks, every step, for its own chunks PF steps after the step it
+     * loads into registers, one request per weight row, from lanes 0..ROWS-1. Measured (H200, bench/NOTES-gemm.md,
+     * session 8): it pays a few percent on small and mid shapes only; on large shapes the in-loop requests (64-256
+     * bytes each) cost more than they hide, so those configurations stay without it. Head only (PF = K3_PF_HEAD + H):
+     * the H steps after the PIPE loaded ones, at the start, nothing in the loop. Under PDL a block starts when a block
+     * of the previous kernel leaves, so these requests fill the DRAM while that kernel's last blocks drain and before
+     * our griddepcontrol.wait returns (a timeline of 3584x7168 showed blocks leaving over ~3 us and the wait returning
+     * ~0.75 us after the last). Measured (session 12): 32-64 KB per block gains 3-5% on the 51-60 MB shapes; 128 KB per
+     * block loses 10-15%. */
     constexpr int PF_ROWS = (ROWS + 31) / 32;
     constexpr bool PF_LOOP = PF > 0 && PF < K3_PF_ALL; /* requests inside the loop too */
     constexpr int PF_STEPS = PF > K3_PF_HEAD ? PF - K3_PF_HEAD : PF; /* steps requested at the start */
     const uint16_t *pfrow[PF_ROWS];
     if constexpr (PF > 0) {
-        const int p_lo = c_lo + step;
-        const int p_hi = PF == K3_PF_ALL ? c_hi : min(c_hi, c_lo + (PF_STEPS + 1) * step);
+        const int p_lo = c_lo + PIPE * step;
+        const int p_hi = PF == K3_PF_ALL ? c_hi : min(c_hi, c_lo + (PF_STEPS + PIPE) * step);
         for (int r = tid; r < ROWS; r += WARPS * 32) {
             const int row = row0 + r;
             if (row < n) {
@@ -148,54 +203,38 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
      * completion; its blocks then prefetch their weights while ours finish. */
     k3_pdl_launch();
     k3_pdl_wait(); /* x and residual come from the previous kernel */
-#pragma unroll
-    for (int j = 0; j < UNROLL; j++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-            xcur[j][nt] = xok[nt] && c0 + j < c_hi ? k3_ld_act(xrow[nt] + (c0 + j) * 32) : make_uint4(0, 0, 0, 0);
+    k3_mma_load_x<UNROLL, NT>(xa, xrow, xok, c0, c_hi);
+    if constexpr (PIPE == 2) k3_mma_load_x<UNROLL, NT>(xb, xrow, xok, c0 + step, c_hi);
 
-    for (; c0 < c_hi; c0 += step) {
-        if constexpr (PF_LOOP) {
-            const int cp = c0 + (PF + 1) * step;
-            if (cp < c_hi) {
-                const uint32_t bytes = (uint32_t)min(UNROLL, c_hi - cp) * 64u;
+    /* Steps past c_hi hold zeros in both operands (their loads are predicated off): multiplying them adds exact
+     * zeros, so only the loop exit needs to know where K ends. */
+    if constexpr (PIPE == 1) {
+        for (; c0 < c_hi; c0 += step) {
+            if constexpr (PF_LOOP) k3_mma_prefetch_step<PF_ROWS>(pfrow, c0 + (PF + 1) * step, c_hi, UNROLL);
+            k3_mma_load_w<UNROLL, TILES, L2B>(wb, wrow, c0 + step, c_hi, pol);
+            k3_mma_load_x<UNROLL, NT>(xb, xrow, xok, c0 + step, c_hi);
+            k3_mma_group<UNROLL, TILES, NT>(acc, wa, xa);
 #pragma unroll
-                for (int i = 0; i < PF_ROWS; i++)
-                    if (pfrow[i]) k3_prefetch_l2(pfrow[i] + cp * 32, bytes);
+            for (int j = 0; j < UNROLL; j++) {
+#pragma unroll
+                for (int t = 0; t < TILES; t++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) wa[j][t][h] = wb[j][t][h];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) xa[j][nt] = xb[j][nt];
             }
         }
-        uint4 wnext[UNROLL][TILES][2], xnext[UNROLL][NT];
-#pragma unroll
-        for (int j = 0; j < UNROLL; j++) {
-            const int c = c0 + step + j;
-#pragma unroll
-            for (int t = 0; t < TILES; t++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    wnext[j][t][h] = c < c_hi ? k3_ld_stream_pf<L2B>(wrow[t][h] + c * 32, pol) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-                xnext[j][nt] = xok[nt] && c < c_hi ? k3_ld_act(xrow[nt] + c * 32) : make_uint4(0, 0, 0, 0);
-        }
-        /* Chunks past c_hi hold zeros in both operands: multiplying them adds exact zeros. */
-#pragma unroll
-        for (int j = 0; j < UNROLL; j++)
-#pragma unroll
-            for (int t = 0; t < TILES; t++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const uint4 lo = wcur[j][t][0], hi = wcur[j][t][1], xv = xcur[j][nt];
-                    k3_mma_bf16_16816(acc[t][nt], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
-                    k3_mma_bf16_16816(acc[t][nt], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
-                }
-#pragma unroll
-        for (int j = 0; j < UNROLL; j++) {
-#pragma unroll
-            for (int t = 0; t < TILES; t++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) wcur[j][t][h] = wnext[j][t][h];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) xcur[j][nt] = xnext[j][nt];
+    } else {
+        for (; c0 < c_hi; c0 += 2 * step) {
+            if constexpr (PF_LOOP) k3_mma_prefetch_step<PF_ROWS>(pfrow, c0 + (PF + 2) * step, c_hi, UNROLL);
+            k3_mma_group<UNROLL, TILES, NT>(acc, wa, xa);
+            if (c0 + step >= c_hi) break;
+            k3_mma_load_w<UNROLL, TILES, L2B>(wa, wrow, c0 + 2 * step, c_hi, pol);
+            k3_mma_load_x<UNROLL, NT>(xa, xrow, xok, c0 + 2 * step, c_hi);
+            if constexpr (PF_LOOP) k3_mma_prefetch_step<PF_ROWS>(pfrow, c0 + (PF + 3) * step, c_hi, UNROLL);
+            k3_mma_group<UNROLL, TILES, NT>(acc, wb, xb);
+            k3_mma_load_w<UNROLL, TILES, L2B>(wb, wrow, c0 + 3 * step, c_hi, pol);
+            k3_mma_load_x<UNROLL, NT>(xb, xrow, xok, c0 + 3 * step, c_hi);
         }
     }
 
@@ -237,8 +276,13 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
         const int rank = (int)blockIdx.y; /* the cluster spans blockIdx.y: rank = blockIdx.y */
         asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* rank 0 has started, its barrier is set */
         const uint32_t bar_local = (uint32_t)__cvta_generic_to_shared(&part_bar);
-        uint32_t bar_remote = 0;
-        if (rank != 0) asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(bar_remote) : "r"(bar_local));
+        uint32_t bar_remote = 0, part_remote = 0; /* rank 0's barrier and this rank's slot there */
+        if (rank != 0) {
+            asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(bar_remote) : "r"(bar_local));
+            asm volatile("mapa.shared::cluster.u32 %0, %1, 0;"
+                         : "=r"(part_remote)
+                         : "r"((uint32_t)__cvta_generic_to_shared(&part[rank][0])));
+        }
         for (int e = tid; e < outs; e += WARPS * 32) {
             const int tk = e / ROWS, r = e % ROWS;
             float s = 0.0f;
@@ -247,10 +291,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
             if (rank == 0) {
                 part[0][e] = s;
             } else { /* an asynchronous remote store that completes its bytes on rank 0's barrier: no fence */
-                uint32_t dst;
-                asm volatile("mapa.shared::cluster.u32 %0, %1, 0;"
-                             : "=r"(dst)
-                             : "r"((uint32_t)__cvta_generic_to_shared(&part[rank][e])));
+                const uint32_t dst = part_remote + (uint32_t)e * 4u;
                 asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(dst),
                              "r"(__float_as_uint(s)), "r"(bar_remote)
                              : "memory");
@@ -280,7 +321,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
     }
 }
 
-template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B, int NT>
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B, int PIPE, int NT>
 cudaError_t k3_mma_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
     cudaLaunchConfig_t lc;
     cudaLaunchAttribute attr[2];
@@ -293,7 +334,7 @@ cudaError_t k3_mma_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl
         attr[lc.numAttrs].val.clusterDim.z = 1;
         lc.numAttrs++;
     }
-    return cudaLaunchKernelEx(&lc, k3_mma_kernel<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, NT>,
+    return cudaLaunchKernelEx(&lc, k3_mma_kernel<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, PIPE, NT>,
                               static_cast<const uint16_t *>(a->x), (int64_t)a->x_stride,
                               static_cast<const uint16_t *>(a->w), static_cast<const uint16_t *>(a->residual),
                               static_cast<uint16_t *>(a->y), (int64_t)a->y_stride, (int32_t)a->m, (int32_t)a->n,
@@ -302,20 +343,20 @@ cudaError_t k3_mma_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl
 
 } // namespace
 
-template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B>
+template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B, int PIPE>
 cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
     static_assert(CLUSTER_K >= 1 && CLUSTER_K <= 8, "portable cluster size");
     static_assert(PF >= 0 && PF != K3_PF_HEAD && PF < K3_PF_HEAD + 100,
                   "PF: 0, 1..K3_PF_ALL-1 steps, K3_PF_ALL, or K3_PF_HEAD + 1..99 steps");
-    if (a->m <= 8) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, 1>(a, stream, pdl);
-    if (a->m <= 16) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, 2>(a, stream, pdl);
+    if (a->m <= 8) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, PIPE, 1>(a, stream, pdl);
+    if (a->m <= 16) return k3_mma_launch_nt<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, PIPE, 2>(a, stream, pdl);
     return cudaErrorInvalidValue;
 }
 
 #define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk)
-#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b) \
-    template cudaError_t k3_mma_launch<warps, tiles, unroll, cluster_k, pf, minb, l2b>(const k3_gemm_args *, \
-                                                                                      cudaStream_t, int);
+#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe) \
+    template cudaError_t k3_mma_launch<warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe>(const k3_gemm_args *, \
+                                                                                            cudaStream_t, int);
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
 #undef K3_GEMM_MMA

@@ -15,7 +15,7 @@
 static const k3_gemm_config k3_configs[] = {
 #define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk) \
     {K3_KERNEL_SKINNY, #nm, (thr), (rows), (unroll), 1, K3_SKINNY_MAX_M, K3_SKINNY_K_ALIGN, (sk), 1},
-#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b) \
+#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe) \
     {K3_KERNEL_MMA, #nm, 32 * (warps), 16 * (tiles), (unroll), (warps), K3_MMA_MAX_M, K3_MMA_K_ALIGN, 0, (cluster_k)},
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
