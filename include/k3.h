@@ -444,6 +444,12 @@ K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const vo
  * overlap_max_tokens the aux branch runs concurrently (fork/join by events made at plan time); otherwise all three
  * run in order on the caller's stream, with bitwise the same results. Capturable into CUDA graphs.
  */
+/* Block shapes of the F_AB kernel (fab = x . W_fab^T; one block spans all of K). */
+#define K3_KDA_RUN_N_TUNED 0
+#define K3_KDA_RUN_N_ROWS1 1  /* hidden / 16 threads, one output row per block */
+#define K3_KDA_RUN_N_ROWS2 2  /* hidden / 16 threads, two output rows per block */
+#define K3_KDA_RUN_N_NARROW 3 /* 128 threads and one row per block, for m <= 5 (ROWS1 above; hidden % 1024 == 0):
+                                 small enough to sit beside a QKVG kernel that fills every SM in one wave */
 typedef struct k3_kda_proj_desc {
     int64_t hidden;             /* K of the big GEMM, 7168 */
     int64_t local_heads;        /* KDA heads on this rank: 12 at TP8 (24 at TP4, 6 at TP16) */
@@ -453,14 +459,16 @@ typedef struct k3_kda_proj_desc {
     int64_t max_tokens;         /* 1..16, default 16 */
     int64_t overlap_max_tokens; /* overlap for m <= this (0 = never); default -1 = the value measured on this
                                    architecture (src/plan/kda_tuning.c; 14 where none was measured) */
-    int32_t run_n_rows_per_block; /* F_AB kernel split: 1 or 2 output rows per block; 0 (default) = the tuned
-                                     per-M choice of this architecture (benchmarks force it to compare) */
+    int32_t run_n_shape; /* the F_AB kernel's blocks, K3_KDA_RUN_N_*: TUNED (0, default) = the per-m choice
+                            measured for this architecture (src/plan/kda_tuning.c); the others force one shape at
+                            every m (benchmarks and tests compare them) */
     int32_t qkvg_kernel; /* the QKVG GEMM's kernel, the same for both paths (so they give the same bits):
                             -1 (default) = the per-m choice measured for this architecture (src/plan/kda_tuning.c),
                             K3_KERNEL_AUTO = the linear plan's table (the fastest QKVG alone) at every m,
-                            K3_KERNEL_FALLBACK = cuBLASLt at every m. On SM90 the default is the table at m 1 and
-                            cuBLASLt from m 2: cuBLASLt's grid leaves SMs idle that the aux branch uses, while the
-                            table's one-wave kernels leave none (bench/NOTES-kda.md). */
+                            K3_KERNEL_FALLBACK = cuBLASLt at every m. On SM90 the default is the table with the
+                            narrow F_AB blocks at m 1-5 and cuBLASLt from m 6: cuBLASLt's grid leaves SMs idle that
+                            the aux branch uses, while the table's one-wave kernel leaves room only for narrow
+                            blocks (bench/NOTES-kda.md). */
 } k3_kda_proj_desc;
 
 typedef struct k3_kda_proj_plan k3_kda_proj_plan;

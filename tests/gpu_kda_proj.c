@@ -71,14 +71,18 @@ int main(void) {
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     uint16_t *oq = malloc(2 * (MT * Q + GUARD)), *of = malloc(2 * (MT * F + GUARD)), *og = malloc(2 * (MT * G + GUARD));
     uint16_t *oq2 = malloc(2 * MT * Q), *of2 = malloc(2 * MT * F), *og2 = malloc(2 * MT * G);
-    /* the QKVG kernel tuned per m for this architecture (-1), then the linear plan's table's and cuBLASLt's at
-     * every m */
-    const int32_t qkvg_kernels[] = {-1, K3_KERNEL_AUTO, K3_KERNEL_FALLBACK};
-    for (int kv = 0; kv < 3; kv++) {
+    /* the QKVG kernel and the F_AB kernel's blocks tuned per m for this architecture, then forced: the linear
+     * plan's table's or cuBLASLt's QKVG at every m, with every run_n shape */
+    const int32_t variants[][2] = {{-1, K3_KDA_RUN_N_TUNED},
+                                   {K3_KERNEL_AUTO, K3_KDA_RUN_N_NARROW},
+                                   {K3_KERNEL_FALLBACK, K3_KDA_RUN_N_ROWS1},
+                                   {K3_KERNEL_AUTO, K3_KDA_RUN_N_ROWS2}};
+    for (int kv = 0; kv < (int)(sizeof variants / sizeof variants[0]); kv++) {
         k3_kda_proj_desc d, dseq;
         k3_kda_proj_desc_init(&d);
-        d.qkvg_kernel = qkvg_kernels[kv];
-        printf("qkvg_kernel %d\n", (int)d.qkvg_kernel);
+        d.qkvg_kernel = variants[kv][0];
+        d.run_n_shape = variants[kv][1];
+        printf("qkvg_kernel %d, run_n_shape %d\n", (int)d.qkvg_kernel, (int)d.run_n_shape);
         dseq = d;
         dseq.overlap_max_tokens = 0;
         k3_kda_proj_plan *plan = NULL, *seq = NULL;

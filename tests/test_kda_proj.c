@@ -39,8 +39,13 @@ static void test_validation(k3_ctx *ctx) {
     bad.overlap_max_tokens = -2;
     expect_plan_error(ctx, &bad, "overlap -2", "overlap_max_tokens");
     bad = d;
-    bad.run_n_rows_per_block = 3;
-    expect_plan_error(ctx, &bad, "rows per block 3", "run_n_rows_per_block");
+    bad.run_n_shape = 4;
+    expect_plan_error(ctx, &bad, "run_n shape 4", "run_n_shape");
+    bad.run_n_shape = -1;
+    expect_plan_error(ctx, &bad, "run_n shape -1", "run_n_shape");
+    bad.run_n_shape = K3_KDA_RUN_N_NARROW; /* 128 threads x 8-element vectors must tile hidden */
+    bad.hidden = 1536;
+    expect_plan_error(ctx, &bad, "narrow with hidden 1536", "hidden % 1024");
     bad = d;
     bad.qkvg_kernel = K3_KERNEL_SKINNY;
     expect_plan_error(ctx, &bad, "qkvg_kernel SKINNY", "qkvg_kernel");

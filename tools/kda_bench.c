@@ -16,7 +16,8 @@ static void kda_bench_help(void) {
            "  ov           the default (tuned) plan: QKVG on the caller's stream, F_AB then f_b on the aux\n"
            "               stream (fork/join)\n"
            "  alternatives the same overlap with the QKVG kernel (lt = cuBLASLt, tab = the linear plan's table)\n"
-           "               and the F_AB split (r1 / r2: 1 / 2 output rows per block) forced: lt-r1 lt-r2 tab-r2;\n"
+           "               and the F_AB kernel's blocks (r1 / r2: 1 / 2 output rows per hidden/16-thread block;\n"
+           "               n: 128-thread blocks at M <= 5, r1 above) forced: lt-r1 lt-r2 tab-r2 tab-n;\n"
            "               the fastest is named at the end of the row with its margin over the fastest QKVG alone\n"
            "  sequential   the same kernels one after another on one stream\n"
            "  qkvg-tab     the QKVG GEMM alone through the linear plan's table; qkvg-lt: through cuBLASLt\n"
@@ -61,18 +62,20 @@ typedef struct kda_bench {
     cudaEvent_t fork, join;
 } kda_bench;
 
-/* The overlapped alternatives the tuning chooses between: the QKVG kernel x the F_AB split. */
-enum { KB_ALTS = 3 };
+/* The overlapped alternatives the tuning chooses between: the QKVG kernel x the F_AB kernel's shape (r1 / r2 = one
+ * or two rows per hidden / 16-thread block; n = the narrow 128-thread blocks at m <= 5, r1 above). */
+enum { KB_ALTS = 4 };
 typedef struct kda_alt {
     kda_bench *b;
     k3_kda_proj_plan *plan;
     const char *name;
-    int32_t qkvg_kernel, rows_per_block;
+    int32_t qkvg_kernel, run_n_shape;
 } kda_alt;
 static const kda_alt kb_alt_init[KB_ALTS] = {
-    {NULL, NULL, "lt-r1", K3_KERNEL_FALLBACK, 1},
-    {NULL, NULL, "lt-r2", K3_KERNEL_FALLBACK, 2},
-    {NULL, NULL, "tab-r2", K3_KERNEL_AUTO, 2},
+    {NULL, NULL, "lt-r1", K3_KERNEL_FALLBACK, K3_KDA_RUN_N_ROWS1},
+    {NULL, NULL, "lt-r2", K3_KERNEL_FALLBACK, K3_KDA_RUN_N_ROWS2},
+    {NULL, NULL, "tab-r2", K3_KERNEL_AUTO, K3_KDA_RUN_N_ROWS2},
+    {NULL, NULL, "tab-n", K3_KERNEL_AUTO, K3_KDA_RUN_N_NARROW},
 };
 
 static k3_status report(kda_bench *b, k3_status st, const char *what) {
@@ -334,7 +337,7 @@ int k3_bench_kda(int argc, char **argv) {
             k3_kda_proj_desc da = d;
             alts[a].b = &b;
             da.qkvg_kernel = alts[a].qkvg_kernel;
-            da.run_n_rows_per_block = alts[a].rows_per_block;
+            da.run_n_shape = alts[a].run_n_shape;
             if (report(&b, k3_kda_proj_plan_create(b.ctx, &da, &alts[a].plan), "plan")) goto done;
         }
         b.qkvg_plan = qp;

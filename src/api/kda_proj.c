@@ -28,7 +28,7 @@ void k3_kda_proj_desc_init(k3_kda_proj_desc *d) {
     d->packed_rows = 6288;
     d->max_tokens = 16;
     d->overlap_max_tokens = -1;
-    d->run_n_rows_per_block = 0;
+    d->run_n_shape = K3_KDA_RUN_N_TUNED;
     d->qkvg_kernel = -1;
 }
 
@@ -54,8 +54,12 @@ static k3_status kda_validate(k3_ctx *ctx, const k3_kda_proj_desc *d) {
     K3_CHECK_ARG(ctx, d->overlap_max_tokens >= -1 && d->overlap_max_tokens <= d->max_tokens,
                  "kda: overlap_max_tokens must be -1 (tuned) or in [0, max_tokens], got %lld",
                  (long long)d->overlap_max_tokens);
-    K3_CHECK_ARG(ctx, d->run_n_rows_per_block >= 0 && d->run_n_rows_per_block <= 2,
-                 "kda: run_n_rows_per_block must be 0 (tuned), 1 or 2, got %d", (int)d->run_n_rows_per_block);
+    K3_CHECK_ARG(ctx, d->run_n_shape >= K3_KDA_RUN_N_TUNED && d->run_n_shape <= K3_KDA_RUN_N_NARROW,
+                 "kda: run_n_shape must be K3_KDA_RUN_N_TUNED (0), _ROWS1 (1), _ROWS2 (2) or _NARROW (3), got %d",
+                 (int)d->run_n_shape);
+    K3_CHECK_ARG(ctx, d->run_n_shape != K3_KDA_RUN_N_NARROW || d->hidden % 1024 == 0,
+                 "kda: run_n_shape K3_KDA_RUN_N_NARROW needs hidden %% 1024 == 0 (128 threads x 8-element vectors), "
+                 "got hidden %lld", (long long)d->hidden);
     K3_CHECK_ARG(ctx, d->qkvg_kernel == -1 || d->qkvg_kernel == K3_KERNEL_AUTO || d->qkvg_kernel == K3_KERNEL_FALLBACK,
                  "kda: qkvg_kernel must be -1 (tuned), K3_KERNEL_AUTO (%d) or K3_KERNEL_FALLBACK (%d), got %d",
                  (int)K3_KERNEL_AUTO, (int)K3_KERNEL_FALLBACK, (int)d->qkvg_kernel);
@@ -79,8 +83,12 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
     if (p->d.overlap_max_tokens < 0) /* the measured crossover, never past what the plan accepts */
         p->d.overlap_max_tokens =
             p->tuning.overlap_max_tokens < d->max_tokens ? p->tuning.overlap_max_tokens : d->max_tokens;
-    if (d->run_n_rows_per_block > 0)
-        for (int i = 1; i <= K3_KDA_MAX_TOKENS; i++) p->tuning.run_n_rows_per_block[i] = d->run_n_rows_per_block;
+    for (int i = 1; i <= K3_KDA_MAX_TOKENS; i++) { /* a forced shape; NARROW only where its kernel exists */
+        int32_t shape = d->run_n_shape != K3_KDA_RUN_N_TUNED ? d->run_n_shape : p->tuning.run_n_shape[i];
+        if (shape == K3_KDA_RUN_N_NARROW && (i > K3_KDA_NARROW_MAX_TOKENS || d->hidden % 1024 != 0))
+            shape = K3_KDA_RUN_N_ROWS1;
+        p->tuning.run_n_shape[i] = shape;
+    }
 
     /* the QKVG kernel per m (tuned, or the caller's for every m), the same for both paths */
     k3_status st = K3_STATUS_SUCCESS;
@@ -134,8 +142,7 @@ static k3_status kda_branch(k3_kda_proj_plan *p, int64_t m, const uint16_t *x, c
                       (uint16_t *)g1, p->fb_rows, K3_ACCUM_FP32);
         return K3_STATUS_SUCCESS;
     }
-    K3_TRY(k3_cuda_kda_run_n(ctx, m, x, p->d.hidden, w_fab, p->fab_rows, p->tuning.run_n_rows_per_block[m], fab,
-                             stream));
+    K3_TRY(k3_cuda_kda_run_n(ctx, m, x, p->d.hidden, w_fab, p->fab_rows, p->tuning.run_n_shape[m], fab, stream));
     return k3_cuda_kda_run_k(ctx, m, fab, p->fab_rows, w_fb, p->fb_rows, g1, stream);
 }
 

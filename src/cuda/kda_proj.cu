@@ -66,6 +66,43 @@ __global__ void __launch_bounds__(512) kda_run_n_kernel(const uint16_t *__restri
     }
 }
 
+/* The narrow shape of run_n (K3_KDA_RUN_N_NARROW): one row per block of 128 threads, thread t owning the V = hidden
+ * / 1024 vectors of 8 elements at (128 v + t) * 8 (each load instruction of the block reads 2 KB contiguous). Why:
+ * the table's QKVG kernel fills every SM in one wave, and a wide block (hidden / 16 threads) does not fit beside it;
+ * a 128-thread block capped at 80 registers (__launch_bounds__(128, 6)) does. It first asks for all of its x in L1
+ * (prefetch.global.L1), so x costs one round trip for any m: while QKVG streams, every round trip takes
+ * microseconds (bench/NOTES-kda.md, sessions 11 and 13). */
+template <int M, int V>
+__global__ void __launch_bounds__(128, 6) kda_run_n_narrow_kernel(const uint16_t *__restrict__ x, int hidden,
+                                                                  const uint16_t *__restrict__ w, int rows,
+                                                                  uint16_t *__restrict__ fab) {
+    __shared__ float partial[4][M];
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, row = blockIdx.x;
+    const uint16_t *wp = w + (size_t)row * hidden + (size_t)t * 8;
+    k3_bf16x8 wv[V];
+    const uint64_t pol = k3_policy_evict_first();
+#pragma unroll
+    for (int v = 0; v < V; v++) wv[v] = k3_bf16x8_from_u4(k3_ld_stream(wp + v * 1024, pol));
+    for (int i = 0; i < M; i++) {
+        const uint16_t *p = x + (size_t)i * hidden + (size_t)t * 8;
+#pragma unroll
+        for (int v = 0; v < V; v++) asm volatile("prefetch.global.L1 [%0];" ::"l"(p + v * 1024));
+    }
+#pragma unroll
+    for (int i = 0; i < M; i++) {
+        const uint16_t *p = x + (size_t)i * hidden + (size_t)t * 8;
+        float acc = 0.0f;
+#pragma unroll
+        for (int v = 0; v < V; v++) acc = k3_dot8_bf16(wv[v], k3_bf16x8_from_u4(k3_ld_cached(p + v * 1024)), acc);
+        acc = warp_sum(acc);
+        if (lane == 0) partial[warp][i] = acc;
+    }
+    __syncthreads();
+    if (t < M) /* fixed summation order over the 4 warps: bitwise reproducible */
+        fab[(size_t)t * rows + row] =
+            k3_f32_to_bf16_dev(((partial[0][t] + partial[1][t]) + partial[2][t]) + partial[3][t]);
+}
+
 /* 16 lanes per output row, 8 K elements each (K = 128), butterfly reduction over the 16 lanes; every lane ends
  * with every token's sum and lane (i % 16) stores token i, spreading the stores. */
 template <int M>
@@ -94,13 +131,31 @@ __global__ void __launch_bounds__(256) kda_run_k_kernel(const uint16_t *__restri
 }
 
 template <int M>
-cudaError_t launch_run_n(const uint16_t *x, int hidden, const uint16_t *w, int rows, int rpb, uint16_t *fab,
-                         cudaStream_t s) {
-    const dim3 block(hidden / 16);
-    switch (rpb) {
-    case 1: kda_run_n_kernel<M, 1><<<rows, block, 0, s>>>(x, hidden, w, rows, fab); break;
-    default: kda_run_n_kernel<M, 2><<<(rows + 1) / 2, block, 0, s>>>(x, hidden, w, rows, fab); break;
+cudaError_t launch_run_n_narrow(const uint16_t *x, int hidden, const uint16_t *w, int rows, uint16_t *fab,
+                                cudaStream_t s) {
+    switch (hidden / 1024) { /* hidden % 1024 == 0, <= 8192 */
+#define K3_RUN_N_NARROW(V) \
+    case V: kda_run_n_narrow_kernel<M, V><<<rows, 128, 0, s>>>(x, hidden, w, rows, fab); break;
+        K3_RUN_N_NARROW(1) K3_RUN_N_NARROW(2) K3_RUN_N_NARROW(3) K3_RUN_N_NARROW(4) K3_RUN_N_NARROW(5)
+        K3_RUN_N_NARROW(6) K3_RUN_N_NARROW(7) K3_RUN_N_NARROW(8)
+#undef K3_RUN_N_NARROW
+    default: return cudaErrorInvalidValue;
     }
+    return cudaGetLastError();
+}
+
+template <int M>
+cudaError_t launch_run_n(const uint16_t *x, int hidden, const uint16_t *w, int rows, int shape, uint16_t *fab,
+                         cudaStream_t s) {
+    if (shape == K3_KDA_RUN_N_NARROW) {
+        if constexpr (M <= K3_KDA_NARROW_MAX_TOKENS) return launch_run_n_narrow<M>(x, hidden, w, rows, fab, s);
+        return cudaErrorInvalidValue;
+    }
+    const dim3 block(hidden / 16);
+    if (shape == K3_KDA_RUN_N_ROWS2)
+        kda_run_n_kernel<M, 2><<<(rows + 1) / 2, block, 0, s>>>(x, hidden, w, rows, fab);
+    else
+        kda_run_n_kernel<M, 1><<<rows, block, 0, s>>>(x, hidden, w, rows, fab);
     return cudaGetLastError();
 }
 
@@ -138,13 +193,15 @@ cudaError_t dispatch_m(int64_t m, F f) {
 } // namespace
 
 extern "C" k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, int64_t hidden, const void *w,
-                                       int64_t rows, int32_t rows_per_block, void *fab, void *stream) {
+                                       int64_t rows, int32_t shape, void *fab, void *stream) {
+    const bool narrow = shape == K3_KDA_RUN_N_NARROW;
     if (m < 1 || m > K3_KDA_MAX_TOKENS || hidden % 512 != 0 || hidden > 8192 || rows < 1 ||
-        (rows_per_block != 1 && rows_per_block != 2))
+        (shape != K3_KDA_RUN_N_ROWS1 && shape != K3_KDA_RUN_N_ROWS2 && !narrow) ||
+        (narrow && (m > K3_KDA_NARROW_MAX_TOKENS || hidden % 1024 != 0)))
         return k3_fail(ctx, K3_STATUS_INTERNAL_ERROR, "kda run_n: unchecked arguments reached the launcher");
     const cudaError_t e = dispatch_m(m, [&](auto mc) {
         return launch_run_n<decltype(mc)::value>((const uint16_t *)x, (int)hidden, (const uint16_t *)w, (int)rows,
-                                                 rows_per_block, (uint16_t *)fab, (cudaStream_t)stream);
+                                                 shape, (uint16_t *)fab, (cudaStream_t)stream);
     });
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of kda run_n failed: %s", cudaGetErrorString(e));

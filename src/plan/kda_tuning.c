@@ -8,8 +8,9 @@
 void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out) {
     const int sm90 = table == K3_TABLE_SM90;
     out->overlap_max_tokens = sm90 ? 16 : 14;
-    out->run_n_rows_per_block[0] = 1;
-    for (int m = 1; m <= 16; m++) out->run_n_rows_per_block[m] = sm90 ? 2 : 1;
+    out->run_n_shape[0] = K3_KDA_RUN_N_ROWS1;
+    for (int m = 1; m <= 16; m++)
+        out->run_n_shape[m] = !sm90 ? K3_KDA_RUN_N_ROWS1 : m <= 5 ? K3_KDA_RUN_N_NARROW : K3_KDA_RUN_N_ROWS2;
     /* SM90: with the table's own kernel for 6144 x 7168 (`mma w8_t1_u2_l`, 22.1-22.5 us alone, vs cuBLASLt's
      * 23.5-25.3) the overlap costs +1.9..+7.1 us at M 4-8: its one wave fills every SM, so the branch waits; with
      * cuBLASLt's (96 blocks, one per SM, 36 SMs idle) +0.3..+1.1 us. At M 1-3 the two are close, and which is
@@ -19,6 +20,15 @@ void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out) {
      * at M 1 (within 0.1 us where it is not faster, and it keeps the overlap <= 0.75 x the chain), cuBLASLt from
      * M 2 (bench/NOTES-kda.md). Re-measured in session 12 with the table's faster `w8_t1_u2_l_h2` (22.0 us
      * alone): the same picture, the overlap with it 24.3-29.5 us at M 1-8 against 24.2-25.4 with cuBLASLt's. */
+    /* Session 13: the table's QKVG became `w4_t1_u4_l_h2_pp` (21.2-21.4 us alone at M 1-4; 138 registers x 128
+     * threads: three blocks per SM, 384 blocks on 396 slots). Beside three of them an SM has 10,240 registers left,
+     * less than one hidden / 16-thread run_n block needs (448 threads x 32-68 registers), so the branch waited for
+     * the few SMs holding two: +1.5 (M 1) .. +3.5 us over QKVG alone. The narrow run_n block (128 threads, <= 80
+     * registers) fits beside three on every SM, and it prefetches its x into L1 in one round trip. With the
+     * table's QKVG the overlap then measured 22.09 / 22.27 / 22.51 / 22.74 / 23.98 us at M 1-5 (+0.87..+1.42 over
+     * QKVG alone at M 1-4, +2.41 at M 5), against 24.6-25.1 with cuBLASLt's QKVG (the previous choice from M 2).
+     * At M 6-8 it lost to that (25.97-27.95 vs 25.1-25.2: its registers spill from M 5), so from M 6 the previous
+     * choice stays (bench/NOTES-kda.md, session 13). */
     for (int m = 0; m <= 16; m++)
-        out->qkvg_kernel[m] = !sm90 || m <= 1 ? K3_KERNEL_AUTO : K3_KERNEL_FALLBACK;
+        out->qkvg_kernel[m] = !sm90 || m <= 5 ? K3_KERNEL_AUTO : K3_KERNEL_FALLBACK;
 }
