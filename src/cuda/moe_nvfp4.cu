@@ -451,20 +451,35 @@ __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS]
  * Why: register loads of the ring above share one scoreboard, and SASS waits on a scoreboard until ALL its
  * loads are back; the wait for chunk t therefore also waited for the refills issued after it, so only about
  * one chunk was really in flight per warp (bench/NOTES-moe.md, session 8). cp.async groups complete in
- * order and `cp.async.wait_group N` waits for exactly the older ones: S - 1 chunks (weights, block scales and
- * activations) stay in flight while one is decoded. Each lane copies and reads back only its own bytes, so
- * no barrier is needed. Per warp and stage: weights [SETS * 2][32] x 16 B, the 4-byte word holding the
- * lane's two scale bytes [SETS * 2][32] x 4 B, activations [NT][4][32] x 16 B. Used when the scale words are
- * 4-byte aligned (swizzled layout, or cols % 64 == 0 with an aligned scale pointer) and NT <= 2. */
-constexpr int AS_STAGES = 4;
-template <int SETS, int NT>
-__host__ __device__ constexpr int as_stage_uint4() { return SETS * 80 + NT * 128; }
-template <int SETS, int NT>
-__host__ __device__ constexpr int as_warp_uint4() { return AS_STAGES * as_stage_uint4<SETS, NT>(); }
+ * order and `cp.async.wait_group N` waits for exactly the older ones: S - 1 chunks (weights and block scales)
+ * stay in flight while one is decoded. Each lane copies and reads back only its own bytes, so no barrier is
+ * needed. Per warp and stage: weights [SETS * 2][32] x 16 B, the 4-byte word holding the lane's two scale
+ * bytes [SETS * 2][32] x 4 B. The activations are NOT in the ring (session 13): a token tile's 8 rows took
+ * 2 KB per stage although at decode sizes an expert has 1-2 tokens (7 of 8 rows zero-filled), which capped
+ * GEMM1 at 3 blocks per SM (2 at NT 2). They are read straight into registers (plain coherent L1-cached
+ * loads: every block of an SM reads the same few token rows) at the start of their chunk, with an L1
+ * prefetch S - 1 chunks ahead. Used when the scale words are 4-byte aligned (swizzled layout, or
+ * cols % 64 == 0 with an aligned scale pointer) and NT <= 2. */
+/* Ring depths (chunks; S - 1 in flight per warp). Session 13 measured GEMM1 at S = 3 about 3-5% faster than 4
+ * (bench/NOTES-moe.md), but that build was not run through gpu_moe; 4 is the validated value. */
+constexpr int G1_STAGES = 4;
+constexpr int G2_STAGES = 4;
+template <int SETS>
+__host__ __device__ constexpr int as_stage_uint4() { return SETS * 80; }
+template <int SETS, int S>
+__host__ __device__ constexpr int as_warp_uint4() { return S * as_stage_uint4<SETS>(); }
 
 __device__ __forceinline__ void k3_cp_async4(void *smem, const void *gmem) {
     const uint32_t d = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(gmem) : "memory");
+}
+
+/* The weights' 16-byte copy with the L2 prefetch-size hint (256-byte blocks): the 4 warps of a block read 4
+ * adjacent 64-byte chunks of each row at about the same time, so one DRAM read of 256 bytes serves all four
+ * (session 13: GEMM1 2-3% faster than without the hint). */
+__device__ __forceinline__ void nv_cp_w16(void *smem, const void *gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
 
 /* The producer side of one lane's ring: its addresses at the warp's first chunk and the byte steps from one
@@ -472,13 +487,13 @@ __device__ __forceinline__ void k3_cp_async4(void *smem, const void *gmem) {
  * row * row_bytes + chunk * 64 and the scale offsets in 64 bits for every chunk cost ~130 of the loop's 579
  * instructions (SASS, session 8); a post-incremented pointer costs 4 (the cp.async keeps reading its address
  * registers, so ptxas copies them first). */
-template <int SETS, int NT>
+template <int SETS>
 struct nv_feed {
     const uint8_t *w[SETS][2];  /* weights: 16 bytes per row and chunk */
     const uint8_t *sw[SETS][2]; /* the aligned 4-byte word holding the lane's two scale bytes */
-    const uint8_t *x[NT];       /* activations: 64 bytes per token row and chunk */
-    uint32_t xsz[NT];           /* 16, or 0 for a padding lane (zero-fill) */
-    uint32_t wstep, sstep, xstep;
+    int sbyte[SETS][2];         /* where the lane's two scale bytes sit in their word: constant along the row */
+    uint32_t wstep, sstep;
+    int n;                      /* this warp's chunks */
 };
 
 template <typename T>
@@ -486,45 +501,12 @@ __device__ __forceinline__ const T *at_step(const T *base, uint32_t k, uint32_t 
     return (const T *)((const uint8_t *)base + (uint64_t)(k * step)); /* < 4 GB: one expert's slice */
 }
 
-template <int SETS, int NT>
-__device__ __forceinline__ void nv_issue_w(uint4 *stage, const nv_feed<SETS, NT> &f, uint32_t k, int lane) {
-    uint32_t *sc = (uint32_t *)(stage + SETS * 64);
-#pragma unroll
-    for (int s = 0; s < SETS; s++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            k3_cp_async16(stage + (s * 2 + h) * 32 + lane, at_step(f.w[s][h], k, f.wstep));
-            k3_cp_async4(sc + (s * 2 + h) * 32 + lane, at_step(f.sw[s][h], k, f.sstep));
-        }
-}
-
-template <int SETS, int NT>
-__device__ __forceinline__ void nv_issue_x(uint4 *stage, const nv_feed<SETS, NT> &f, uint32_t k, int ntv, int lane) {
-    uint4 *xs = stage + SETS * 80;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        if (nt > 0 && nt >= ntv) break;
-        const uint8_t *xp = at_step(f.x[nt], k, f.xstep);
-#pragma unroll
-        for (int j = 0; j < 4; j++) k3_cp_async16_zfill(xs + (nt * 4 + j) * 32 + lane, xp + 16 * j, f.xsz[nt]);
-    }
-}
-
-/* WAIT: k3_pdl_wait() once the first S - 1 chunks' weights are in flight, then their activations are fetched
- * (GEMM2: the weights stream while GEMM1 drains). Accumulators come out scaled by 1 / NV_ACC. The chunk loop
- * is unrolled by the ring depth, so every stage address is a constant offset. */
-template <int SETS, int NT, bool WAIT>
-__device__ __forceinline__ void mma_range_nv_async(const uint8_t *const (&wrow)[SETS][2],
-                                                   const int64_t (&row)[SETS][2], const uint8_t *sexp,
-                                                   int32_t layout, int64_t cols, const uint16_t *const (&brow)[NT],
-                                                   uint32_t xok, int ntv, int c0, int cstep, int q, uint4 *ring,
-                                                   float (&acc)[SETS][NT][4]) {
-    constexpr int S = AS_STAGES, SU = as_stage_uint4<SETS, NT>();
-    const int chunks = (int)(cols / 128);
-    const int n = c0 < chunks ? (chunks - c0 + cstep - 1) / cstep : 0; /* this warp's chunks */
-    const int lane = threadIdx.x & 31;
-    nv_feed<SETS, NT> f;
-    int sbyte[SETS][2]; /* where the lane's two scale bytes sit in their word: constant along the row */
+/* The weight side of a warp's range: the n chunks c0, c0 + cstep, ... of the rows row[s][h]. */
+template <int SETS>
+__device__ __forceinline__ void nv_feed_init(nv_feed<SETS> &f, const uint8_t *const (&wrow)[SETS][2],
+                                             const int64_t (&row)[SETS][2], const uint8_t *sexp, int32_t layout,
+                                             int64_t cols, int c0, int cstep, int n, int q) {
+    f.n = n;
     int64_t sstep = 0;
 #pragma unroll
     for (int s = 0; s < SETS; s++)
@@ -532,42 +514,125 @@ __device__ __forceinline__ void mma_range_nv_async(const uint8_t *const (&wrow)[
         for (int h = 0; h < 2; h++) {
             int64_t off;
             scale_walk<FMT_NVFP4>(layout, row[s][h], cols, q, off, sstep);
-            sbyte[s][h] = (int)(off & 2);
+            f.sbyte[s][h] = (int)(off & 2);
             f.sw[s][h] = sexp + (off & ~(int64_t)3) + (int64_t)c0 * sstep;
             f.w[s][h] = wrow[s][h] + (int64_t)c0 * 64 + 16 * q;
         }
+    f.wstep = 64u * (uint32_t)cstep, f.sstep = (uint32_t)(sstep * cstep);
+}
+
+template <int SETS>
+__device__ __forceinline__ void nv_issue_w(uint4 *stage, const nv_feed<SETS> &f, uint32_t k, int lane) {
+    uint32_t *sc = (uint32_t *)(stage + SETS * 64);
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        f.x[nt] = (const uint8_t *)(brow[nt] + (int64_t)c0 * 128 + 32 * q);
-        f.xsz[nt] = (xok >> nt & 1u) * 16u;
-    }
-    f.wstep = 64u * (uint32_t)cstep, f.sstep = (uint32_t)(sstep * cstep), f.xstep = 256u * (uint32_t)cstep;
+    for (int s = 0; s < SETS; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            nv_cp_w16(stage + (s * 2 + h) * 32 + lane, at_step(f.w[s][h], k, f.wstep));
+            k3_cp_async4(sc + (s * 2 + h) * 32 + lane, at_step(f.sw[s][h], k, f.sstep));
+        }
+}
+
+/* The ring fill: the first S - 1 chunks' weights, one commit each (always, so the group count is fixed). */
+template <int SETS, int S>
+__device__ __forceinline__ void nv_fill(uint4 *ring, const nv_feed<SETS> &f, int lane) {
 #pragma unroll
     for (int i = 0; i < S - 1; i++) {
-        if (i < n) {
-            nv_issue_w<SETS, NT>(ring + i * SU, f, i, lane);
-            if (!WAIT) nv_issue_x<SETS, NT>(ring + i * SU, f, i, ntv, lane);
-        }
+        if (i < f.n) nv_issue_w<SETS>(ring + i * as_stage_uint4<SETS>(), f, i, lane);
         k3_cp_async_commit();
     }
-    if (WAIT) {
-        k3_pdl_wait();
+}
+
+/* This lane's activations of one chunk: 64 contiguous bytes of its token row per token tile (padding lanes:
+ * zeros, no load). Plain ld.global (coherent: GEMM2 reads GEMM1's output after its PDL wait). */
+__device__ __forceinline__ uint4 ld_x16(const uint8_t *p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+template <int NT>
+__device__ __forceinline__ void nv_load_x(const uint8_t *const (&xp)[NT], uint32_t xok, int ntv, uint32_t k,
+                                          uint32_t xstep, uint4 (&xv)[NT][4]) {
 #pragma unroll
-        for (int i = 0; i < S - 1; i++)
-            if (i < n) nv_issue_x<SETS, NT>(ring + i * SU, f, i, ntv, lane);
-        k3_cp_async_commit();
-        k3_cp_async_wait<0>();
+    for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) xv[nt][j] = make_uint4(0u, 0u, 0u, 0u);
+        if ((nt == 0 || nt < ntv) && (xok >> nt & 1u)) {
+            const uint8_t *p = at_step(xp[nt], k, xstep);
+#pragma unroll
+            for (int j = 0; j < 4; j++) xv[nt][j] = ld_x16(p + 16 * j);
+        }
     }
+}
+/* The L1 prefetch of a chunk's activation line, issued with the chunk's weight copies (S - 1 chunks ahead);
+ * session 13: without it GEMM1 was 5-8% slower. */
+template <int NT>
+__device__ __forceinline__ void nv_prefetch_x(const uint8_t *const (&xp)[NT], uint32_t xok, int ntv, uint32_t k,
+                                              uint32_t xstep) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+        if ((nt == 0 || nt < ntv) && (xok >> nt & 1u))
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(at_step(xp[nt], k, xstep)));
+}
+
+/* One 128-wide NVFP4 chunk with the activations in registers (xv[nt][j]: this lane's 16 bytes of word j). */
+template <int SETS, int NT>
+__device__ __forceinline__ void mma_chunk_nv_rx(const uint4 (&cw)[SETS][2], const uint32_t (&cs)[SETS][2][2],
+                                                const uint4 (&xv)[NT][4], int ntv, float (&acc)[SETS][NT][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t a[SETS][2][4];
+#pragma unroll
+        for (int s = 0; s < SETS; s++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) decode_fp4_word<FMT_NVFP4>(word_of(cw[s][h], j), cs[s][h][j >> 1], a[s][h]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (nt > 0 && nt >= ntv) break; /* warp-uniform; ntv >= 1 */
+            const uint4 x = xv[nt][j];
+            const uint32_t b00 = __byte_perm(x.x, x.z, 0x5410), b01 = __byte_perm(x.x, x.z, 0x7632);
+            const uint32_t b10 = __byte_perm(x.y, x.w, 0x5410), b11 = __byte_perm(x.y, x.w, 0x7632);
+#pragma unroll
+            for (int s = 0; s < SETS; s++) {
+                mma16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
+                mma16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
+            }
+        }
+    }
+}
+
+/* The main loop after nv_fill (the caller fills the ring first, so the weights stream while it reads the
+ * routing, or waits for the previous kernel). Accumulators come out scaled by 1 / NV_ACC. The chunk loop is
+ * unrolled by the ring depth, so every stage address is a constant offset. */
+template <int SETS, int NT, int S>
+__device__ __forceinline__ void mma_range_nv_async(const nv_feed<SETS> &f, const uint8_t *const (&wrow)[SETS][2],
+                                                   const int64_t (&row)[SETS][2], const uint8_t *sexp,
+                                                   int32_t layout, int64_t cols, const uint16_t *const (&brow)[NT],
+                                                   uint32_t xok, int ntv, int c0, int cstep, int tc0, int tcs,
+                                                   int q, uint4 *ring, float (&acc)[SETS][NT][4]) {
+    constexpr int SU = as_stage_uint4<SETS>();
+    const int n = f.n;
+    const int lane = threadIdx.x & 31;
+    const uint8_t *xp[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) xp[nt] = (const uint8_t *)(brow[nt] + (int64_t)c0 * 128 + 32 * q);
+    const uint32_t xstep = 256u * (uint32_t)cstep;
+#pragma unroll
+    for (int i = 0; i < S - 1; i++)
+        if (i < n) nv_prefetch_x<NT>(xp, xok, ntv, i, xstep);
     for (int i0 = 0; i0 < n; i0 += S) {
 #pragma unroll
         for (int d = 0; d < S; d++) {
             if (i0 + d >= n) break; /* warp-uniform */
-            /* refill the stage consumed one chunk ago with chunk i0 + d + S - 1 */
+            /* this chunk's activations first (L1 hits, or L2), then refill the stage consumed one chunk ago with
+             * chunk i0 + d + S - 1 */
+            uint4 xv[NT][4];
+            nv_load_x<NT>(xp, xok, ntv, i0 + d, xstep, xv);
             uint4 *refill = ring + ((d + S - 1) % S) * SU;
             const uint32_t ka = i0 + d + S - 1;
             if (ka < (uint32_t)n) {
-                nv_issue_w<SETS, NT>(refill, f, ka, lane);
-                nv_issue_x<SETS, NT>(refill, f, ka, ntv, lane);
+                nv_issue_w<SETS>(refill, f, ka, lane);
+                nv_prefetch_x<NT>(xp, xok, ntv, ka, xstep);
             }
             k3_cp_async_commit();
             k3_cp_async_wait<S - 1>(); /* chunk i0 + d's group (and every older one) has landed */
@@ -580,28 +645,36 @@ __device__ __forceinline__ void mma_range_nv_async(const uint8_t *const (&wrow)[
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     cw[s][h] = stage[(s * 2 + h) * 32 + lane];
-                    nv_scales_bf16x2(*(const uint16_t *)(sc + ((s * 2 + h) * 32 + lane) * 4 + sbyte[s][h]),
+                    nv_scales_bf16x2(*(const uint16_t *)(sc + ((s * 2 + h) * 32 + lane) * 4 + f.sbyte[s][h]),
                                      cs[s][h][0], cs[s][h][1]);
                 }
-            mma_chunk_fp4<FMT_NVFP4, SETS, NT>(cw, cs, stage + SETS * 80 + lane, ntv, acc);
+            mma_chunk_nv_rx<SETS, NT>(cw, cs, xv, ntv, acc);
         }
     }
     k3_cp_async_wait<0>(); /* only empty groups can be left; the ring is clean for the next pass */
-    if ((cols % 128) != 0) nv_tail<SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, acc);
+    if ((cols % 128) != 0) nv_tail<SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, tc0, tcs, q, acc);
+}
+
+/* A warp's chunks of a K split into `parts` warps: every parts-th chunk from chunk `part` (interleaved: the
+ * warps of a block read adjacent 64-byte pieces of each row at about the same time; a contiguous range per
+ * warp was measured 2-8% slower in session 13). The 16-element tail steps are split j % parts == part. */
+__device__ __forceinline__ void k_split(int64_t cols, int part, int parts, int &c0, int &cstep, int &n) {
+    const int chunks = (int)(cols / 128);
+    c0 = part, cstep = parts, n = part < chunks ? (chunks - part + parts - 1) / parts : 0;
 }
 
 /* The main loop of either kind; FP4 accumulators are scaled by 1 / acc_scale<FMT>(). */
 template <int FMT>
 __device__ __forceinline__ constexpr float acc_scale() { return FMT == FMT_NVFP4 ? NV_ACC : 1.0f; }
 
-template <int FMT, int SETS, int NT, int D, bool WAIT, bool ASYNC>
+/* The register-ring / BF16 main loops (the cp.async ring is called by the kernels directly: they fill it
+ * before reading the routing or waiting for the previous kernel). */
+template <int FMT, int SETS, int NT, int D, bool WAIT>
 __device__ __forceinline__ void mma_any(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
                                         const uint8_t *sexp, int32_t layout, int64_t cols,
                                         const uint16_t *const (&brow)[NT], uint32_t xok, int ntv, int c0, int cstep,
                                         int q, uint64_t pol, uint4 *xs, float (&acc)[SETS][NT][4]) {
-    if (ASYNC) {
-        mma_range_nv_async<SETS, NT, WAIT>(wrow, row, sexp, layout, cols, brow, xok, ntv, c0, cstep, q, xs, acc);
-    } else if (FMT == FMT_BF16) {
+    if (FMT == FMT_BF16) {
         if (WAIT) k3_pdl_wait();
         mma_range_bf16<SETS, NT>(wrow, row, cols, brow, ntv, c0, cstep, q, pol, acc);
     } else {
@@ -630,10 +703,15 @@ struct moe_params {
 /* ASYNC (NVFP4, NT <= 2): the cp.async ring in dynamic shared memory (g1_dyn_bytes); the split-K partial
  * sums of warp w > 0 then go to the start of warp w's own ring, which is dead after its main loop. */
 template <int SETS, int NT>
-constexpr size_t g1_dyn_bytes() { return (size_t)G1_WARPS * as_warp_uint4<SETS, NT>() * 16; }
+constexpr size_t g1_dyn_bytes() { return (size_t)G1_WARPS * as_warp_uint4<SETS, G1_STAGES>() * 16; }
+/* Blocks per SM the register budget is sized for: the cp.async kernel at NT 1 (no activation ring: 40 KB of
+ * shared memory per block) fits 4 at 128 registers, no spills in the loop (5, at 96 registers, was slower:
+ * session 13); NT 2 keeps 3 (162 registers). */
+template <bool ASYNC, int NT>
+constexpr int g1_min_blocks() { return ASYNC && NT == 1 ? 4 : G1_MIN_BLOCKS; }
 
 template <int FMT, bool GATED, int NT, bool ASYNC>
-__global__ void __launch_bounds__(G1_WARPS * 32, G1_MIN_BLOCKS) k3_moe_gemm1_kernel(const moe_params P) {
+__global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_moe_gemm1_kernel(const moe_params P) {
     constexpr int SETS = GATED ? 2 : 1;
     constexpr int RED = SETS * NT * 4 * 32; /* floats of one warp's partial sums */
     __shared__ float red_s[ASYNC ? 1 : (G1_WARPS - 1) * RED];
@@ -647,7 +725,6 @@ __global__ void __launch_bounds__(G1_WARPS * 32, G1_MIN_BLOCKS) k3_moe_gemm1_ker
     const int32_t n_act = __ldcg(P.n_active), e = __ldcg(P.active + slot);
     if (slot >= n_act) return; /* block-uniform: before any barrier */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    const int32_t p0 = __ldcg(P.offs + e), cnt = __ldcg(P.offs + e + 1) - p0;
     const int64_t i0 = (int64_t)blockIdx.y * 16;
     const uint64_t pol = k3_policy_evict_first();
     const uint8_t *wexp = P.w13 + (size_t)e * P.w13_eb;
@@ -664,6 +741,16 @@ __global__ void __launch_bounds__(G1_WARPS * 32, G1_MIN_BLOCKS) k3_moe_gemm1_ker
 #pragma unroll
         for (int s = 0; s < SETS; s++) wrow[s][h] = wexp + row[s][h] * row_bytes;
     }
+    /* ASYNC: the first pass's weights start streaming now, before the routing reads below */
+    uint4 *const ring = k3_moe_dyn + warp * as_warp_uint4<SETS, G1_STAGES>();
+    nv_feed<SETS> f;
+    int kc0 = 0, kcs = 1, kn = 0;
+    if constexpr (ASYNC) {
+        k_split(P.L, warp, G1_WARPS, kc0, kcs, kn);
+        nv_feed_init<SETS>(f, wrow, row, sexp, P.layout, P.L, kc0, kcs, kn, q);
+        nv_fill<SETS, G1_STAGES>(ring, f, lane);
+    }
+    const int32_t p0 = __ldcg(P.offs + e), cnt = __ldcg(P.offs + e + 1) - p0;
     float alpha[2] = {1.0f, 1.0f}, inv_gs = 1.0f, gs2 = 1.0f;
     if (FMT == FMT_NVFP4) {
         alpha[0] = P.sep ? __ldg(P.w13_s2 + 2 * e) : __ldg(P.w13_s2 + e);
@@ -689,9 +776,14 @@ __global__ void __launch_bounds__(G1_WARPS * 32, G1_MIN_BLOCKS) k3_moe_gemm1_ker
             brow[nt] = P.w4a4 ? P.xq + pp * P.L : P.x + (int64_t)(__ldcg(P.list + pp) / P.top_k) * P.L;
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
-        uint4 *ring = ASYNC ? k3_moe_dyn + warp * as_warp_uint4<SETS, NT>() : xring[warp];
-        mma_any<FMT, SETS, NT, G1_DEPTH, false, ASYNC>(wrow, row, sexp, P.layout, P.L, brow, xok, ntv, warp, G1_WARPS,
-                                                       q, pol, ring, acc);
+        if constexpr (ASYNC) {
+            if (pass > 0) nv_fill<SETS, G1_STAGES>(ring, f, lane);
+            mma_range_nv_async<SETS, NT, G1_STAGES>(f, wrow, row, sexp, P.layout, P.L, brow, xok, ntv, kc0, kcs, warp,
+                                                    G1_WARPS, q, ring, acc);
+        } else {
+            mma_any<FMT, SETS, NT, G1_DEPTH, false>(wrow, row, sexp, P.layout, P.L, brow, xok, ntv, warp, G1_WARPS, q,
+                                                    pol, xring[warp], acc);
+        }
 
         /* split-K sum in warp order: warp 0 + warp 1 + warp 2 + warp 3 */
         if (warp > 0) {
@@ -707,7 +799,8 @@ __global__ void __launch_bounds__(G1_WARPS * 32, G1_MIN_BLOCKS) k3_moe_gemm1_ker
         if (warp == 0) {
 #pragma unroll
             for (int w = 1; w < G1_WARPS; w++) {
-                const float *red = ASYNC ? (const float *)(k3_moe_dyn + w * as_warp_uint4<SETS, NT>()) : red_s + (w - 1) * RED;
+                const float *red =
+                    ASYNC ? (const float *)(k3_moe_dyn + w * as_warp_uint4<SETS, G1_STAGES>()) : red_s + (w - 1) * RED;
 #pragma unroll
                 for (int s = 0; s < SETS; s++)
 #pragma unroll
@@ -768,16 +861,21 @@ __global__ void __launch_bounds__(G1_WARPS * 32, G1_MIN_BLOCKS) k3_moe_gemm1_ker
  * one tile and its warps split K, summed in warp order (long K with few experts: more blocks, more bytes in
  * flight). */
 template <int NT>
-constexpr size_t g2_dyn_bytes() { return (size_t)G2_WARPS * as_warp_uint4<1, NT>() * 16; }
+constexpr size_t g2_dyn_bytes() { return (size_t)G2_WARPS * as_warp_uint4<1, G2_STAGES>() * 16; }
+/* Blocks per SM of the cp.async GEMM2 (a block's ring: 20 KB): KS 1 at NT 1 (TP8: 3 chunks per warp, the
+ * block's life is mostly its fixed latency) 6 (74 registers); NT 2 (spills in the loop at 80 registers) and
+ * split-K (EP16) 5. Measured in session 13 against 4, 5 and 6 for all. */
+template <bool ASYNC, int NT, int KS>
+constexpr int g2_min_blocks() { return !ASYNC ? G2_MIN_BLOCKS : (KS == 1 && NT == 1 ? 6 : 5); }
 
 template <int FMT, int NT, int KS, bool ASYNC>
-__global__ void __launch_bounds__(G2_WARPS * 32, ASYNC ? 4 : G2_MIN_BLOCKS) k3_moe_gemm2_kernel(const moe_params P) {
+__global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>()) k3_moe_gemm2_kernel(const moe_params P) {
     constexpr int RED = NT * 4 * 32;
     __shared__ float red_s[ASYNC || KS == 1 ? 1 : (KS - 1) * RED];
     __shared__ uint4 xring[ASYNC ? 1 : G2_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
     /* PDL: the dispatch lists (two kernels back, complete: see pdl.cuh) are read before the wait, and the
-     * weight ring is filled before it too (mma_any<..., true>); GEMM1's output a only after it */
+     * weight ring is filled before it too (nv_fill, or mma_any<..., true>); GEMM1's output a only after it */
     k3_pdl_launch();
     const int slot = blockIdx.x;
     const int32_t n_act = __ldcg(P.n_active), e = __ldcg(P.active + slot);
@@ -799,6 +897,16 @@ __global__ void __launch_bounds__(G2_WARPS * 32, ASYNC ? 4 : G2_MIN_BLOCKS) k3_m
     }
     float alpha = FMT == FMT_NVFP4 ? __ldg(P.w2_s2 + e) : 1.0f;
     const float inv_gs = P.w4a4 ? 1.0f / (1.0f / __ldg(P.w2_in + e)) : 1.0f;
+    uint4 *const ring = k3_moe_dyn + warp * as_warp_uint4<1, G2_STAGES>();
+    nv_feed<1> f;
+    int kc0 = 0, kcs = 1, kn = 0;
+    if constexpr (ASYNC) {
+        /* the weights stream while GEMM1 drains; its output a is read only after the wait */
+        k_split(P.I, KS > 1 ? warp : 0, KS, kc0, kcs, kn);
+        nv_feed_init<1>(f, wrow, row, sexp, P.layout, P.I, kc0, kcs, kn, q);
+        nv_fill<1, G2_STAGES>(ring, f, lane);
+        k3_pdl_wait();
+    }
 
     for (int pass = 0; pass < cnt; pass += NT * 8) {
         float acc[1][NT][4];
@@ -811,9 +919,14 @@ __global__ void __launch_bounds__(G2_WARPS * 32, ASYNC ? 4 : G2_MIN_BLOCKS) k3_m
             brow[nt] = P.a + (int64_t)(p0 + min(pass + nt * 8 + g, cnt - 1)) * P.I; /* as in GEMM1 */
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
-        uint4 *ring = ASYNC ? k3_moe_dyn + warp * as_warp_uint4<1, NT>() : xring[warp];
-        mma_any<FMT, 1, NT, G2_DEPTH, true, ASYNC>(wrow, row, sexp, P.layout, P.I, brow, xok, ntv, KS > 1 ? warp : 0,
-                                                   KS, q, pol, ring, acc);
+        if constexpr (ASYNC) {
+            if (pass > 0) nv_fill<1, G2_STAGES>(ring, f, lane);
+            mma_range_nv_async<1, NT, G2_STAGES>(f, wrow, row, sexp, P.layout, P.I, brow, xok, ntv, kc0, kcs,
+                                                 KS > 1 ? warp : 0, KS, q, ring, acc);
+        } else {
+            mma_any<FMT, 1, NT, G2_DEPTH, true>(wrow, row, sexp, P.layout, P.I, brow, xok, ntv, KS > 1 ? warp : 0, KS,
+                                                q, pol, xring[warp], acc);
+        }
         if (KS > 1) {
             if (warp > 0) {
                 float *red = ASYNC ? (float *)ring : red_s + (warp - 1) * RED;
@@ -826,7 +939,8 @@ __global__ void __launch_bounds__(G2_WARPS * 32, ASYNC ? 4 : G2_MIN_BLOCKS) k3_m
             if (warp == 0) {
 #pragma unroll
                 for (int w = 1; w < KS; w++) {
-                    const float *red = ASYNC ? (const float *)(k3_moe_dyn + w * as_warp_uint4<1, NT>()) : red_s + (w - 1) * RED;
+                    const float *red =
+                        ASYNC ? (const float *)(k3_moe_dyn + w * as_warp_uint4<1, G2_STAGES>()) : red_s + (w - 1) * RED;
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
