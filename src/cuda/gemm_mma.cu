@@ -40,7 +40,8 @@ __device__ __forceinline__ void k3_mma_load_w(uint4 (&wv)[UNROLL][TILES][2], con
         for (int t = 0; t < TILES; t++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                wv[j][t][h] = c + j < c_hi ? k3_ld_stream_pf<L2B>(wrow[t][h] + (c + j) * 32, pol) : make_uint4(0, 0, 0, 0);
+                wv[j][t][h] =
+                    c + j < c_hi ? k3_ld_stream_pf<L2B>(wrow[t][h] + (c + j) * 32, pol) : make_uint4(0, 0, 0, 0);
 }
 
 /* The same group's activations for this lane's tokens (absent tokens: zeros, loaded from nowhere). Coherent loads:
