@@ -18,16 +18,9 @@
  * is multiplied (one or two steps in flight per warp: PIPE below) and from L2 prefetch (PF), instead of a
  * multi-stage cp.async pipeline. */
 #include "cuda/gemm_kernels.cuh"
+#include "cuda/mma.cuh"
 
 namespace {
-
-__device__ __forceinline__ void k3_mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                  uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 /* One group of UNROLL chunks of this lane's weight rows (16 bytes per row and chunk); chunks at or past c_hi
  * read nothing and hold zeros. */

@@ -38,6 +38,7 @@
 #include "core/formats.h"
 #include "cuda/check.cuh"
 #include "cuda/gemm_kernels.cuh"
+#include "cuda/mma.cuh"
 #include "cuda/moe.h"
 #include "cuda/cp_async.cuh"
 #include "cuda/pdl.cuh"
@@ -107,14 +108,6 @@ __device__ __forceinline__ void decode_step(const uint8_t *wrow, const uint8_t *
     }
 }
 
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /* L2 loads (.cg): GEMM2 reads GEMM1's output in the same call (PDL, see pdl.cuh) */
 __device__ __forceinline__ uint2 ld_b(const uint16_t *brow, int64_t p) {
     return brow ? __ldcg((const uint2 *)(brow + p)) : make_uint2(0u, 0u);
@@ -151,7 +144,7 @@ __device__ __forceinline__ void mma_range_bf16(const uint8_t *const (&wrow)[SETS
                 const uint2 xv = ld_b(brow[nt], (int64_t)c * 128 + 32 * q + 4 * st);
 #pragma unroll
                 for (int s = 0; s < SETS; s++)
-                    mma16816(acc[s][nt], a[s][0][2 * st], a[s][1][2 * st], a[s][0][2 * st + 1], a[s][1][2 * st + 1],
+                    k3_mma_bf16_16816(acc[s][nt], a[s][0][2 * st], a[s][1][2 * st], a[s][0][2 * st + 1], a[s][1][2 * st + 1],
                              xv.x, xv.y);
             }
         }
@@ -297,7 +290,7 @@ __device__ __forceinline__ void mma_tail(const uint8_t *const (&wrow)[SETS][2], 
             if (nt >= ntv) break;
             const uint2 xv = ld_b(brow[nt], k0 + 4 * q);
 #pragma unroll
-            for (int s = 0; s < SETS; s++) mma16816(acc[s][nt], lo[s][0], lo[s][1], hi[s][0], hi[s][1], xv.x, xv.y);
+            for (int s = 0; s < SETS; s++) k3_mma_bf16_16816(acc[s][nt], lo[s][0], lo[s][1], hi[s][0], hi[s][1], xv.x, xv.y);
         }
     }
 }
@@ -373,8 +366,8 @@ __device__ __forceinline__ void mma_chunk_fp4(const uint4 (&cw)[SETS][2], const 
             const uint32_t b10 = __byte_perm(xv.y, xv.w, 0x5410), b11 = __byte_perm(xv.y, xv.w, 0x7632);
 #pragma unroll
             for (int s = 0; s < SETS; s++) {
-                mma16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
-                mma16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
+                k3_mma_bf16_16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
+                k3_mma_bf16_16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
             }
         }
     }
@@ -594,8 +587,8 @@ __device__ __forceinline__ void mma_chunk_nv_rx(const uint4 (&cw)[SETS][2], cons
             const uint32_t b10 = __byte_perm(x.y, x.w, 0x5410), b11 = __byte_perm(x.y, x.w, 0x7632);
 #pragma unroll
             for (int s = 0; s < SETS; s++) {
-                mma16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
-                mma16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
+                k3_mma_bf16_16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
+                k3_mma_bf16_16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
             }
         }
     }
