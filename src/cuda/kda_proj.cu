@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(128, 6) kda_run_n_narrow_kernel(const uint16_t
 #pragma unroll
         for (int v = 0; v < V; v++) asm volatile("prefetch.global.L1 [%0];" ::"l"(p + v * 1024));
     }
-#pragma unroll
+    /* One token at a time above 4 tokens: unrolled, the compiler hoists every token's x loads and spills. */
+#pragma unroll (M <= 4 ? M : 1)
     for (int i = 0; i < M; i++) {
         const uint16_t *p = x + (size_t)i * hidden + (size_t)t * 8;
         float acc = 0.0f;
