@@ -448,8 +448,8 @@ K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const vo
 #define K3_KDA_RUN_N_TUNED 0
 #define K3_KDA_RUN_N_ROWS1 1  /* hidden / 16 threads, one output row per block */
 #define K3_KDA_RUN_N_ROWS2 2  /* hidden / 16 threads, two output rows per block */
-#define K3_KDA_RUN_N_NARROW 3 /* 128 threads and one row per block, for m <= 5 (ROWS1 above; hidden % 1024 == 0):
-                                 small enough to sit beside a QKVG kernel that fills every SM in one wave */
+#define K3_KDA_RUN_N_NARROW 3 /* 128 threads and one row per block (hidden % 1024 == 0, else ROWS1): small
+                                 enough to sit beside a QKVG kernel that fills every SM in one wave */
 typedef struct k3_kda_proj_desc {
     int64_t hidden;             /* K of the big GEMM, 7168 */
     int64_t local_heads;        /* KDA heads on this rank: 12 at TP8 (24 at TP4, 6 at TP16) */
@@ -466,7 +466,7 @@ typedef struct k3_kda_proj_desc {
                             -1 (default) = the per-m choice measured for this architecture (src/plan/kda_tuning.c),
                             K3_KERNEL_AUTO = the linear plan's table (the fastest QKVG alone) at every m,
                             K3_KERNEL_FALLBACK = cuBLASLt at every m. On SM90 the default is the table with the
-                            narrow F_AB blocks at m 1-5 and cuBLASLt from m 6: cuBLASLt's grid leaves SMs idle that
+                            narrow F_AB blocks at m 1-7 and cuBLASLt from m 8: cuBLASLt's grid leaves SMs idle that
                             the aux branch uses, while the table's one-wave kernel leaves room only for narrow
                             blocks (bench/NOTES-kda.md). */
 } k3_kda_proj_desc;

@@ -10,14 +10,14 @@
 #include "cuda/kda_proj.h"
 
 static void kda_bench_help(void) {
-    printf("usage: k3 bench kda [--m LIST] [--reps R] [--json] [--table FILE [--force]]\n\n"
+    printf("usage: k3 bench kda [--m LIST] [--reps R] [--json] [--table FILE [--force]] [--diag]\n\n"
            "Times, per token count M (default 1-16), on the CUDA device, at Kimi-K3 TP8 shapes\n"
            "(x [M, 7168], packed in_proj [6288, 7168], f_b [1536, 128]):\n"
            "  ov           the default (tuned) plan: QKVG on the caller's stream, F_AB then f_b on the aux\n"
            "               stream (fork/join)\n"
            "  alternatives the same overlap with the QKVG kernel (lt = cuBLASLt, tab = the linear plan's table)\n"
            "               and the F_AB kernel's blocks (r1 / r2: 1 / 2 output rows per hidden/16-thread block;\n"
-           "               n: 128-thread blocks at M <= 5, r1 above) forced: lt-r1 lt-r2 tab-r2 tab-n;\n"
+           "               n: 128-thread blocks, one row each) forced: lt-r1 lt-r2 tab-r2 tab-n;\n"
            "               the fastest is named at the end of the row with its margin over the fastest QKVG alone\n"
            "  sequential   the same kernels one after another on one stream\n"
            "  qkvg-tab     the QKVG GEMM alone through the linear plan's table; qkvg-lt: through cuBLASLt\n"
@@ -28,9 +28,10 @@ static void kda_bench_help(void) {
            "Also prints the largest M through which overlapping never loses to sequential (the tuned max_tokens)\n"
            "and the fastest alternative per M (the tuning data of src/plan/kda_tuning.c).\n"
            "  --table FILE   plan the QKVG GEMM from this table file (k3_ctx_load_table); --force ignores its key\n"
-           "  --diag         also time the overlap (QKVG through cuBLASLt, the library's branch kernels) under the\n"
-           "                 bench's own fork/join, in each launch order (branch or QKVG queued first) and aux stream\n"
-           "                 priority (highest or lowest): bf-hi, bf-lo, qf-hi, qf-lo\n"
+           "  --diag         also time, under the bench's own fork/join, the table's QKVG with a branch of: nothing\n"
+           "                 (the events alone), the narrow F_AB kernel alone, f_b alone, and both; printed minus\n"
+           "                 qkvg-tab (what each part of the branch costs beside QKVG); then a timeline of direct\n"
+           "                 (not captured) calls of both: when QKVG, F_AB and f_b finish after the fork\n"
            "All variants of one M are timed in one interleaved run (replay r of each before replay r + 1 of any).\n");
 }
 
@@ -58,12 +59,14 @@ typedef struct kda_bench {
     size_t ws_bytes;
     k3_kda_proj_plan *def, *seq; /* the default (tuned) plan overlapped at every M, and sequential */
     k3_linear_plan *qkvg_plan, *lt_qkvg, *lt_fab, *lt_fb;
-    cudaStream_t aux, aux_low; /* --diag: the bench's own fork/join (highest and lowest priority aux streams) */
+    cudaStream_t aux; /* --diag: the bench's own fork/join (a highest-priority aux stream) */
     cudaEvent_t fork, join;
+    cudaEvent_t ts[4]; /* --diag trace (timing events, direct launches): fork, QKVG done, F_AB done, f_b done */
+    int trace;         /* call_fj records ts[] */
 } kda_bench;
 
 /* The overlapped alternatives the tuning chooses between: the QKVG kernel x the F_AB kernel's shape (r1 / r2 = one
- * or two rows per hidden / 16-thread block; n = the narrow 128-thread blocks at m <= 5, r1 above). */
+ * or two rows per hidden / 16-thread block; n = the narrow 128-thread blocks, one row each). */
 enum { KB_ALTS = 4 };
 typedef struct kda_alt {
     kda_bench *b;
@@ -127,44 +130,41 @@ static k3_status call_cublas(KB_CALL_ARGS) {
     return report(b, st, "cublas chain");
 }
 
-/* --diag variants: the library's branch kernels (run_n with 2 rows per block, then run_k) and QKVG through
- * cuBLASLt under the bench's own fork/join, to find what the launch order and the aux stream's priority cost.
- * The fork event is recorded on the caller's stream before either part, so in both orders the branch depends
- * only on the previous call. */
-enum { FJ_BRANCH_FIRST = 0, FJ_QKVG_FIRST = 1, FJ_HIGH = 0, FJ_LOW = 2 };
+/* --diag variants: what each part of the branch costs beside the table's QKVG. QKVG (the linear plan's table) is
+ * queued first on the caller's stream, as the library does; the branch runs on the bench's own highest-priority
+ * aux stream after a fork event and is joined back: nothing (the events alone), the narrow F_AB kernel alone, f_b
+ * alone (reading whatever fab holds: timing only), or both (the library's overlap with the narrow shape). */
+enum { FJ_FAB = 1, FJ_FB = 2 };
 
-static k3_status call_fj(kda_bench *b, int32_t c, cudaStream_t s, int mode, char *err, size_t err_size) {
-    cudaStream_t a = (mode & FJ_LOW) ? b->aux_low : b->aux;
+static k3_status call_fj(kda_bench *b, int32_t c, cudaStream_t s, int parts, char *err, size_t err_size) {
     k3_status st = K3_STATUS_SUCCESS;
-    if (cudaEventRecord(b->fork, s) != cudaSuccess) goto cuda_fail;
-    for (int part = 0; part < 2; part++) {
-        if (part == ((mode & FJ_QKVG_FIRST) ? 0 : 1)) {
-            st = k3_linear_run(b->lt_qkvg, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s);
-        } else {
-            if (cudaStreamWaitEvent(a, b->fork, 0) != cudaSuccess) goto cuda_fail;
-            st = k3_cuda_kda_run_n(b->ctx, b->m, b->x, KB_H, b->w[c] + (size_t)KB_Q * KB_H, KB_F, 2, b->fab, a);
-            if (!st) st = k3_cuda_kda_run_k(b->ctx, b->m, b->fab, KB_F, b->wfb[c], KB_G, b->g1, a);
-        }
-        if (st) return report(b, st, "diag");
-    }
-    if (cudaEventRecord(b->join, a) != cudaSuccess || cudaStreamWaitEvent(s, b->join, 0) != cudaSuccess)
+    if (cudaEventRecord(b->fork, s) != cudaSuccess || (b->trace && cudaEventRecord(b->ts[0], s) != cudaSuccess))
+        goto cuda_fail;
+    st = k3_linear_run(b->qkvg_plan, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s);
+    if (st) return report(b, st, "diag");
+    if ((b->trace && cudaEventRecord(b->ts[1], s) != cudaSuccess) || cudaStreamWaitEvent(b->aux, b->fork, 0) != cudaSuccess)
+        goto cuda_fail;
+    if (parts & FJ_FAB)
+        st = k3_cuda_kda_run_n(b->ctx, b->m, b->x, KB_H, b->w[c] + (size_t)KB_Q * KB_H, KB_F, K3_KDA_RUN_N_NARROW,
+                               b->fab, b->aux);
+    if (!st && b->trace && cudaEventRecord(b->ts[2], b->aux) != cudaSuccess) goto cuda_fail;
+    if (!st && (parts & FJ_FB)) st = k3_cuda_kda_run_k(b->ctx, b->m, b->fab, KB_F, b->wfb[c], KB_G, b->g1, b->aux);
+    if (!st && b->trace && cudaEventRecord(b->ts[3], b->aux) != cudaSuccess) goto cuda_fail;
+    if (st) return report(b, st, "diag");
+    if (cudaEventRecord(b->join, b->aux) != cudaSuccess || cudaStreamWaitEvent(s, b->join, 0) != cudaSuccess)
         goto cuda_fail;
     return K3_STATUS_SUCCESS;
 cuda_fail:
     snprintf(err, err_size, "diag fork/join: %s", cudaGetErrorString(cudaGetLastError()));
     return K3_STATUS_CUDA_ERROR;
 }
-static k3_status call_bf_high(KB_CALL_ARGS) {
-    return call_fj((kda_bench *)u, c, (cudaStream_t)s, FJ_BRANCH_FIRST | FJ_HIGH, err, err_size);
+static k3_status call_fj_none(KB_CALL_ARGS) { return call_fj((kda_bench *)u, c, (cudaStream_t)s, 0, err, err_size); }
+static k3_status call_fj_fab(KB_CALL_ARGS) {
+    return call_fj((kda_bench *)u, c, (cudaStream_t)s, FJ_FAB, err, err_size);
 }
-static k3_status call_bf_low(KB_CALL_ARGS) {
-    return call_fj((kda_bench *)u, c, (cudaStream_t)s, FJ_BRANCH_FIRST | FJ_LOW, err, err_size);
-}
-static k3_status call_qf_high(KB_CALL_ARGS) {
-    return call_fj((kda_bench *)u, c, (cudaStream_t)s, FJ_QKVG_FIRST | FJ_HIGH, err, err_size);
-}
-static k3_status call_qf_low(KB_CALL_ARGS) {
-    return call_fj((kda_bench *)u, c, (cudaStream_t)s, FJ_QKVG_FIRST | FJ_LOW, err, err_size);
+static k3_status call_fj_fb(KB_CALL_ARGS) { return call_fj((kda_bench *)u, c, (cudaStream_t)s, FJ_FB, err, err_size); }
+static k3_status call_fj_both(KB_CALL_ARGS) {
+    return call_fj((kda_bench *)u, c, (cudaStream_t)s, FJ_FAB | FJ_FB, err, err_size);
 }
 
 static double bf(uint16_t v) {
@@ -359,9 +359,10 @@ int k3_bench_kda(int argc, char **argv) {
             int least = 0, greatest = 0;
             if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
                 cudaStreamCreateWithPriority(&b.aux, cudaStreamNonBlocking, greatest) != cudaSuccess ||
-                cudaStreamCreateWithPriority(&b.aux_low, cudaStreamNonBlocking, least) != cudaSuccess ||
                 cudaEventCreateWithFlags(&b.fork, cudaEventDisableTiming) != cudaSuccess ||
-                cudaEventCreateWithFlags(&b.join, cudaEventDisableTiming) != cudaSuccess) {
+                cudaEventCreateWithFlags(&b.join, cudaEventDisableTiming) != cudaSuccess ||
+                cudaEventCreate(&b.ts[0]) != cudaSuccess || cudaEventCreate(&b.ts[1]) != cudaSuccess ||
+                cudaEventCreate(&b.ts[2]) != cudaSuccess || cudaEventCreate(&b.ts[3]) != cudaSuccess) {
                 fprintf(stderr, "k3 bench kda: --diag: creating the aux streams or events failed\n");
                 goto done;
             }
@@ -396,7 +397,7 @@ int k3_bench_kda(int argc, char **argv) {
         k3_bench_variant v[KB_NV] = {{call_overlap, &b}, {call_seq, &b}, {call_qkvg, &b}, {call_qkvg_lt, &b},
                                      {call_cublas, &b}};
         for (int a = 0; a < KB_ALTS; a++) v[5 + a] = (k3_bench_variant){call_alt, &alts[a]};
-        const k3_bench_variant dv[4] = {{call_bf_high, &b}, {call_bf_low, &b}, {call_qf_high, &b}, {call_qf_low, &b}};
+        const k3_bench_variant dv[4] = {{call_fj_none, &b}, {call_fj_fab, &b}, {call_fj_fb, &b}, {call_fj_both, &b}};
         for (int j = 0; j < 4; j++) v[5 + KB_ALTS + j] = dv[j];
         /* correctness of each variant that writes all three outputs, on copy 0, before timing */
         char err[320] = "";
@@ -405,7 +406,7 @@ int k3_bench_kda(int argc, char **argv) {
             ok = ok && variant_correct(&b, &v[5 + a], s, alts[a].name, rq, rf, rg, err, sizeof err);
         ok = ok && variant_correct(&b, &v[1], s, "sequential", rq, rf, rg, err, sizeof err) &&
              variant_correct(&b, &v[4], s, "cublas", rq, rf, rg, err, sizeof err) &&
-             (!diag || variant_correct(&b, &v[KB_NV - 1], s, "diag qf-lo", rq, rf, rg, err, sizeof err));
+             (!diag || variant_correct(&b, &v[KB_NV - 1], s, "diag both", rq, rf, rg, err, sizeof err));
         double t[KB_NV];
         if (!ok || k3_bench_graph_time_n(v, diag ? KB_NV : KB_NV - 4, &tm, s, t, err, sizeof err)) {
             if (err[0]) fprintf(stderr, "k3 bench kda: m=%lld: %s\n", (long long)b.m, err);
@@ -436,11 +437,26 @@ int k3_bench_kda(int argc, char **argv) {
         }
         const double *td = t + 5 + KB_ALTS;
         if (diag && json)
-            printf(", {\"m\": %lld, \"diag_us\": {\"bf_hi\": %.3f, \"bf_lo\": %.3f, \"qf_hi\": %.3f, \"qf_lo\": %.3f}}",
+            printf(", {\"m\": %lld, \"diag_us\": {\"none\": %.3f, \"fab\": %.3f, \"fb\": %.3f, \"both\": %.3f}}",
                    (long long)b.m, td[0], td[1], td[2], td[3]);
         else if (diag)
-            printf("    diag M=%lld, minus qkvg-lt: bf-hi %+.2f  bf-lo %+.2f  qf-hi %+.2f  qf-lo %+.2f us\n",
-                   (long long)b.m, td[0] - t_ql, td[1] - t_ql, td[2] - t_ql, td[3] - t_ql);
+            printf("    diag M=%lld, table QKVG first, minus qkvg-tab: branch none %+.2f  fab %+.2f  fb %+.2f  both %+.2f us\n",
+                   (long long)b.m, td[0] - t_qt, td[1] - t_qt, td[2] - t_qt, td[3] - t_qt);
+        if (diag && !json) { /* a timeline of the last of `calls` direct (not captured) calls of "both" */
+            float e[3] = {0, 0, 0};
+            b.trace = 1;
+            for (int32_t c = 0; c < calls && ok; c++)
+                ok = call_fj(&b, c % b.copies, s, FJ_FAB | FJ_FB, err, sizeof err) == K3_STATUS_SUCCESS;
+            b.trace = 0;
+            ok = ok && cudaStreamSynchronize(s) == cudaSuccess;
+            for (int j = 0; j < 3 && ok; j++) ok = cudaEventElapsedTime(&e[j], b.ts[0], b.ts[j + 1]) == cudaSuccess;
+            if (!ok) {
+                fprintf(stderr, "k3 bench kda: m=%lld: diag trace failed: %s\n", (long long)b.m, err);
+                goto done;
+            }
+            printf("    trace M=%lld (direct launches, from the fork): QKVG done %.2f  F_AB done %.2f  f_b done %.2f us\n",
+                   (long long)b.m, 1000.0 * e[0], 1000.0 * e[1], 1000.0 * e[2]);
+        }
     }
     if (json)
         printf("], \"overlap_never_loses_through\": %d, \"bars_pass\": %s}\n", tuned_max, all_ok ? "true" : "false");
@@ -463,7 +479,8 @@ done:
     if (b.fork) cudaEventDestroy(b.fork);
     if (b.join) cudaEventDestroy(b.join);
     if (b.aux) cudaStreamDestroy(b.aux);
-    if (b.aux_low) cudaStreamDestroy(b.aux_low);
+    for (int i = 0; i < 4; i++)
+        if (b.ts[i]) cudaEventDestroy(b.ts[i]);
     for (int32_t c = 0; b.w && c < b.copies; c++) cudaFree(b.w[c]);
     for (int32_t c = 0; b.wfb && c < b.copies; c++) cudaFree(b.wfb[c]);
     cudaFree(b.x), cudaFree(b.qkvg), cudaFree(b.fab), cudaFree(b.g1), cudaFree(b.ws);

@@ -69,11 +69,13 @@ __global__ void __launch_bounds__(512) kda_run_n_kernel(const uint16_t *__restri
 /* The narrow shape of run_n (K3_KDA_RUN_N_NARROW): one row per block of 128 threads, thread t owning the V = hidden
  * / 1024 vectors of 8 elements at (128 v + t) * 8 (each load instruction of the block reads 2 KB contiguous). Why:
  * the table's QKVG kernel fills every SM in one wave, and a wide block (hidden / 16 threads) does not fit beside it;
- * a 128-thread block capped at 80 registers (__launch_bounds__(128, 6)) does. It first asks for all of its x in L1
- * (prefetch.global.L1), so x costs one round trip for any m: while QKVG streams, every round trip takes
- * microseconds (bench/NOTES-kda.md, sessions 11 and 13). */
+ * a 128-thread block of <= 80 registers (m <= 4: __launch_bounds__(128, 6)) fits beside three 138-register
+ * 128-thread blocks, one of <= 104 (m > 4: (128, 5)) beside six 136-register 64-thread blocks (the SM90 table's
+ * QKVG at M 1-8 since session 14). It first asks for all of its x in L1 (prefetch.global.L1); those requests come
+ * back while QKVG streams, when every round trip takes microseconds (bench/NOTES-kda.md, sessions 11, 13 and 14),
+ * so the token loop is unrolled (m <= 4) or takes two tokens per iteration, their loads issued together. */
 template <int M, int V>
-__global__ void __launch_bounds__(128, 6) kda_run_n_narrow_kernel(const uint16_t *__restrict__ x, int hidden,
+__global__ void __launch_bounds__(128, M <= 4 ? 6 : 5) kda_run_n_narrow_kernel(const uint16_t *__restrict__ x, int hidden,
                                                                   const uint16_t *__restrict__ w, int rows,
                                                                   uint16_t *__restrict__ fab) {
     __shared__ float partial[4][M];
@@ -88,8 +90,9 @@ __global__ void __launch_bounds__(128, 6) kda_run_n_narrow_kernel(const uint16_t
 #pragma unroll
         for (int v = 0; v < V; v++) asm volatile("prefetch.global.L1 [%0];" ::"l"(p + v * 1024));
     }
-    /* One token at a time above 4 tokens: unrolled, the compiler hoists every token's x loads and spills. */
-#pragma unroll (M <= 4 ? M : 1)
+    /* Two tokens at a time above 4 tokens: unrolled further, the compiler hoists every token's x loads and spills
+     * (94-96 registers at m 5-16; one at a time took 69-72 and ~0.5 us more per token beside QKVG). */
+#pragma unroll (M <= 4 ? M : 2)
     for (int i = 0; i < M; i++) {
         const uint16_t *p = x + (size_t)i * hidden + (size_t)t * 8;
         float acc = 0.0f;

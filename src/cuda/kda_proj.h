@@ -12,7 +12,7 @@ extern "C" {
 #define K3_KDA_MAX_TOKENS 16
 #define K3_KDA_FA_DIM 128 /* run_k: 16 lanes x 8 elements */
 
-#define K3_KDA_NARROW_MAX_TOKENS 10 /* run_n's narrow shape exists for m <= this */
+#define K3_KDA_NARROW_MAX_TOKENS 16 /* run_n's narrow shape exists for m <= this */
 
 /* run_n: fab[m, rows] = x[m, hidden] . w[rows, hidden]^T; one block spans all of K. shape (K3_KDA_RUN_N_*):
  * ROWS1 / ROWS2 = hidden / 16 threads (16 elements each), one / two rows per block; hidden % 512 == 0 and
