@@ -228,7 +228,9 @@ static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, uint64_t se
 
 /* ======================================================================= experts ====================== */
 
-enum { ROUTE_RANDOM = 0, ROUTE_ONE_EXPERT = 1, ROUTE_LOW_EXPERTS = 2 };
+/* ROUTE_DUP: every slot of a token names the same expert (3 % E): one expert gets M * k pairs, more than one
+ * pass takes at decode sizes (a router never repeats an id; the kernels must still handle it) */
+enum { ROUTE_RANDOM = 0, ROUTE_ONE_EXPERT = 1, ROUTE_LOW_EXPERTS = 2, ROUTE_DUP = 3 };
 
 typedef struct mcase {
     const char *tag;
@@ -259,7 +261,11 @@ static void fill_routing(const mcase *c, k3t_rng *rng, int32_t *ids, float *wts)
         for (int32_t j = 0; j < c->k; j++) {
             int32_t e;
             int dup;
-            do { /* distinct experts per token, as a router gives */
+            do { /* distinct experts per token, as a router gives (except ROUTE_DUP) */
+                if (c->route == ROUTE_DUP) {
+                    e = 3 % c->E;
+                    break;
+                }
                 if (c->route == ROUTE_ONE_EXPERT && j == 0) e = 3 % c->E;
                 else if (c->route == ROUTE_LOW_EXPERTS) e = (int32_t)(k3t_next(rng) % (uint64_t)(c->k + 1 < c->E ? c->k + 1 : c->E));
                 else e = (int32_t)(k3t_next(rng) % (uint64_t)c->E);
@@ -500,7 +506,11 @@ static void moe_case(const mcase *c, uint64_t seed) {
            pass ? "PASS" : "FAIL", c->tag, fmt_name(c->fmt), c->layout == K3_SCALE_SWIZZLED ? "swizzled" : "linear",
            c->sep ? " sep-s2" : "", c->mode == K3_MOE_W4A4 ? "w4a4" : "w4a16", k3_act_name(c->act), c->E, c->k, c->M,
            (long long)c->L, (long long)c->I,
-           c->route == ROUTE_ONE_EXPERT ? "one-expert" : c->route == ROUTE_LOW_EXPERTS ? "few-experts" : "random", rel,
+           c->route == ROUTE_ONE_EXPERT    ? "one-expert"
+           : c->route == ROUTE_LOW_EXPERTS ? "few-experts"
+           : c->route == ROUTE_DUP         ? "dup-ids"
+                                           : "random",
+           rel,
            rel_bf, tol, bitwise ? "bitwise equal" : "DIFFER", "", us, t_cpu, now_s() - t_start);
     if (c->graph) printf(", graph replay with new routing %s (rel-L2 %.3e)", graph_ok > 0 ? "ok" : "FAILED", rel_graph);
     printf("\n");
@@ -771,6 +781,16 @@ static const mcase k_moe_cases[] = {
      * uneven split), linear and swizzled scales, W4A16 and W4A4, one and two token groups per pass */
     {"split-k", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 8, 2, 256, 1024, 4, ROUTE_RANDOM, 0},
     {"split-k", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A4, K3_ACT_SITU, 56, 8, 128, 1152, 16, ROUTE_RANDOM, 0},
+    /* the EP16 shape of `k3 bench moe` (one expert per token at I 3072: 1 and 4 experts), a TP8-like small case
+     * (many slots, whole 128-wide chunks, NT 1) and duplicate ids (one expert gets M * k pairs: 2-3 passes through
+     * GEMM1's 4-warp split-K epilogue, the block barrier between passes) with linear and swizzled scales, W4A16
+     * and W4A4, NT 1 and 2 (session 14) */
+    {"k3-ep16-k1", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 56, 1, 3584, 3072, 1, ROUTE_RANDOM, 1},
+    {"k3-ep16-k1", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 56, 1, 3584, 3072, 4, ROUTE_RANDOM, 0},
+    {"many-slots", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 896, 16, 256, 128, 8, ROUTE_RANDOM, 0},
+    {"dup-ids", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 8, 4, 512, 256, 4, ROUTE_DUP, 0},
+    {"dup-ids", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A4, K3_ACT_SITU, 8, 4, 384, 128, 6, ROUTE_DUP, 0},
+    {"dup-ids", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 1, K3_MOE_W4A4, K3_ACT_SITU, 8, 3, 256, 256, 12, ROUTE_DUP, 1},
 };
 
 #define N_MOE_CASES ((int)(sizeof k_moe_cases / sizeof k_moe_cases[0]))

@@ -694,20 +694,38 @@ struct moe_params {
 };
 
 /* ASYNC (NVFP4, NT <= 2): the cp.async ring in dynamic shared memory (g1_dyn_bytes); the split-K partial
- * sums of warp w > 0 then go to the start of warp w's own ring, which is dead after its main loop. */
+ * sums of each warp then go to the start of its own ring, which is dead after its main loop. */
 template <int SETS, int NT>
 constexpr size_t g1_dyn_bytes() { return (size_t)G1_WARPS * as_warp_uint4<SETS, G1_STAGES>() * 16; }
-/* Blocks per SM the register budget is sized for: the cp.async kernel at NT 1 (no activation ring: 40 KB of
+/* Blocks per SM the register budget is sized for: the cp.async kernel at NT 1 (no activation ring: 30 KB of
  * shared memory per block) fits 4 at 128 registers, no spills in the loop (5, at 96 registers, was slower:
  * session 13); NT 2 keeps 3 (162 registers). */
 template <bool ASYNC, int NT>
 constexpr int g1_min_blocks() { return ASYNC && NT == 1 ? 4 : G1_MIN_BLOCKS; }
 
+/* A warp's split-K partial sums in shared memory: row (s * NT + nt) * 4 + c (the accumulator index) of 32 lanes,
+ * rows 33 floats apart, so both the stores (one row per instruction) and the epilogue's reads (4 rows x 8 lanes
+ * per instruction) are free of bank conflicts. */
+template <int SETS, int NT>
+__host__ __device__ constexpr int red_floats() { return SETS * NT * 4 * 33; }
+
+/*
+ * GEMM1: a block owns 16 gate (and 16 up) rows of one expert slot; its 4 warps split K. The split-K sum and the
+ * epilogue run on all 4 warps (session 14): every warp stores its partials (in its own dead ring), one block
+ * barrier, then each thread sums and finishes one (token, row) output per token tile: token nl = tid / 16, row
+ * r = tid % 16, so a W4A4 block's 16 rows are one half-warp. The sum is warp 0 + warp 1 + warp 2 + warp 3 in
+ * that order, as warp 0 alone did before (bitwise the same output). No barrier after the last pass. Why: ncu
+ * (session 13) put 1.68 of GEMM1's ~7.8 cycles per issued instruction on barriers: warps 1-3 waited at a second
+ * barrier while warp 0 alone summed and ran the epilogue for all 16 x 8 x NT outputs.
+ */
 template <int FMT, bool GATED, int NT, bool ASYNC>
 __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_moe_gemm1_kernel(const moe_params P) {
     constexpr int SETS = GATED ? 2 : 1;
-    constexpr int RED = SETS * NT * 4 * 32; /* floats of one warp's partial sums */
-    __shared__ float red_s[ASYNC ? 1 : (G1_WARPS - 1) * RED];
+    constexpr int RED = red_floats<SETS, NT>();
+    constexpr bool RED_S = !ASYNC && FMT == FMT_BF16; /* FP4 register ring: the dead activation ring holds them */
+    static_assert(ASYNC || FMT == FMT_BF16 || x_ring_uint4<FMT, NT>() * 4 >= RED, "partials fit the x ring");
+    static_assert(!ASYNC || as_warp_uint4<SETS, G1_STAGES>() * 4 >= RED, "partials fit the cp.async ring");
+    __shared__ float red_s[RED_S ? G1_WARPS * RED : 1];
     __shared__ uint4 xring[ASYNC ? 1 : G1_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
     /* everything below reads the dispatch (and W4A4 quantization) output; wait before letting GEMM2 start */
@@ -717,7 +735,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
     /* both loads at once (slot < E always: the grid has min(E, pairs) slots), then the block-uniform exit */
     const int32_t n_act = __ldcg(P.n_active), e = __ldcg(P.active + slot);
     if (slot >= n_act) return; /* block-uniform: before any barrier */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int64_t i0 = (int64_t)blockIdx.y * 16;
     const uint64_t pol = k3_policy_evict_first();
     const uint8_t *wexp = P.w13 + (size_t)e * P.w13_eb;
@@ -754,6 +772,15 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
         gs2 = 1.0f / __ldg(P.w2_in + e);
     }
     const k3_act_desc act = P.act;
+    /* where warp w's partials live: its own ring, dead after its main loop (BF16: red_s) */
+    auto red_of = [&](int w) -> float * {
+        if constexpr (ASYNC) return (float *)(k3_moe_dyn + w * as_warp_uint4<SETS, G1_STAGES>());
+        else if constexpr (RED_S) return red_s + w * RED;
+        else return (float *)xring[w];
+    };
+    /* this thread's output of every token tile (token nl, row r) is accumulator csrc of lane src in each warp */
+    const int nl = tid >> 4, r = tid & 15;
+    const int src = (r & 7) * 4 + (nl >> 1), csrc = (r >> 3) * 2 + (nl & 1);
 
     for (int pass = 0; pass < cnt; pass += NT * 8) {
         float acc[SETS][NT][4];
@@ -778,75 +805,51 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
                                                     pol, xring[warp], acc);
         }
 
-        /* split-K sum in warp order: warp 0 + warp 1 + warp 2 + warp 3 */
-        if (warp > 0) {
-            float *red = ASYNC ? (float *)ring : red_s + (warp - 1) * RED;
+        /* split-K: every warp's partials to shared memory, then each thread sums its outputs in warp order */
+        {
+            float *red = red_of(warp);
 #pragma unroll
             for (int s = 0; s < SETS; s++)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int c = 0; c < 4; c++) red[((s * NT + nt) * 4 + c) * 32 + lane] = acc[s][nt][c];
+                    for (int c = 0; c < 4; c++) red[((s * NT + nt) * 4 + c) * 33 + lane] = acc[s][nt][c];
         }
         __syncthreads();
-        if (warp == 0) {
+        /* epilogue: this thread's (token pass + nt * 8 + nl, row i0 + r) */
 #pragma unroll
-            for (int w = 1; w < G1_WARPS; w++) {
-                const float *red =
-                    ASYNC ? (const float *)(k3_moe_dyn + w * as_warp_uint4<SETS, G1_STAGES>()) : red_s + (w - 1) * RED;
+        for (int nt = 0; nt < NT; nt++) {
+            if (pass + nt * 8 + 2 * warp >= cnt) break; /* warp-uniform: neither of the warp's 2 tokens exists */
+            float v[SETS];
 #pragma unroll
-                for (int s = 0; s < SETS; s++)
+            for (int s = 0; s < SETS; s++) {
+                const int idx = ((s * NT + nt) * 4 + csrc) * 33 + src;
+                float t = red_of(0)[idx];
 #pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int c = 0; c < 4; c++)
-                            acc[s][nt][c] = __fadd_rn(acc[s][nt][c], red[((s * NT + nt) * 4 + c) * 32 + lane]);
+                for (int w = 1; w < G1_WARPS; w++) t = __fadd_rn(t, red_of(w)[idx]);
+                v[s] = __fmul_rn(t, acc_scale<FMT>()); /* exact */
             }
-#pragma unroll
-            for (int s = 0; s < SETS; s++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int c = 0; c < 4; c++) acc[s][nt][c] = __fmul_rn(acc[s][nt][c], acc_scale<FMT>()); /* exact */
-            /* epilogue: c0 (row g, token 2q), c1 (row g, 2q+1), c2 (row g+8, 2q), c3 (row g+8, 2q+1) */
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                float v[4];
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const float hg = k3_round_bf16(__fmul_rn(__fmul_rn(acc[0][nt][c], inv_gs), alpha[0]));
-                    if (GATED) {
-                        const float hu = k3_round_bf16(__fmul_rn(__fmul_rn(acc[SETS - 1][nt][c], inv_gs), alpha[1]));
-                        v[c] = k3_act_gated(&act, hg, hu);
-                    } else {
-                        v[c] = k3_act_relu2(hg);
-                    }
-                }
-                if (P.w4a4) {
-                    /* NVFP4 requantization of this tile's 16-wide block, per token column (CPU: nvfp4_block) */
-                    float am0 = fmaxf(fabsf(v[0]), fabsf(v[2])), am1 = fmaxf(fabsf(v[1]), fabsf(v[3]));
-#pragma unroll
-                    for (int o = 4; o <= 16; o *= 2) {
-                        am0 = fmaxf(am0, __shfl_xor_sync(0xffffffffu, am0, o));
-                        am1 = fmaxf(am1, __shfl_xor_sync(0xffffffffu, am1, o));
-                    }
-                    const float sf0 = k3_e4m3_decode(k3_e4m3_encode(__fdiv_rn(__fmul_rn(gs2, am0), 6.0f)));
-                    const float sf1 = k3_e4m3_decode(k3_e4m3_encode(__fdiv_rn(__fmul_rn(gs2, am1), 6.0f)));
-#pragma unroll
-                    for (int c = 0; c < 4; c++) {
-                        const float sf = (c & 1) ? sf1 : sf0;
-                        v[c] = sf == 0.0f ? 0.0f
-                                          : __fmul_rn(e2m1f(k3_e2m1_encode(__fdiv_rn(__fmul_rn(v[c], gs2), sf))), sf);
-                    }
-                }
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const int n = pass + nt * 8 + 2 * q + (c & 1);
-                    if (n < cnt) P.a[(int64_t)(p0 + n) * P.I + i0 + g + 8 * (c >> 1)] = k3_f32_to_bf16_bits(v[c]);
-                }
+            const float hg = k3_round_bf16(__fmul_rn(__fmul_rn(v[0], inv_gs), alpha[0]));
+            float o;
+            if (GATED) {
+                const float hu = k3_round_bf16(__fmul_rn(__fmul_rn(v[SETS - 1], inv_gs), alpha[1]));
+                o = k3_act_gated(&act, hg, hu);
+            } else {
+                o = k3_act_relu2(hg);
             }
+            if (P.w4a4) {
+                /* NVFP4 requantization of this tile's 16-wide block of the token (CPU: nvfp4_block): its 16 rows are
+                 * this half-warp */
+                float am = fabsf(o);
+#pragma unroll
+                for (int m = 1; m <= 8; m *= 2) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, m));
+                const float sf = k3_e4m3_decode(k3_e4m3_encode(__fdiv_rn(__fmul_rn(gs2, am), 6.0f)));
+                o = sf == 0.0f ? 0.0f : __fmul_rn(e2m1f(k3_e2m1_encode(__fdiv_rn(__fmul_rn(o, gs2), sf))), sf);
+            }
+            const int n = pass + nt * 8 + nl;
+            if (n < cnt) P.a[(int64_t)(p0 + n) * P.I + i0 + r] = k3_f32_to_bf16_bits(o);
         }
-        __syncthreads(); /* red (and with ASYNC the rings it lives in) is reused by the next pass */
+        if (pass + NT * 8 < cnt) __syncthreads(); /* another pass reuses the partials' buffers (the rings) */
     }
 }
 
