@@ -466,7 +466,7 @@ typedef struct k3_kda_proj_desc {
                             -1 (default) = the per-m choice measured for this architecture (src/plan/kda_tuning.c),
                             K3_KERNEL_AUTO = the linear plan's table (the fastest QKVG alone) at every m,
                             K3_KERNEL_FALLBACK = cuBLASLt at every m. On SM90 the default is the table with the
-                            narrow F_AB blocks at m 1-7 and cuBLASLt from m 8: cuBLASLt's grid leaves SMs idle that
+                            narrow F_AB blocks at m 1-8 and cuBLASLt from m 9: cuBLASLt's grid leaves SMs idle that
                             the aux branch uses, while the table's one-wave kernel leaves room only for narrow
                             blocks (bench/NOTES-kda.md). */
 } k3_kda_proj_desc;

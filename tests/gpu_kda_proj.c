@@ -95,7 +95,7 @@ int main(void) {
         if (ws2 > ws_bytes) ws_bytes = ws2;
         void *ws = NULL;
         if (ws_bytes) CU(cudaMalloc(&ws, ws_bytes));
-        const int64_t ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 14, 15, 16}; /* 7: the last m of the tuned narrow F_AB */
+        const int64_t ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 14, 15, 16}; /* 8: the last m of the tuned narrow F_AB */
         for (int t = 0; t < (int)(sizeof ms / sizeof ms[0]); t++) {
             const int64_t m = ms[t];
             CU(cudaMemsetAsync(qkvg, 0xff, 2 * (MT * Q + GUARD), s));

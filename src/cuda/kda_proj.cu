@@ -90,16 +90,37 @@ __global__ void __launch_bounds__(128, M <= 4 ? 6 : 5) kda_run_n_narrow_kernel(c
 #pragma unroll
         for (int v = 0; v < V; v++) asm volatile("prefetch.global.L1 [%0];" ::"l"(p + v * 1024));
     }
-    /* Two tokens at a time above 4 tokens: unrolled further, the compiler hoists every token's x loads and spills
-     * (94-96 registers at m 5-16; one at a time took 69-72 and ~0.5 us more per token beside QKVG). */
-#pragma unroll (M <= 4 ? M : 2)
-    for (int i = 0; i < M; i++) {
-        const uint16_t *p = x + (size_t)i * hidden + (size_t)t * 8;
-        float acc = 0.0f;
+    if constexpr (M <= 4) { /* every token's x loads issued together */
 #pragma unroll
-        for (int v = 0; v < V; v++) acc = k3_dot8_bf16(wv[v], k3_bf16x8_from_u4(k3_ld_cached(p + v * 1024)), acc);
-        acc = warp_sum(acc);
-        if (lane == 0) partial[warp][i] = acc;
+        for (int i = 0; i < M; i++) {
+            const uint16_t *p = x + (size_t)i * hidden + (size_t)t * 8;
+            float acc = 0.0f;
+#pragma unroll
+            for (int v = 0; v < V; v++) acc = k3_dot8_bf16(wv[v], k3_bf16x8_from_u4(k3_ld_cached(p + v * 1024)), acc);
+            acc = warp_sum(acc);
+            if (lane == 0) partial[warp][i] = acc;
+        }
+    } else {
+        /* Two tokens per iteration, their x loads issued together (unrolled further, the compiler hoists every
+         * token's x loads and spills; 94 registers; one token per iteration took 69-72 and ~0.5 us more per token
+         * beside QKVG). An odd m's last pair repeats token m - 1 (not stored), so its loads need no predicate. */
+#pragma unroll 1
+        for (int i0 = 0; i0 < M; i0 += 2) {
+            float acc[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const uint16_t *p = x + (size_t)min(i0 + j, M - 1) * hidden + (size_t)t * 8;
+                acc[j] = 0.0f;
+#pragma unroll
+                for (int v = 0; v < V; v++)
+                    acc[j] = k3_dot8_bf16(wv[v], k3_bf16x8_from_u4(k3_ld_cached(p + v * 1024)), acc[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const float s = warp_sum(acc[j]);
+                if (lane == 0 && i0 + j < M) partial[warp][i0 + j] = s;
+            }
+        }
     }
     __syncthreads();
     if (t < M) /* fixed summation order over the 4 warps: bitwise reproducible */

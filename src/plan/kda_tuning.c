@@ -10,7 +10,7 @@ void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out) {
     out->overlap_max_tokens = sm90 ? 16 : 14;
     out->run_n_shape[0] = K3_KDA_RUN_N_ROWS1;
     for (int m = 1; m <= 16; m++)
-        out->run_n_shape[m] = !sm90 ? K3_KDA_RUN_N_ROWS1 : m <= 7 ? K3_KDA_RUN_N_NARROW : K3_KDA_RUN_N_ROWS2;
+        out->run_n_shape[m] = !sm90 ? K3_KDA_RUN_N_ROWS1 : m <= 8 ? K3_KDA_RUN_N_NARROW : K3_KDA_RUN_N_ROWS2;
     /* SM90: with the table's own kernel for 6144 x 7168 (`mma w8_t1_u2_l`, 22.1-22.5 us alone, vs cuBLASLt's
      * 23.5-25.3) the overlap costs +1.9..+7.1 us at M 4-8: its one wave fills every SM, so the branch waits; with
      * cuBLASLt's (96 blocks, one per SM, 36 SMs idle) +0.3..+1.1 us. At M 1-3 the two are close, and which is
@@ -29,11 +29,12 @@ void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out) {
      * QKVG alone at M 1-4, +2.41 at M 5), against 24.6-25.1 with cuBLASLt's QKVG (the previous choice from M 2).
      * At M 6-8 it lost to that (25.97-27.95 vs 25.1-25.2: its registers spill from M 5), so from M 6 the previous
      * choice stays (bench/NOTES-kda.md, session 13). */
-    /* Session 14: the table's QKVG became `w2_t1_u4_c2_l_h2` at M 1-8 (768 two-warp blocks, 136 registers: 20.2-20.8
-     * us alone) and the narrow kernel takes one token at a time above 4 (no spill at M 5-16). The overlap with them
-     * measured 23.42 / 24.29 us at M 6 / 7 against 25.03 / 24.99 with cuBLASLt's QKVG and the two-row F_AB, and
-     * 25.31 against 25.00 at M 8; from M 9 the table's QKVG (168 registers x 128 threads, three per SM) leaves no room
-     * beside it (+9..+19 us). So: the table and the narrow kernel through M 7, cuBLASLt from M 8. */
+    /* Session 14: the table's QKVG became `w2_t1_u4_c2_l_h2` at M 1-8 (768 two-warp blocks, 136 registers: 20.4-21.0
+     * us alone) and the narrow kernel takes two tokens per iteration above 4 (94 registers, fits beside six of
+     * those blocks). The overlap with them measured 22.65 / 22.95 / 23.44 / 24.17 us at M 5-8 against 25.1-25.3 with
+     * cuBLASLt's QKVG and the two-row F_AB; from M 9 the table's QKVG (168 registers x 128 threads, three per SM)
+     * leaves no room beside it (32.8-39.7 us). So: the table and the narrow kernel through M 8, cuBLASLt from M 9
+     * (bench/NOTES-kda.md, session 14). */
     for (int m = 0; m <= 16; m++)
-        out->qkvg_kernel[m] = !sm90 || m <= 7 ? K3_KERNEL_AUTO : K3_KERNEL_FALLBACK;
+        out->qkvg_kernel[m] = !sm90 || m <= 8 ? K3_KERNEL_AUTO : K3_KERNEL_FALLBACK;
 }
