@@ -142,7 +142,8 @@ static k3_status call_fj(kda_bench *b, int32_t c, cudaStream_t s, int parts, cha
         goto cuda_fail;
     st = k3_linear_run(b->qkvg_plan, b->m, b->x, b->w[c], NULL, b->qkvg, b->ws, b->ws_bytes, s);
     if (st) return report(b, st, "diag");
-    if ((b->trace && cudaEventRecord(b->ts[1], s) != cudaSuccess) || cudaStreamWaitEvent(b->aux, b->fork, 0) != cudaSuccess)
+    if ((b->trace && cudaEventRecord(b->ts[1], s) != cudaSuccess) ||
+        cudaStreamWaitEvent(b->aux, b->fork, 0) != cudaSuccess)
         goto cuda_fail;
     if (parts & FJ_FAB)
         st = k3_cuda_kda_run_n(b->ctx, b->m, b->x, KB_H, b->w[c] + (size_t)KB_Q * KB_H, KB_F, K3_KDA_RUN_N_NARROW,
@@ -440,7 +441,8 @@ int k3_bench_kda(int argc, char **argv) {
             printf(", {\"m\": %lld, \"diag_us\": {\"none\": %.3f, \"fab\": %.3f, \"fb\": %.3f, \"both\": %.3f}}",
                    (long long)b.m, td[0], td[1], td[2], td[3]);
         else if (diag)
-            printf("    diag M=%lld, table QKVG first, minus qkvg-tab: branch none %+.2f  fab %+.2f  fb %+.2f  both %+.2f us\n",
+            printf("    diag M=%lld, table QKVG first, minus qkvg-tab: "
+                   "branch none %+.2f  fab %+.2f  fb %+.2f  both %+.2f us\n",
                    (long long)b.m, td[0] - t_qt, td[1] - t_qt, td[2] - t_qt, td[3] - t_qt);
         if (diag && !json) { /* a timeline of the last of `calls` direct (not captured) calls of "both" */
             float e[3] = {0, 0, 0};
@@ -454,7 +456,8 @@ int k3_bench_kda(int argc, char **argv) {
                 fprintf(stderr, "k3 bench kda: m=%lld: diag trace failed: %s\n", (long long)b.m, err);
                 goto done;
             }
-            printf("    trace M=%lld (direct launches, from the fork): QKVG done %.2f  F_AB done %.2f  f_b done %.2f us\n",
+            printf("    trace M=%lld (direct launches, from the fork): "
+                   "QKVG done %.2f  F_AB done %.2f  f_b done %.2f us\n",
                    (long long)b.m, 1000.0 * e[0], 1000.0 * e[1], 1000.0 * e[2]);
         }
     }

@@ -75,9 +75,9 @@ __global__ void __launch_bounds__(512) kda_run_n_kernel(const uint16_t *__restri
  * back while QKVG streams, when every round trip takes microseconds (bench/NOTES-kda.md, sessions 11, 13 and 14),
  * so the token loop is unrolled (m <= 4) or takes two tokens per iteration, their loads issued together. */
 template <int M, int V>
-__global__ void __launch_bounds__(128, M <= 4 ? 6 : 5) kda_run_n_narrow_kernel(const uint16_t *__restrict__ x, int hidden,
-                                                                  const uint16_t *__restrict__ w, int rows,
-                                                                  uint16_t *__restrict__ fab) {
+__global__ void __launch_bounds__(128, M <= 4 ? 6 : 5)
+    kda_run_n_narrow_kernel(const uint16_t *__restrict__ x, int hidden, const uint16_t *__restrict__ w, int rows,
+                            uint16_t *__restrict__ fab) {
     __shared__ float partial[4][M];
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5, row = blockIdx.x;
     const uint16_t *wp = w + (size_t)row * hidden + (size_t)t * 8;
