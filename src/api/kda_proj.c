@@ -83,10 +83,9 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
     if (p->d.overlap_max_tokens < 0) /* the measured crossover, never past what the plan accepts */
         p->d.overlap_max_tokens =
             p->tuning.overlap_max_tokens < d->max_tokens ? p->tuning.overlap_max_tokens : d->max_tokens;
-    for (int i = 1; i <= K3_KDA_MAX_TOKENS; i++) { /* a forced shape; NARROW only where its kernel exists */
+    for (int i = 1; i <= K3_KDA_MAX_TOKENS; i++) { /* a forced shape; NARROW only where hidden allows it */
         int32_t shape = d->run_n_shape != K3_KDA_RUN_N_TUNED ? d->run_n_shape : p->tuning.run_n_shape[i];
-        if (shape == K3_KDA_RUN_N_NARROW && (i > K3_KDA_NARROW_MAX_TOKENS || d->hidden % 1024 != 0))
-            shape = K3_KDA_RUN_N_ROWS1;
+        if (shape == K3_KDA_RUN_N_NARROW && d->hidden % 1024 != 0) shape = K3_KDA_RUN_N_ROWS1;
         p->tuning.run_n_shape[i] = shape;
     }
 

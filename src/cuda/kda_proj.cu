@@ -172,10 +172,7 @@ cudaError_t launch_run_n_narrow(const uint16_t *x, int hidden, const uint16_t *w
 template <int M>
 cudaError_t launch_run_n(const uint16_t *x, int hidden, const uint16_t *w, int rows, int shape, uint16_t *fab,
                          cudaStream_t s) {
-    if (shape == K3_KDA_RUN_N_NARROW) {
-        if constexpr (M <= K3_KDA_NARROW_MAX_TOKENS) return launch_run_n_narrow<M>(x, hidden, w, rows, fab, s);
-        return cudaErrorInvalidValue;
-    }
+    if (shape == K3_KDA_RUN_N_NARROW) return launch_run_n_narrow<M>(x, hidden, w, rows, fab, s);
     const dim3 block(hidden / 16);
     if (shape == K3_KDA_RUN_N_ROWS2)
         kda_run_n_kernel<M, 2><<<(rows + 1) / 2, block, 0, s>>>(x, hidden, w, rows, fab);
@@ -222,7 +219,7 @@ extern "C" k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, in
     const bool narrow = shape == K3_KDA_RUN_N_NARROW;
     if (m < 1 || m > K3_KDA_MAX_TOKENS || hidden % 512 != 0 || hidden > 8192 || rows < 1 ||
         (shape != K3_KDA_RUN_N_ROWS1 && shape != K3_KDA_RUN_N_ROWS2 && !narrow) ||
-        (narrow && (m > K3_KDA_NARROW_MAX_TOKENS || hidden % 1024 != 0)))
+        (narrow && hidden % 1024 != 0))
         return k3_fail(ctx, K3_STATUS_INTERNAL_ERROR, "kda run_n: unchecked arguments reached the launcher");
     const cudaError_t e = dispatch_m(m, [&](auto mc) {
         return launch_run_n<decltype(mc)::value>((const uint16_t *)x, (int)hidden, (const uint16_t *)w, (int)rows,

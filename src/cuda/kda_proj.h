@@ -12,12 +12,10 @@ extern "C" {
 #define K3_KDA_MAX_TOKENS 16
 #define K3_KDA_FA_DIM 128 /* run_k: 16 lanes x 8 elements */
 
-#define K3_KDA_NARROW_MAX_TOKENS 16 /* run_n's narrow shape exists for m <= this */
-
 /* run_n: fab[m, rows] = x[m, hidden] . w[rows, hidden]^T; one block spans all of K. shape (K3_KDA_RUN_N_*):
  * ROWS1 / ROWS2 = hidden / 16 threads (16 elements each), one / two rows per block; hidden % 512 == 0 and
- * hidden <= 8192. NARROW = 128 threads (hidden / 1024 eight-element vectors each), one row per block, m <=
- * K3_KDA_NARROW_MAX_TOKENS, hidden % 1024 == 0. */
+ * hidden <= 8192. NARROW = 128 threads (hidden / 1024 eight-element vectors each), one row per block, hidden %
+ * 1024 == 0. */
 k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, int64_t hidden, const void *w, int64_t rows,
                             int32_t shape, void *fab, void *stream);
 /* run_k: g1[m, rows] = fa[m, 0:128] . w[rows, 128]^T, fa rows fa_stride elements apart (the fab buffer). */

@@ -241,15 +241,17 @@ __device__ __forceinline__ void decode_fp4_word(uint32_t w, uint32_t sc, uint32_
     }
 }
 
-/* Byte offset of the first scale this lane needs in chunk 0 of row `row`, and the offset step per chunk:
- * NVFP4 needs blocks 8c + 2q and + 1 (adjacent bytes in both layouts), MXFP4 block 4c + q. */
+/* Byte offset of the first scale this lane needs in chunk 0 of row `row` (scale_off), and the offset step per
+ * chunk (scale_step): NVFP4 needs blocks 8c + 2q and + 1 (adjacent bytes in both layouts), MXFP4 block 4c + q. */
 template <int FMT>
-__device__ __forceinline__ void scale_walk(int32_t layout, int64_t row, int64_t cols, int q, int64_t &off,
-                                           int64_t &step) {
-    const int64_t bs = FMT == FMT_NVFP4 ? 16 : 32, sc = cols / bs;
-    off = k3_scale_offset_hd((k3_scale_layout)layout, row, FMT == FMT_NVFP4 ? 2 * q : q, sc);
+__device__ __forceinline__ int64_t scale_off(int32_t layout, int64_t row, int64_t cols, int q) {
+    const int64_t bs = FMT == FMT_NVFP4 ? 16 : 32;
+    return k3_scale_offset_hd((k3_scale_layout)layout, row, FMT == FMT_NVFP4 ? 2 * q : q, cols / bs);
+}
+template <int FMT>
+__device__ __forceinline__ int64_t scale_step(int32_t layout) {
     const bool swz = (k3_scale_layout)layout == K3_SCALE_SWIZZLED;
-    step = FMT == FMT_NVFP4 ? (swz ? 1024 : 8) : (swz ? 512 : 4);
+    return FMT == FMT_NVFP4 ? (swz ? 1024 : 8) : (swz ? 512 : 4);
 }
 
 template <int FMT, int SETS>
@@ -343,6 +345,20 @@ __device__ __forceinline__ void x_issue(uint4 *xs, const uint16_t *const (&brow)
     k3_cp_async_commit();
 }
 
+/* One k16 pair of one token tile in the FP4 chunk map: the lane's 16 bytes of activations (8 elements) permuted
+ * into the B fragments of the map's pairs (p + i, p + i + 4), then two MMAs per row set. */
+template <int SETS, int NT>
+__device__ __forceinline__ void mma_fp4_tile(float (&acc)[SETS][NT][4], int nt, const uint32_t (&a)[SETS][2][4],
+                                             const uint4 x) {
+    const uint32_t b00 = __byte_perm(x.x, x.z, 0x5410), b01 = __byte_perm(x.x, x.z, 0x7632);
+    const uint32_t b10 = __byte_perm(x.y, x.w, 0x5410), b11 = __byte_perm(x.y, x.w, 0x7632);
+#pragma unroll
+    for (int s = 0; s < SETS; s++) {
+        k3_mma_bf16_16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
+        k3_mma_bf16_16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
+    }
+}
+
 /* The four k16 steps of one 128-wide FP4 chunk: each step's weight words (SETS row sets x 2 halves) decoded to
  * BF16 fragments and multiplied into the accumulators of the ntv token tiles. xc: the chunk's activations in
  * shared memory at this lane's first 16 bytes ([nt][j][lane] of 16 bytes). The padding lanes of a token tile
@@ -361,14 +377,7 @@ __device__ __forceinline__ void mma_chunk_fp4(const uint4 (&cw)[SETS][2], const 
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             if (nt > 0 && nt >= ntv) break; /* warp-uniform; ntv >= 1 */
-            const uint4 xv = xc[(nt * 4 + j) * 32];
-            const uint32_t b00 = __byte_perm(xv.x, xv.z, 0x5410), b01 = __byte_perm(xv.x, xv.z, 0x7632);
-            const uint32_t b10 = __byte_perm(xv.y, xv.w, 0x5410), b11 = __byte_perm(xv.y, xv.w, 0x7632);
-#pragma unroll
-            for (int s = 0; s < SETS; s++) {
-                k3_mma_bf16_16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
-                k3_mma_bf16_16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
-            }
+            mma_fp4_tile<SETS, NT>(acc, nt, a, xc[(nt * 4 + j) * 32]);
         }
     }
 }
@@ -387,15 +396,11 @@ __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS]
     const int chunks = (int)(cols / 128);
     const int lane = threadIdx.x & 31;
     const uint8_t *srow[SETS][2];
-    int64_t sstep = 0;
+    const int64_t sstep = scale_step<FMT>(layout);
 #pragma unroll
     for (int s = 0; s < SETS; s++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int64_t off;
-            scale_walk<FMT>(layout, row[s][h], cols, q, off, sstep);
-            srow[s][h] = sexp + off;
-        }
+        for (int h = 0; h < 2; h++) srow[s][h] = sexp + scale_off<FMT>(layout, row[s][h], cols, q);
     uint4 bw[D][SETS][2];
     uint32_t bsc[D][SETS][2];
 #pragma unroll
@@ -500,13 +505,12 @@ __device__ __forceinline__ void nv_feed_init(nv_feed<SETS> &f, const uint8_t *co
                                              const int64_t (&row)[SETS][2], const uint8_t *sexp, int32_t layout,
                                              int64_t cols, int c0, int cstep, int n, int q) {
     f.n = n;
-    int64_t sstep = 0;
+    const int64_t sstep = scale_step<FMT_NVFP4>(layout);
 #pragma unroll
     for (int s = 0; s < SETS; s++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            int64_t off;
-            scale_walk<FMT_NVFP4>(layout, row[s][h], cols, q, off, sstep);
+            const int64_t off = scale_off<FMT_NVFP4>(layout, row[s][h], cols, q);
             f.sbyte[s][h] = (int)(off & 2);
             f.sw[s][h] = sexp + (off & ~(int64_t)3) + (int64_t)c0 * sstep;
             f.w[s][h] = wrow[s][h] + (int64_t)c0 * 64 + 16 * q;
@@ -582,14 +586,7 @@ __device__ __forceinline__ void mma_chunk_nv_rx(const uint4 (&cw)[SETS][2], cons
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             if (nt > 0 && nt >= ntv) break; /* warp-uniform; ntv >= 1 */
-            const uint4 x = xv[nt][j];
-            const uint32_t b00 = __byte_perm(x.x, x.z, 0x5410), b01 = __byte_perm(x.x, x.z, 0x7632);
-            const uint32_t b10 = __byte_perm(x.y, x.w, 0x5410), b11 = __byte_perm(x.y, x.w, 0x7632);
-#pragma unroll
-            for (int s = 0; s < SETS; s++) {
-                k3_mma_bf16_16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
-                k3_mma_bf16_16816(acc[s][nt], a[s][0][2], a[s][1][2], a[s][0][3], a[s][1][3], b10, b11);
-            }
+            mma_fp4_tile<SETS, NT>(acc, nt, a, xv[nt][j]);
         }
     }
 }
