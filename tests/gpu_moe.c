@@ -428,14 +428,13 @@ static void moe_case(const mcase *c, uint64_t seed) {
             cudaMemcpy(f_g2, dof, (size_t)(M * L) * 4, cudaMemcpyDeviceToHost);
             bitwise = st == K3_STATUS_SUCCESS && memcmp(out_g, out_g2, (size_t)(M * L) * 2) == 0 &&
                       memcmp(f_g, f_g2, (size_t)(M * L) * 4) == 0;
-            /* where the GEMMs route themselves (W4A16, np <= 256: the dispatch folded in, session 14b), the
+            /* where the GEMMs route themselves (W4A16, np <= 256, small grids: the dispatch folded in, session 14b), the
              * dispatch-kernel path on the same input (K3_CUDA_MOE_NO_FOLD) must give bitwise the same output */
-            if (np <= 256 && c->mode == K3_MOE_W4A16) {
-                k3_cuda_moe cm;
+            k3_cuda_moe cm;
+            if (k3_cuda_moe_prepare(g_gpu, &cm, &md.d) == K3_STATUS_SUCCESS && k3_cuda_moe_folds(g_gpu, &cm, M, &md.dw)) {
                 void *dws2 = NULL;
                 same_dispatch = 0;
-                if (k3_cuda_moe_prepare(g_gpu, &cm, &md.d) == K3_STATUS_SUCCESS &&
-                    (dws2 = dalloc(k3_cuda_moe_ws_bytes(&cm))) != NULL) {
+                if ((dws2 = dalloc(k3_cuda_moe_ws_bytes(&cm))) != NULL) {
                     cudaMemsetAsync(dws2, 0xff, k3_cuda_moe_ws_bytes(&cm), g_stream);
                     cudaMemsetAsync(dout, 0xff, (size_t)(M * L) * 2, g_stream);
                     cudaMemsetAsync(dof, 0xff, (size_t)(M * L) * 4, g_stream);
@@ -535,7 +534,7 @@ static void moe_case(const mcase *c, uint64_t seed) {
                                            : "random",
            rel,
            rel_bf, tol, bitwise ? "bitwise equal" : "DIFFER", "", us, t_cpu, now_s() - t_start);
-    if (same_dispatch >= 0) printf(", folded = dispatch path %s", same_dispatch ? "bitwise" : "DIFFER");
+    printf(same_dispatch < 0 ? ", not folded" : same_dispatch ? ", folded = dispatch path bitwise" : ", folded = dispatch path DIFFER");
     if (c->graph) printf(", graph replay with new routing %s (rel-L2 %.3e)", graph_ok > 0 ? "ok" : "FAILED", rel_graph);
     printf("\n");
     fflush(stdout);
@@ -815,10 +814,12 @@ static const mcase k_moe_cases[] = {
     {"dup-ids", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 8, 4, 512, 256, 4, ROUTE_DUP, 0},
     {"dup-ids", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A4, K3_ACT_SITU, 8, 4, 384, 128, 6, ROUTE_DUP, 0},
     {"dup-ids", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 1, K3_MOE_W4A4, K3_ACT_SITU, 8, 3, 256, 256, 12, ROUTE_DUP, 1},
-    /* the dispatch folded into the GEMMs (W4A16, m * top_k <= 256; session 14b), captured then replayed with new
-     * routing: duplicate ids (24 pairs on one expert: 3 passes) replayed with random ones, exactly 256 pairs over
-     * E 896 (two ids per thread, the last chunk full), and 264 pairs (just past the fold: the dispatch kernel) */
+    /* the dispatch folded into the GEMMs (W4A16, m * top_k <= 256, grids of about a wave; session 14b), captured
+     * then replayed with new routing: duplicate ids (24 pairs on one expert: 3 passes) replayed with random ones,
+     * exactly 256 pairs (two ids per thread, the last chunk full) over E 56 (folded) and E 896 (1,024 GEMM1 blocks
+     * at NT 2: past the fold's grid bound, the dispatch kernel), and 264 pairs (past the fold: the dispatch kernel) */
     {"fold-graph", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A16, K3_ACT_SITU, 8, 4, 384, 128, 6, ROUTE_DUP, 1},
+    {"fold-edge", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 56, 16, 128, 64, 16, ROUTE_RANDOM, 1},
     {"fold-edge", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 896, 16, 128, 64, 16, ROUTE_RANDOM, 1},
     {"fold-edge", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 56, 8, 256, 128, 33, ROUTE_RANDOM, 1},
 };

@@ -1242,7 +1242,53 @@ bool async_ok(int32_t layout, int64_t cols, const void *scales) {
     return ((uintptr_t)scales & 3u) == 0 && ((k3_scale_layout)layout == K3_SCALE_SWIZZLED || (cols / 16) % 4 == 0);
 }
 
+/* The launch shapes of one call (host-only: from m, the descriptor and the scale pointers' alignment). */
+struct launch_shape {
+    int nt;             /* token tiles per pass */
+    bool gated, g2_split, as1, as2;
+    dim3 g1, g2;
+    bool fold;          /* the GEMMs route themselves (no dispatch kernel) */
+};
+
+/* The fold costs every block a longer prologue (the ids load, the bitmap, the scan, barriers: ~1 us per block
+ * under load), paid once per wave of blocks, against one dispatch kernel less. Measured (session 14b, H200):
+ * grids of <= 1.5 waves gained (EP16 M 1 -3.6 us, M 4 -1.0 to -1.4, TP8 M 1 -1.1), grids of >= 2.9 waves lost
+ * (TP8 M 4 +3.4 us, EP16 M 16 +7.7, TP8 M 16 +43). So: only where GEMM1 and GEMM2 each fit FOLD_WAVES waves
+ * (blocks per SM as their launch bounds). Host-only and independent of the routing (graph capturable). */
+constexpr int FOLD_WAVES = 2;
+
+launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k3_moe_weights *w, bool no_fold) {
+    const k3_moe_desc *d = &p->d;
+    const int32_t np = (int32_t)(m * d->top_k);
+    const int32_t slots = np < d->num_experts ? np : d->num_experts;
+    launch_shape sh;
+    /* tokens per pass: an expert gets at most m pairs when a token's ids are distinct; more take extra passes */
+    sh.nt = m <= 8 ? 1 : (m <= 16 ? 2 : 4);
+    sh.gated = d->act.kind != K3_ACT_RELU2_NO_MUL;
+    sh.g1 = dim3((unsigned)slots, (unsigned)(d->inter / 16));
+    /* GEMM2 splits K across the block's warps when K has at least 2 chunks of 128 per warp (EP16: I = 3072):
+     * 4x the blocks (one expert alone then fills the GPU) and a quarter of the serial chunk walk per warp */
+    sh.g2_split = d->inter / 128 >= 2 * G2_WARPS;
+    sh.g2 = dim3((unsigned)slots,
+                 (unsigned)(sh.g2_split ? d->hidden / 16 : (d->hidden / 16 + G2_WARPS - 1) / G2_WARPS));
+    /* NVFP4 at decode sizes (NT <= 2): the cp.async ring where the scale words are aligned */
+    const bool nv = d->format == K3_WEIGHT_NVFP4 && sh.nt <= 2;
+    sh.as1 = nv && async_ok((int32_t)d->scale_layout, d->hidden, w->w13_scale);
+    sh.as2 = nv && async_ok((int32_t)d->scale_layout, d->inter, w->w2_scale);
+    const int64_t sms = sm_count > 0 ? sm_count : 132;
+    const int64_t per1 = sh.as1 && sh.nt == 1 ? 4 : G1_MIN_BLOCKS;                           /* g1_min_blocks */
+    const int64_t per2 = !sh.as2 ? G2_MIN_BLOCKS : (!sh.g2_split && sh.nt == 1 ? 6 : 5);     /* g2_min_blocks */
+    const bool small = (int64_t)sh.g1.x * sh.g1.y <= FOLD_WAVES * sms * per1 &&
+                       (int64_t)sh.g2.x * sh.g2.y <= FOLD_WAVES * sms * per2;
+    sh.fold = !no_fold && d->mode != K3_MOE_W4A4 && np <= FOLD_NP && d->num_experts <= FOLD_E && small;
+    return sh;
+}
+
 } // namespace
+
+extern "C" int k3_cuda_moe_folds(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
+    return shape_of(p, ctx->arch.sm_count, m, w, false).fold ? 1 : 0;
+}
 
 extern "C" k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_moe_desc *d) {
     memset(p, 0, sizeof *p);
@@ -1299,7 +1345,6 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
     const ws_layout L = layout_of(p);
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (ALIGN - 1)) & ~(uintptr_t)(ALIGN - 1));
     const int32_t np = (int32_t)(m * d->top_k);
-    const int32_t slots = np < d->num_experts ? np : d->num_experts;
 
     /* 16-byte loads: the weight bases (every expert's slice and row is then aligned, L and I being multiples
      * of 32) and x */
@@ -1331,11 +1376,13 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
     P.w2_eb = p->w2_expert_bytes, P.w2_sb = p->w2_scale_bytes;
     P.w13_s2 = w->w13_scale_2, P.w2_s2 = w->w2_scale_2, P.w13_in = w->w13_input_scale, P.w2_in = w->w2_input_scale;
 
-    /* decode sizes (W4A16): no dispatch kernel, the GEMMs route themselves (fold_find); prefill and W4A4 (its
-     * quantization kernel reads the lists) keep it, and so does K3_CUDA_MOE_NO_FOLD (tests). The stage cut after
-     * the dispatch still runs the kernel alone, for reference: with the fold it is not part of the call. */
+    /* decode sizes (W4A16, grids of about a wave: shape_of): no dispatch kernel, the GEMMs route themselves
+     * (fold_find); prefill, many-wave grids and W4A4 (its quantization kernel reads the lists) keep it, and so
+     * does K3_CUDA_MOE_NO_FOLD (tests). The stage cut after the dispatch still runs the kernel alone, for
+     * reference: with the fold it is not part of the call. */
+    const launch_shape sh = shape_of(p, ctx->arch.sm_count, m, w, no_fold);
     P.np = np;
-    P.fold = !no_fold && !P.w4a4 && np <= FOLD_NP && d->num_experts <= FOLD_E;
+    P.fold = sh.fold;
     if (!P.fold || stages <= K3_CUDA_MOE_STAGE_DISPATCH)
         K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, (int32_t *)(base + L.offs),
                                     (int32_t *)(base + L.cur), (int32_t *)(base + L.active),
@@ -1347,20 +1394,10 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
             return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe W4A4 x quantization kernel failed: %s",
                            cudaGetErrorString(qe));
     }
-    /* tokens per pass: an expert gets at most m pairs when a token's ids are distinct; more take extra passes */
-    const int nt = m <= 8 ? 1 : (m <= 16 ? 2 : 4);
-    const bool gated = d->act.kind != K3_ACT_RELU2_NO_MUL;
-    const dim3 g1((unsigned)slots, (unsigned)(d->inter / 16));
-    /* GEMM2 splits K across the block's warps when K has at least 2 chunks of 128 per warp (EP16: I = 3072):
-     * 4x the blocks (one expert alone then fills the GPU) and a quarter of the serial chunk walk per warp */
-    const bool g2_split = d->inter / 128 >= 2 * G2_WARPS;
-    const dim3 gr2((unsigned)slots,
-                  (unsigned)(g2_split ? d->hidden / 16 : (d->hidden / 16 + G2_WARPS - 1) / G2_WARPS));
+    const int nt = sh.nt;
+    const bool gated = sh.gated, g2_split = sh.g2_split, as1 = sh.as1, as2 = sh.as2;
+    const dim3 g1 = sh.g1, gr2 = sh.g2;
     const bool g2 = stages >= K3_CUDA_MOE_STAGE_GEMM2;
-    /* NVFP4 at decode sizes (NT <= 2): the cp.async ring where the scale words are aligned */
-    const bool nv = d->format == K3_WEIGHT_NVFP4 && nt <= 2;
-    const bool as1 = nv && async_ok(P.layout, d->hidden, w->w13_scale);
-    const bool as2 = nv && async_ok(P.layout, d->inter, w->w2_scale);
     cudaError_t err =
         d->format == K3_WEIGHT_NVFP4   ? launch_fmt<FMT_NVFP4>(nt, gated, g2_split, g2, as1, as2, g1, gr2, P, s)
         : d->format == K3_WEIGHT_MXFP4 ? launch_fmt<FMT_MXFP4>(nt, gated, g2_split, g2, false, false, g1, gr2, P, s)
