@@ -45,9 +45,6 @@
 #include "cuda/cp_async.cuh"
 #include "cuda/pdl.cuh"
 
-#ifndef K3_MOE_FOLD_PDL /* 1: the folded GEMM1 launched with PDL too (a measured variant, session 14b) */
-#define K3_MOE_FOLD_PDL 0
-#endif
 namespace {
 
 constexpr int G1_WARPS = 4; /* split-K warps of a GEMM1 block */
@@ -722,6 +719,13 @@ struct fold_smem {
     int32_t e, n_act;
     uint8_t list[FOLD_NP];    /* e's pair indices, ascending */
 };
+/* Dynamic shared memory a folded launch adds after the kernel's own (its ring, if any): fold_smem, then (kernels
+ * without a cp.async ring, whose bitmap cannot borrow the ring) the expert bitmap. Only folded launches ask for it:
+ * as static shared memory, its 320 bytes cost the cp.async GEMM2 a block per SM on every launch (TP8 M 16 +18 us,
+ * bench/NOTES-moe.md session 14). */
+constexpr size_t fold_dyn_bytes(bool async) {
+    return (sizeof(fold_smem) + 15) / 16 * 16 + (async ? 0 : (size_t)FOLD_E / 32 * 4);
+}
 
 /* Block-wide (every thread calls it). id[h]: this thread's pair h * 128 + tid, -1 when absent or out of [0, E).
  * Returns the touched-expert count; fs.e holds the slot-th touched expert when slot < that count. */
@@ -835,8 +839,11 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
     __shared__ float red_s[RED_S ? G1_WARPS * RED : 1];
     __shared__ uint4 xring[ASYNC ? 1 : G1_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
-    __shared__ fold_smem fs;
-    __shared__ uint32_t bm_s[ASYNC ? 1 : FOLD_E / 32];
+    /* fold: the routing state after the ring (fold_dyn_bytes); the bitmap in warp 0's ring (dead, fold_find's last
+     * barrier, before the ring fill below) or after fs */
+    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + (ASYNC ? g1_dyn_bytes<SETS, NT>() / 16 : 0));
+    uint32_t *const bm = ASYNC ? reinterpret_cast<uint32_t *>(k3_moe_dyn)
+                               : reinterpret_cast<uint32_t *>(k3_moe_dyn + fold_dyn_bytes(true) / 16);
     /* everything below reads the dispatch (and W4A4 quantization) output, or (fold: launched without PDL, so a
      * no-op) the caller's topk_ids; wait before letting GEMM2 start */
     k3_pdl_wait();
@@ -844,8 +851,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
     const int slot = blockIdx.x;
     int32_t fid[2] = {-1, -1}, e;
     if (P.fold) {
-        /* the bitmap in warp 0's ring: dead (fold_find's last barrier) before the ring fill below */
-        if (fold_find(P, slot, ASYNC ? (uint32_t *)k3_moe_dyn : bm_s, fs, fid) <= slot) return; /* block-uniform */
+        if (fold_find(P, slot, bm, fs, fid) <= slot) return; /* block-uniform */
         e = fs.e;
     } else {
         /* both loads at once (slot < E always: the grid has min(E, pairs) slots), then the block-uniform exit */
@@ -995,8 +1001,10 @@ __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>())
     __shared__ float red_s[ASYNC || KS == 1 ? 1 : (KS - 1) * RED];
     __shared__ uint4 xring[ASYNC ? 1 : G2_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
-    __shared__ fold_smem fs;
-    __shared__ uint32_t bm_s[ASYNC ? 1 : FOLD_E / 32];
+    /* fold: as in GEMM1 */
+    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + (ASYNC ? g2_dyn_bytes<NT>() / 16 : 0));
+    uint32_t *const bm = ASYNC ? reinterpret_cast<uint32_t *>(k3_moe_dyn)
+                               : reinterpret_cast<uint32_t *>(k3_moe_dyn + fold_dyn_bytes(true) / 16);
     /* PDL: the dispatch lists (two kernels back, complete: see pdl.cuh), or with the fold topk_ids (likewise),
      * are read before the wait, and the weight ring is filled before it too (nv_fill, or mma_any<..., true>);
      * GEMM1's output a only after it */
@@ -1004,7 +1012,7 @@ __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>())
     const int slot = blockIdx.x;
     int32_t e, p0 = 0, cnt = 0, fid[2] = {-1, -1};
     if (P.fold) {
-        if (fold_find(P, slot, ASYNC ? (uint32_t *)k3_moe_dyn : bm_s, fs, fid) <= slot) return; /* block-uniform */
+        if (fold_find(P, slot, bm, fs, fid) <= slot) return; /* block-uniform */
         e = fs.e;
     } else {
         const int32_t n_act = __ldcg(P.n_active);
@@ -1179,7 +1187,7 @@ ws_layout layout_of(const k3_cuda_moe *p) {
 /* GEMM1 launch: with PDL behind the dispatch (or W4A4 quantization); plainly when it is the call's first kernel
  * (fold), fully ordered after whatever the caller ran, as the dispatch kernel was. */
 cudaError_t launch_g1(void (*kernel)(moe_params), dim3 grid, size_t smem, cudaStream_t s, const moe_params &P) {
-    if (!P.fold || K3_MOE_FOLD_PDL) return k3_launch_pdl(kernel, grid, dim3(G1_WARPS * 32), smem, s, P);
+    if (!P.fold) return k3_launch_pdl(kernel, grid, dim3(G1_WARPS * 32), smem, s, P);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = dim3(G1_WARPS * 32), cfg.dynamicSmemBytes = smem, cfg.stream = s;
     return cudaLaunchKernelEx(&cfg, kernel, P);
@@ -1189,24 +1197,32 @@ template <int FMT, bool GATED>
 cudaError_t launch_gemm1_nt(int nt, bool async, dim3 grid, const moe_params &P, cudaStream_t s) {
     constexpr int SETS = GATED ? 2 : 1;
     if constexpr (FMT == FMT_NVFP4) {
-        if (async && nt == 1) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, true>, grid, g1_dyn_bytes<SETS, 1>(), s, P);
-        if (async && nt == 2) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, true>, grid, g1_dyn_bytes<SETS, 2>(), s, P);
+        const size_t fa = P.fold ? fold_dyn_bytes(true) : 0;
+        if (async && nt == 1)
+            return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, true>, grid, g1_dyn_bytes<SETS, 1>() + fa, s, P);
+        if (async && nt == 2)
+            return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, true>, grid, g1_dyn_bytes<SETS, 2>() + fa, s, P);
     }
-    if (nt == 1) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, false>, grid, 0, s, P);
-    if (nt == 2) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, false>, grid, 0, s, P);
-    return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 4, false>, grid, 0, s, P);
+    const size_t f = P.fold ? fold_dyn_bytes(false) : 0;
+    if (nt == 1) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, false>, grid, f, s, P);
+    if (nt == 2) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, false>, grid, f, s, P);
+    return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 4, false>, grid, f, s, P);
 }
 
 template <int FMT, int KS>
 cudaError_t launch_gemm2_nt(int nt, bool async, dim3 grid, const moe_params &P, cudaStream_t s) {
     const dim3 block(G2_WARPS * 32);
     if constexpr (FMT == FMT_NVFP4) {
-        if (async && nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, true>, grid, block, g2_dyn_bytes<1>(), s, P);
-        if (async && nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, true>, grid, block, g2_dyn_bytes<2>(), s, P);
+        const size_t fa = P.fold ? fold_dyn_bytes(true) : 0;
+        if (async && nt == 1)
+            return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, true>, grid, block, g2_dyn_bytes<1>() + fa, s, P);
+        if (async && nt == 2)
+            return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, true>, grid, block, g2_dyn_bytes<2>() + fa, s, P);
     }
-    if (nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, false>, grid, block, 0, s, P);
-    if (nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, false>, grid, block, 0, s, P);
-    return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 4, KS, false>, grid, block, 0, s, P);
+    const size_t f = P.fold ? fold_dyn_bytes(false) : 0;
+    if (nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, false>, grid, block, f, s, P);
+    if (nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, false>, grid, block, f, s, P);
+    return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 4, KS, false>, grid, block, f, s, P);
 }
 
 template <int FMT>
@@ -1224,14 +1240,15 @@ cudaError_t allow_async_smem(void) {
     cudaError_t e = cudaSuccess;
 #define K3_ALLOW(kern, bytes)                                                                                     \
     if (e == cudaSuccess) e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes))
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 1, true>), (g1_dyn_bytes<2, 1>()));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 2, true>), (g1_dyn_bytes<2, 2>()));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 1, true>), (g1_dyn_bytes<1, 1>()));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 2, true>), (g1_dyn_bytes<1, 2>()));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true>), (g2_dyn_bytes<1>()));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, 1, true>), (g2_dyn_bytes<2>()));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, G2_WARPS, true>), (g2_dyn_bytes<1>()));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, G2_WARPS, true>), (g2_dyn_bytes<2>()));
+    const size_t fa = fold_dyn_bytes(true); /* a folded launch asks for the ring plus the routing state */
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 1, true>), (g1_dyn_bytes<2, 1>() + fa));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 2, true>), (g1_dyn_bytes<2, 2>() + fa));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 1, true>), (g1_dyn_bytes<1, 1>() + fa));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 2, true>), (g1_dyn_bytes<1, 2>() + fa));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true>), (g2_dyn_bytes<1>() + fa));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, 1, true>), (g2_dyn_bytes<2>() + fa));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, G2_WARPS, true>), (g2_dyn_bytes<1>() + fa));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, G2_WARPS, true>), (g2_dyn_bytes<2>() + fa));
 #undef K3_ALLOW
     return e;
 }
