@@ -704,7 +704,10 @@ struct moe_params {
  *              (= list[p0 ..]): ballots over 32-pair chunks in pair order.
  * So p0, cnt and the list (hence every output row and every sum) are the dispatch's: bitwise the same results.
  * GEMM2 recomputes them before its PDL wait (topk_ids is two or more kernels back: complete, see pdl.cuh).
- * The bitmap is dead before the weight ring fills, so it lives in the ring (ASYNC) or a small static array.
+ * The bitmap is dead before the weight ring fills, so it lives in the ring: the fold exists only in the NVFP4 cp.async
+ * kernels, as their FOLD instances. Why instances and not a run-time flag: with the flag, the points that do not
+ * fold ran 1-15 us slower (TP8 M 4 GEMM2 +1.5 us, M 16 +13; bench/NOTES-moe.md session 15), so those points run
+ * kernels without a line of the fold's code.
  */
 constexpr int FOLD_NP = 256;  /* two pairs per thread of a 128-thread block; pair indices fit a byte */
 constexpr int FOLD_E = 4096;  /* bitmap words: 128, at most 4 per lane of the warp that scans them */
@@ -716,13 +719,9 @@ struct fold_smem {
     int32_t e, n_act;
     uint8_t list[FOLD_NP];    /* e's pair indices, ascending */
 };
-/* Dynamic shared memory a folded launch adds after the kernel's own (its ring, if any): fold_smem, then (kernels
- * without a cp.async ring, whose bitmap cannot borrow the ring) the expert bitmap. Only folded launches ask for it:
- * as static shared memory, its 320 bytes cost the cp.async GEMM2 a block per SM on every launch (TP8 M 16 +18 us,
- * bench/NOTES-moe.md session 14). */
-constexpr size_t fold_dyn_bytes(bool async) {
-    return (sizeof(fold_smem) + 15) / 16 * 16 + (async ? 0 : (size_t)FOLD_E / 32 * 4);
-}
+/* Dynamic shared memory a folded launch adds after its ring: fold_smem. As static shared memory, its 320 bytes cost
+ * the cp.async GEMM2 a block per SM (TP8 M 16 +18 us, bench/NOTES-moe.md session 14). */
+constexpr size_t fold_dyn_bytes() { return (sizeof(fold_smem) + 15) / 16 * 16; }
 
 /* Block-wide (every thread calls it). id[h]: this thread's pair h * 128 + tid, -1 when absent or out of [0, E).
  * Returns the touched-expert count; fs.e holds the slot-th touched expert when slot < that count. */
@@ -826,8 +825,9 @@ __host__ __device__ constexpr int red_floats() { return SETS * NT * 4 * 33; }
  * (session 13) put 1.68 of GEMM1's ~7.8 cycles per issued instruction on barriers: warps 1-3 waited at a second
  * barrier while warp 0 alone summed and ran the epilogue for all 16 x 8 x NT outputs.
  */
-template <int FMT, bool GATED, int NT, bool ASYNC>
+template <int FMT, bool GATED, int NT, bool ASYNC, bool FOLD>
 __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_moe_gemm1_kernel(const moe_params P) {
+    static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
     constexpr int SETS = GATED ? 2 : 1;
     constexpr int RED = red_floats<SETS, NT>();
     constexpr bool RED_S = !ASYNC && FMT == FMT_BF16; /* FP4 register ring: the dead activation ring holds them */
@@ -836,18 +836,17 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
     __shared__ float red_s[RED_S ? G1_WARPS * RED : 1];
     __shared__ uint4 xring[ASYNC ? 1 : G1_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
-    /* fold: the routing state after the ring (fold_dyn_bytes); the bitmap in warp 0's ring (dead, fold_find's last
-     * barrier, before the ring fill below) or after fs */
-    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + (ASYNC ? g1_dyn_bytes<SETS, NT>() / 16 : 0));
-    uint32_t *const bm = ASYNC ? reinterpret_cast<uint32_t *>(k3_moe_dyn)
-                               : reinterpret_cast<uint32_t *>(k3_moe_dyn + fold_dyn_bytes(true) / 16);
+    /* FOLD: the routing state after the ring (fold_dyn_bytes); the bitmap in warp 0's ring (dead: fold_find's last
+     * barrier comes before the ring fill below) */
+    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g1_dyn_bytes<SETS, NT>() / 16);
+    uint32_t *const bm = reinterpret_cast<uint32_t *>(k3_moe_dyn);
     /* everything below reads the dispatch (and W4A4 quantization) output, or (fold: launched without PDL, so a
      * no-op) the caller's topk_ids; wait before letting GEMM2 start */
     k3_pdl_wait();
     k3_pdl_launch();
     const int slot = blockIdx.x;
     int32_t fid[2] = {-1, -1}, e;
-    if (P.fold) {
+    if constexpr (FOLD) {
         if (fold_find(P, slot, bm, fs, fid) <= slot) return; /* block-uniform */
         e = fs.e;
     } else {
@@ -882,8 +881,8 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
         nv_feed_init<SETS>(f, wrow, row, sexp, P.layout, P.L, kc0, kcs, kn, q);
         nv_fill<SETS, G1_STAGES>(ring, f, lane);
     }
-    int32_t p0, cnt; /* fold: while the ring fills (shared memory and registers only) */
-    if (P.fold) {
+    int32_t p0, cnt; /* FOLD: while the ring fills (shared memory and registers only) */
+    if constexpr (FOLD) {
         fold_list(e, fs, fid, p0, cnt);
     } else {
         p0 = __ldcg(P.offs + e);
@@ -920,8 +919,10 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
             /* padding lanes keep a real address (the last token's row) but copy nothing */
             xok |= (uint32_t)(pass + nt * 8 + g < cnt) << nt;
             const int64_t pp = p0 + min(pass + nt * 8 + g, cnt - 1);
-            const int32_t pair = P.fold ? (int32_t)fs.list[pp - p0] : __ldcg(P.list + pp);
-            brow[nt] = P.w4a4 ? P.xq + pp * P.L : P.x + (int64_t)(pair / P.top_k) * P.L;
+            if constexpr (FOLD) /* W4A16 only */
+                brow[nt] = P.x + (int64_t)((int32_t)fs.list[pp - p0] / P.top_k) * P.L;
+            else
+                brow[nt] = P.w4a4 ? P.xq + pp * P.L : P.x + (int64_t)(__ldcg(P.list + pp) / P.top_k) * P.L;
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
         if constexpr (ASYNC) {
@@ -992,23 +993,23 @@ constexpr size_t g2_dyn_bytes() { return (size_t)G2_WARPS * as_warp_uint4<1, G2_
 template <bool ASYNC, int NT, int KS>
 constexpr int g2_min_blocks() { return !ASYNC ? G2_MIN_BLOCKS : (KS == 1 && NT == 1 ? 6 : 5); }
 
-template <int FMT, int NT, int KS, bool ASYNC>
+template <int FMT, int NT, int KS, bool ASYNC, bool FOLD>
 __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>()) k3_moe_gemm2_kernel(const moe_params P) {
+    static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
     constexpr int RED = NT * 4 * 32;
     __shared__ float red_s[ASYNC || KS == 1 ? 1 : (KS - 1) * RED];
     __shared__ uint4 xring[ASYNC ? 1 : G2_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
-    /* fold: as in GEMM1 */
-    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + (ASYNC ? g2_dyn_bytes<NT>() / 16 : 0));
-    uint32_t *const bm = ASYNC ? reinterpret_cast<uint32_t *>(k3_moe_dyn)
-                               : reinterpret_cast<uint32_t *>(k3_moe_dyn + fold_dyn_bytes(true) / 16);
+    /* FOLD: as in GEMM1 */
+    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g2_dyn_bytes<NT>() / 16);
+    uint32_t *const bm = reinterpret_cast<uint32_t *>(k3_moe_dyn);
     /* PDL: the dispatch lists (two kernels back, complete: see pdl.cuh), or with the fold topk_ids (likewise),
      * are read before the wait, and the weight ring is filled before it too (nv_fill, or mma_any<..., true>);
      * GEMM1's output a only after it */
     k3_pdl_launch();
     const int slot = blockIdx.x;
     int32_t e, p0 = 0, cnt = 0, fid[2] = {-1, -1};
-    if (P.fold) {
+    if constexpr (FOLD) {
         if (fold_find(P, slot, bm, fs, fid) <= slot) return; /* block-uniform */
         e = fs.e;
     } else {
@@ -1020,8 +1021,8 @@ __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>())
     const int64_t r0 = KS > 1 ? (int64_t)blockIdx.y * 16 : ((int64_t)blockIdx.y * G2_WARPS + warp) * 16;
     /* KS = 1: warp-uniform, KS > 1: block-uniform. Fold: an idle warp leaves only after fold_list (block barriers) */
     const bool idle = r0 >= P.L;
-    if (idle && !P.fold) return;
-    if (!P.fold) {
+    if (idle && !FOLD) return;
+    if constexpr (!FOLD) {
         p0 = __ldcg(P.offs + e);
         cnt = __ldcg(P.offs + e + 1) - p0;
     }
@@ -1050,7 +1051,7 @@ __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>())
         }
         k3_pdl_wait();
     }
-    if (P.fold) {
+    if constexpr (FOLD) {
         fold_list(e, fs, fid, p0, cnt); /* while the ring fills: shared memory and registers only */
         if (idle) return;
     }
@@ -1102,7 +1103,9 @@ __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>())
                 for (int c = 0; c < 4; c++) {
                     const int n = pass + nt * 8 + 2 * q + (c & 1);
                     if (n >= cnt) continue;
-                    const int32_t pair = P.fold ? (int32_t)fs.list[n] : __ldcg(P.list + p0 + n);
+                    int32_t pair;
+                    if constexpr (FOLD) pair = (int32_t)fs.list[n];
+                    else pair = __ldcg(P.list + p0 + n);
                     const float dot =
                         __fmul_rn(__fmul_rn(__fmul_rn(acc[0][nt][c], acc_scale<FMT>()), inv_gs), alpha);
                     P.pair_out[(int64_t)pair * P.L + r0 + g + 8 * (c >> 1)] = __fmul_rn(__ldg(P.wts + pair), dot);
@@ -1194,32 +1197,42 @@ template <int FMT, bool GATED>
 cudaError_t launch_gemm1_nt(int nt, bool async, dim3 grid, const moe_params &P, cudaStream_t s) {
     constexpr int SETS = GATED ? 2 : 1;
     if constexpr (FMT == FMT_NVFP4) {
-        const size_t fa = P.fold ? fold_dyn_bytes(true) : 0;
         if (async && nt == 1)
-            return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, true>, grid, g1_dyn_bytes<SETS, 1>() + fa, s, P);
+            return P.fold ? launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, true, true>, grid,
+                                      g1_dyn_bytes<SETS, 1>() + fold_dyn_bytes(), s, P)
+                          : launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, true, false>, grid, g1_dyn_bytes<SETS, 1>(),
+                                      s, P);
         if (async && nt == 2)
-            return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, true>, grid, g1_dyn_bytes<SETS, 2>() + fa, s, P);
+            return P.fold ? launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, true, true>, grid,
+                                      g1_dyn_bytes<SETS, 2>() + fold_dyn_bytes(), s, P)
+                          : launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, true, false>, grid, g1_dyn_bytes<SETS, 2>(),
+                                      s, P);
     }
-    const size_t f = P.fold ? fold_dyn_bytes(false) : 0;
-    if (nt == 1) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, false>, grid, f, s, P);
-    if (nt == 2) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, false>, grid, f, s, P);
-    return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 4, false>, grid, f, s, P);
+    if (P.fold) return cudaErrorInvalidValue; /* shape_of folds only where both GEMMs take the cp.async ring */
+    if (nt == 1) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, false, false>, grid, 0, s, P);
+    if (nt == 2) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, false, false>, grid, 0, s, P);
+    return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 4, false, false>, grid, 0, s, P);
 }
 
 template <int FMT, int KS>
 cudaError_t launch_gemm2_nt(int nt, bool async, dim3 grid, const moe_params &P, cudaStream_t s) {
     const dim3 block(G2_WARPS * 32);
     if constexpr (FMT == FMT_NVFP4) {
-        const size_t fa = P.fold ? fold_dyn_bytes(true) : 0;
         if (async && nt == 1)
-            return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, true>, grid, block, g2_dyn_bytes<1>() + fa, s, P);
+            return P.fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, true, true>, grid, block,
+                                          g2_dyn_bytes<1>() + fold_dyn_bytes(), s, P)
+                          : k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, true, false>, grid, block, g2_dyn_bytes<1>(),
+                                          s, P);
         if (async && nt == 2)
-            return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, true>, grid, block, g2_dyn_bytes<2>() + fa, s, P);
+            return P.fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, true, true>, grid, block,
+                                          g2_dyn_bytes<2>() + fold_dyn_bytes(), s, P)
+                          : k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, true, false>, grid, block, g2_dyn_bytes<2>(),
+                                          s, P);
     }
-    const size_t f = P.fold ? fold_dyn_bytes(false) : 0;
-    if (nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, false>, grid, block, f, s, P);
-    if (nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, false>, grid, block, f, s, P);
-    return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 4, KS, false>, grid, block, f, s, P);
+    if (P.fold) return cudaErrorInvalidValue;
+    if (nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, false, false>, grid, block, 0, s, P);
+    if (nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, false, false>, grid, block, 0, s, P);
+    return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 4, KS, false, false>, grid, block, 0, s, P);
 }
 
 template <int FMT>
@@ -1237,15 +1250,23 @@ cudaError_t allow_async_smem(void) {
     cudaError_t e = cudaSuccess;
 #define K3_ALLOW(kern, bytes)                                                                                     \
     if (e == cudaSuccess) e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes))
-    const size_t fa = fold_dyn_bytes(true); /* a folded launch asks for the ring plus the routing state */
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 1, true>), (g1_dyn_bytes<2, 1>() + fa));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 2, true>), (g1_dyn_bytes<2, 2>() + fa));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 1, true>), (g1_dyn_bytes<1, 1>() + fa));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 2, true>), (g1_dyn_bytes<1, 2>() + fa));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true>), (g2_dyn_bytes<1>() + fa));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, 1, true>), (g2_dyn_bytes<2>() + fa));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, G2_WARPS, true>), (g2_dyn_bytes<1>() + fa));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, G2_WARPS, true>), (g2_dyn_bytes<2>() + fa));
+    const size_t fa = fold_dyn_bytes(); /* a folded launch asks for the ring plus the routing state */
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 1, true, false>), (g1_dyn_bytes<2, 1>()));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 2, true, false>), (g1_dyn_bytes<2, 2>()));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 1, true, false>), (g1_dyn_bytes<1, 1>()));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 2, true, false>), (g1_dyn_bytes<1, 2>()));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false>), (g2_dyn_bytes<1>()));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, 1, true, false>), (g2_dyn_bytes<2>()));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, G2_WARPS, true, false>), (g2_dyn_bytes<1>()));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, G2_WARPS, true, false>), (g2_dyn_bytes<2>()));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 1, true, true>), (g1_dyn_bytes<2, 1>() + fa));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 2, true, true>), (g1_dyn_bytes<2, 2>() + fa));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 1, true, true>), (g1_dyn_bytes<1, 1>() + fa));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 2, true, true>), (g1_dyn_bytes<1, 2>() + fa));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, true>), (g2_dyn_bytes<1>() + fa));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, 1, true, true>), (g2_dyn_bytes<2>() + fa));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, G2_WARPS, true, true>), (g2_dyn_bytes<1>() + fa));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, G2_WARPS, true, true>), (g2_dyn_bytes<2>() + fa));
 #undef K3_ALLOW
     return e;
 }
@@ -1294,7 +1315,8 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
     const int64_t per2 = !sh.as2 ? G2_MIN_BLOCKS : (!sh.g2_split && sh.nt == 1 ? 6 : 5);     /* g2_min_blocks */
     const bool small = (int64_t)sh.g1.x * sh.g1.y <= FOLD_WAVES * sms * per1 &&
                        (int64_t)sh.g2.x * sh.g2.y <= FOLD_WAVES * sms * per2;
-    sh.fold = !no_fold && d->mode != K3_MOE_W4A4 && np <= FOLD_NP && d->num_experts <= FOLD_E && small;
+    sh.fold = !no_fold && d->mode != K3_MOE_W4A4 && sh.as1 && sh.as2 && np <= FOLD_NP && d->num_experts <= FOLD_E &&
+              small;
     return sh;
 }
 
