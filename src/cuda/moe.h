@@ -47,6 +47,13 @@ k3_status k3_cuda_moe_run(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const vo
  * K3_CUDA_MOE_STAGE_DISPATCH runs the dispatch only, _GEMM1 adds the W4A4 quantization and GEMM1 (with the
  * activation), _GEMM2 adds GEMM2 (the weighted per-pair outputs), _ALL the combine (= k3_cuda_moe_run). */
 enum { K3_CUDA_MOE_STAGE_DISPATCH = 1, K3_CUDA_MOE_STAGE_GEMM1 = 2, K3_CUDA_MOE_STAGE_GEMM2 = 3, K3_CUDA_MOE_STAGE_ALL = 4 };
+/* OR'd into stages: keep the dispatch kernel even where the GEMMs would route themselves (decode sizes, W4A16),
+ * so tests can compare the two paths bitwise. With the fold, the stage cut after the dispatch runs the dispatch
+ * kernel alone (for reference: it is then not part of the call). */
+enum { K3_CUDA_MOE_NO_FOLD = 0x100 };
+/* 1 when k3_cuda_moe_run at this m folds the dispatch into the GEMMs (W4A16, <= 256 pairs, grids of about a
+ * wave), else 0 (tests). */
+int k3_cuda_moe_folds(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w);
 k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const void *x,
                                  const int32_t *topk_ids, const float *topk_weights, const k3_moe_weights *w,
                                  void *out, float *out_f32, void *ws, void *stream, int32_t stages);

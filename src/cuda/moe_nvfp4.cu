@@ -5,7 +5,9 @@
  *
  * Launch sequence (all on the caller's stream, no host sync, grids sized for the worst case so the launches
  * need no knowledge of the routing, CUDA-graph capturable):
- *   dispatch   (moe_dispatch.cu) topk_ids -> per-expert offsets, active experts, grouped (token, slot) list
+ *   dispatch   (moe_dispatch.cu) topk_ids -> per-expert offsets, active experts, grouped (token, slot) list;
+ *              at decode sizes (W4A16, m * top_k <= FOLD_NP) not launched: GEMM1 and GEMM2 derive the same from
+ *              topk_ids per block (fold_find, fold_list), and GEMM1 is then the call's first kernel
  *   [W4A4]     x quantized per (expert, token) pair with the expert's input scale -> xq[pair] (q * sf, exact
  *              in BF16; the 1 / gs factor is applied to the GEMM1 accumulator instead)
  *   GEMM1      grid (min(E, m * top_k) expert slots, I / 16 row tiles); slots past the active count exit.
@@ -682,6 +684,7 @@ struct moe_params {
     const int32_t *ids;                      /* [m, top_k] */
     const float *wts;                        /* [m, top_k] */
     const int32_t *offs, *active, *n_active, *list;
+    int32_t np, fold;                        /* pairs (m * top_k); fold: the GEMMs route themselves (fold_find) */
     const uint16_t *xq;                      /* W4A4: [np, L] grouped, q * sf */
     uint16_t *a;                             /* [np, I] grouped */
     float *pair_out;                         /* [np, L] by pair index */
@@ -689,6 +692,113 @@ struct moe_params {
     size_t w13_eb, w13_sb, w2_eb, w2_sb;
     const float *w13_s2, *w2_s2, *w13_in, *w2_in;
 };
+
+/*
+ * The dispatch folded into the GEMMs at decode sizes (session 14b). Why: the dispatch kernel was a whole launch
+ * (~3.6-4.7 us of every call) in front of GEMM1, which could not start its weight stream before it finished. At
+ * np <= FOLD_NP pairs each GEMM1 / GEMM2 block of 128 threads derives what it needs from topk_ids itself (two
+ * pairs per thread, kept in registers), with the dispatch kernel's exact order:
+ *   fold_find: the touched experts as a bitmap (integer atomicOr in shared memory), the slot-th set bit = the
+ *              slot-th active expert in ascending id order, and their count (= n_active);
+ *   fold_list: p0 = valid pairs with a smaller id (= offs[e]), cnt = pairs of e, and e's pair indices ascending
+ *              (= list[p0 ..]): ballots over 32-pair chunks in pair order.
+ * So p0, cnt and the list (hence every output row and every sum) are the dispatch's: bitwise the same results.
+ * GEMM2 recomputes them before its PDL wait (topk_ids is two or more kernels back: complete, see pdl.cuh).
+ * The bitmap is dead before the weight ring fills, so it lives in the ring: the fold exists only in the NVFP4 cp.async
+ * kernels, as their FOLD instances. Why instances and not a run-time flag: with the flag, the points that do not
+ * fold ran 1-15 us slower (TP8 M 4 GEMM2 +1.5 us, M 16 +13; bench/NOTES-moe.md session 15), so those points run
+ * kernels without a line of the fold's code.
+ */
+constexpr int FOLD_NP = 256;  /* two pairs per thread of a 128-thread block; pair indices fit a byte */
+constexpr int FOLD_E = 4096;  /* bitmap words: 128, at most 4 per lane of the warp that scans them */
+static_assert(G1_WARPS * 32 * 2 == FOLD_NP && G2_WARPS * 32 * 2 == FOLD_NP, "two pairs per thread");
+
+struct fold_smem {
+    int32_t cc[FOLD_NP / 32]; /* pairs of e in each 32-pair chunk */
+    int32_t lt[4];            /* per warp: valid pairs with an id below e */
+    int32_t e, n_act;
+    uint8_t list[FOLD_NP];    /* e's pair indices, ascending */
+};
+/* Dynamic shared memory a folded launch adds after its ring: fold_smem. As static shared memory, its 320 bytes cost
+ * the cp.async GEMM2 a block per SM (TP8 M 16 +18 us, bench/NOTES-moe.md session 14). */
+constexpr size_t fold_dyn_bytes() { return (sizeof(fold_smem) + 15) / 16 * 16; }
+
+/* Block-wide (every thread calls it). id[h]: this thread's pair h * 128 + tid, -1 when absent or out of [0, E).
+ * Returns the touched-expert count; fs.e holds the slot-th touched expert when slot < that count. */
+__device__ __forceinline__ int32_t fold_find(const moe_params &P, int slot, uint32_t *bm, fold_smem &fs,
+                                             int32_t (&id)[2]) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int nw = (P.ne + 31) >> 5;
+    for (int i = tid; i < nw; i += FOLD_NP / 2) bm[i] = 0u;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int i = h * (FOLD_NP / 2) + tid;
+        const int32_t v = i < P.np ? __ldcg(P.ids + i) : -1;
+        id[h] = v >= 0 && v < P.ne ? v : -1;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        if (id[h] >= 0) atomicOr(&bm[id[h] >> 5], 1u << (id[h] & 31));
+    __syncthreads();
+    if (tid < 32) {
+        const int wpl = (nw + 31) >> 5, w0 = lane * wpl;
+        int c = 0;
+        for (int j = 0; j < wpl; j++)
+            if (w0 + j < nw) c += __popc(bm[w0 + j]);
+        int incl = c;
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        if (slot >= incl - c && slot < incl) { /* this lane's words hold the slot-th set bit */
+            int r = slot - (incl - c);
+            for (int j = 0; j < wpl; j++) {
+                uint32_t w = bm[w0 + j];
+                const int pc = __popc(w);
+                if (r < pc) {
+                    for (; r > 0; r--) w &= w - 1u;
+                    fs.e = (w0 + j) * 32 + __ffs(w) - 1;
+                    break;
+                }
+                r -= pc;
+            }
+        }
+        if (lane == 31) fs.n_act = incl;
+    }
+    __syncthreads();
+    return fs.n_act;
+}
+
+/* Block-wide, after fold_find (e = fs.e valid). p0, cnt and fs.list as the dispatch's offs / list. */
+__device__ __forceinline__ void fold_list(int32_t e, fold_smem &fs, const int32_t (&id)[2], int32_t &p0,
+                                          int32_t &cnt) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    unsigned b[2];
+    int nlt = 0;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        b[h] = __ballot_sync(0xffffffffu, id[h] == e);
+        nlt += __popc(__ballot_sync(0xffffffffu, id[h] >= 0 && id[h] < e));
+    }
+    if (lane == 0) fs.cc[warp] = __popc(b[0]), fs.cc[4 + warp] = __popc(b[1]), fs.lt[warp] = nlt;
+    __syncthreads();
+    int base0 = 0, base1 = 0, tot = 0; /* chunk c = pairs 32 c .. 32 c + 31: warp w has chunks w and 4 + w */
+#pragma unroll
+    for (int c = 0; c < FOLD_NP / 32; c++) {
+        const int v = fs.cc[c];
+        base0 += c < warp ? v : 0;
+        base1 += c < 4 + warp ? v : 0;
+        tot += v;
+    }
+    p0 = fs.lt[0] + fs.lt[1] + fs.lt[2] + fs.lt[3];
+    cnt = tot;
+    const unsigned below = (1u << lane) - 1u;
+    if (id[0] == e) fs.list[base0 + __popc(b[0] & below)] = (uint8_t)tid;
+    if (id[1] == e) fs.list[base1 + __popc(b[1] & below)] = (uint8_t)(FOLD_NP / 2 + tid);
+    __syncthreads();
+}
 
 /* ASYNC (NVFP4, NT <= 2): the cp.async ring in dynamic shared memory (g1_dyn_bytes); the split-K partial
  * sums of each warp then go to the start of its own ring, which is dead after its main loop. */
@@ -715,8 +825,9 @@ __host__ __device__ constexpr int red_floats() { return SETS * NT * 4 * 33; }
  * (session 13) put 1.68 of GEMM1's ~7.8 cycles per issued instruction on barriers: warps 1-3 waited at a second
  * barrier while warp 0 alone summed and ran the epilogue for all 16 x 8 x NT outputs.
  */
-template <int FMT, bool GATED, int NT, bool ASYNC>
+template <int FMT, bool GATED, int NT, bool ASYNC, bool FOLD>
 __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_moe_gemm1_kernel(const moe_params P) {
+    static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
     constexpr int SETS = GATED ? 2 : 1;
     constexpr int RED = red_floats<SETS, NT>();
     constexpr bool RED_S = !ASYNC && FMT == FMT_BF16; /* FP4 register ring: the dead activation ring holds them */
@@ -725,13 +836,25 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
     __shared__ float red_s[RED_S ? G1_WARPS * RED : 1];
     __shared__ uint4 xring[ASYNC ? 1 : G1_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
-    /* everything below reads the dispatch (and W4A4 quantization) output; wait before letting GEMM2 start */
+    /* FOLD: the routing state after the ring (fold_dyn_bytes); the bitmap in warp 0's ring (dead: fold_find's last
+     * barrier comes before the ring fill below) */
+    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g1_dyn_bytes<SETS, NT>() / 16);
+    uint32_t *const bm = reinterpret_cast<uint32_t *>(k3_moe_dyn);
+    /* everything below reads the dispatch (and W4A4 quantization) output, or (fold: launched without PDL, so a
+     * no-op) the caller's topk_ids; wait before letting GEMM2 start */
     k3_pdl_wait();
     k3_pdl_launch();
     const int slot = blockIdx.x;
-    /* both loads at once (slot < E always: the grid has min(E, pairs) slots), then the block-uniform exit */
-    const int32_t n_act = __ldcg(P.n_active), e = __ldcg(P.active + slot);
-    if (slot >= n_act) return; /* block-uniform: before any barrier */
+    int32_t fid[2] = {-1, -1}, e;
+    if constexpr (FOLD) {
+        if (fold_find(P, slot, bm, fs, fid) <= slot) return; /* block-uniform */
+        e = fs.e;
+    } else {
+        /* both loads at once (slot < E always: the grid has min(E, pairs) slots), then the block-uniform exit */
+        const int32_t n_act = __ldcg(P.n_active);
+        e = __ldcg(P.active + slot);
+        if (slot >= n_act) return; /* block-uniform: before any barrier */
+    }
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int64_t i0 = (int64_t)blockIdx.y * 16;
     const uint64_t pol = k3_policy_evict_first();
@@ -758,7 +881,13 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
         nv_feed_init<SETS>(f, wrow, row, sexp, P.layout, P.L, kc0, kcs, kn, q);
         nv_fill<SETS, G1_STAGES>(ring, f, lane);
     }
-    const int32_t p0 = __ldcg(P.offs + e), cnt = __ldcg(P.offs + e + 1) - p0;
+    int32_t p0, cnt; /* FOLD: while the ring fills (shared memory and registers only) */
+    if constexpr (FOLD) {
+        fold_list(e, fs, fid, p0, cnt);
+    } else {
+        p0 = __ldcg(P.offs + e);
+        cnt = __ldcg(P.offs + e + 1) - p0;
+    }
     float alpha[2] = {1.0f, 1.0f}, inv_gs = 1.0f, gs2 = 1.0f;
     if (FMT == FMT_NVFP4) {
         alpha[0] = P.sep ? __ldg(P.w13_s2 + 2 * e) : __ldg(P.w13_s2 + e);
@@ -790,7 +919,10 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
             /* padding lanes keep a real address (the last token's row) but copy nothing */
             xok |= (uint32_t)(pass + nt * 8 + g < cnt) << nt;
             const int64_t pp = p0 + min(pass + nt * 8 + g, cnt - 1);
-            brow[nt] = P.w4a4 ? P.xq + pp * P.L : P.x + (int64_t)(__ldcg(P.list + pp) / P.top_k) * P.L;
+            if constexpr (FOLD) /* W4A16 only */
+                brow[nt] = P.x + (int64_t)((int32_t)fs.list[pp - p0] / P.top_k) * P.L;
+            else
+                brow[nt] = P.w4a4 ? P.xq + pp * P.L : P.x + (int64_t)(__ldcg(P.list + pp) / P.top_k) * P.L;
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
         if constexpr (ASYNC) {
@@ -861,22 +993,39 @@ constexpr size_t g2_dyn_bytes() { return (size_t)G2_WARPS * as_warp_uint4<1, G2_
 template <bool ASYNC, int NT, int KS>
 constexpr int g2_min_blocks() { return !ASYNC ? G2_MIN_BLOCKS : (KS == 1 && NT == 1 ? 6 : 5); }
 
-template <int FMT, int NT, int KS, bool ASYNC>
+template <int FMT, int NT, int KS, bool ASYNC, bool FOLD>
 __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>()) k3_moe_gemm2_kernel(const moe_params P) {
+    static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
     constexpr int RED = NT * 4 * 32;
     __shared__ float red_s[ASYNC || KS == 1 ? 1 : (KS - 1) * RED];
     __shared__ uint4 xring[ASYNC ? 1 : G2_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
-    /* PDL: the dispatch lists (two kernels back, complete: see pdl.cuh) are read before the wait, and the
-     * weight ring is filled before it too (nv_fill, or mma_any<..., true>); GEMM1's output a only after it */
+    /* FOLD: as in GEMM1 */
+    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g2_dyn_bytes<NT>() / 16);
+    uint32_t *const bm = reinterpret_cast<uint32_t *>(k3_moe_dyn);
+    /* PDL: the dispatch lists (two kernels back, complete: see pdl.cuh), or with the fold topk_ids (likewise),
+     * are read before the wait, and the weight ring is filled before it too (nv_fill, or mma_any<..., true>);
+     * GEMM1's output a only after it */
     k3_pdl_launch();
     const int slot = blockIdx.x;
-    const int32_t n_act = __ldcg(P.n_active), e = __ldcg(P.active + slot);
-    if (slot >= n_act) return;
+    int32_t e, p0 = 0, cnt = 0, fid[2] = {-1, -1};
+    if constexpr (FOLD) {
+        if (fold_find(P, slot, bm, fs, fid) <= slot) return; /* block-uniform */
+        e = fs.e;
+    } else {
+        const int32_t n_act = __ldcg(P.n_active);
+        e = __ldcg(P.active + slot);
+        if (slot >= n_act) return;
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
     const int64_t r0 = KS > 1 ? (int64_t)blockIdx.y * 16 : ((int64_t)blockIdx.y * G2_WARPS + warp) * 16;
-    if (r0 >= P.L) return; /* KS = 1: warp-uniform, no block barrier; KS > 1: block-uniform */
-    const int32_t p0 = __ldcg(P.offs + e), cnt = __ldcg(P.offs + e + 1) - p0;
+    /* KS = 1: warp-uniform, KS > 1: block-uniform. Fold: an idle warp leaves only after fold_list (block barriers) */
+    const bool idle = r0 >= P.L;
+    if (idle && !FOLD) return;
+    if constexpr (!FOLD) {
+        p0 = __ldcg(P.offs + e);
+        cnt = __ldcg(P.offs + e + 1) - p0;
+    }
     const uint64_t pol = k3_policy_evict_first();
     const uint8_t *wexp = P.w2 + (size_t)e * P.w2_eb;
     const uint8_t *sexp = FMT == FMT_BF16 ? nullptr : P.w2s + (size_t)e * P.w2_sb;
@@ -895,10 +1044,16 @@ __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>())
     int kc0 = 0, kcs = 1, kn = 0;
     if constexpr (ASYNC) {
         /* the weights stream while GEMM1 drains; its output a is read only after the wait */
-        k_split(P.I, KS > 1 ? warp : 0, KS, kc0, kcs, kn);
-        nv_feed_init<1>(f, wrow, row, sexp, P.layout, P.I, kc0, kcs, kn, q);
-        nv_fill<1, G2_STAGES>(ring, f, lane);
+        if (!idle) {
+            k_split(P.I, KS > 1 ? warp : 0, KS, kc0, kcs, kn);
+            nv_feed_init<1>(f, wrow, row, sexp, P.layout, P.I, kc0, kcs, kn, q);
+            nv_fill<1, G2_STAGES>(ring, f, lane);
+        }
         k3_pdl_wait();
+    }
+    if constexpr (FOLD) {
+        fold_list(e, fs, fid, p0, cnt); /* while the ring fills: shared memory and registers only */
+        if (idle) return;
     }
 
     for (int pass = 0; pass < cnt; pass += NT * 8) {
@@ -948,7 +1103,9 @@ __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>())
                 for (int c = 0; c < 4; c++) {
                     const int n = pass + nt * 8 + 2 * q + (c & 1);
                     if (n >= cnt) continue;
-                    const int32_t pair = __ldcg(P.list + p0 + n);
+                    int32_t pair;
+                    if constexpr (FOLD) pair = (int32_t)fs.list[n];
+                    else pair = __ldcg(P.list + p0 + n);
                     const float dot =
                         __fmul_rn(__fmul_rn(__fmul_rn(acc[0][nt][c], acc_scale<FMT>()), inv_gs), alpha);
                     P.pair_out[(int64_t)pair * P.L + r0 + g + 8 * (c >> 1)] = __fmul_rn(__ldg(P.wts + pair), dot);
@@ -1027,31 +1184,55 @@ ws_layout layout_of(const k3_cuda_moe *p) {
     return s;
 }
 
+/* GEMM1 launch: with PDL behind the dispatch (or W4A4 quantization); plainly when it is the call's first kernel
+ * (fold), fully ordered after whatever the caller ran, as the dispatch kernel was. */
+cudaError_t launch_g1(void (*kernel)(moe_params), dim3 grid, size_t smem, cudaStream_t s, const moe_params &P) {
+    if (!P.fold) return k3_launch_pdl(kernel, grid, dim3(G1_WARPS * 32), smem, s, P);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = dim3(G1_WARPS * 32), cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    return cudaLaunchKernelEx(&cfg, kernel, P);
+}
+
 template <int FMT, bool GATED>
 cudaError_t launch_gemm1_nt(int nt, bool async, dim3 grid, const moe_params &P, cudaStream_t s) {
     constexpr int SETS = GATED ? 2 : 1;
-    const dim3 block(G1_WARPS * 32);
     if constexpr (FMT == FMT_NVFP4) {
         if (async && nt == 1)
-            return k3_launch_pdl(k3_moe_gemm1_kernel<FMT, GATED, 1, true>, grid, block, g1_dyn_bytes<SETS, 1>(), s, P);
+            return P.fold ? launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, true, true>, grid,
+                                      g1_dyn_bytes<SETS, 1>() + fold_dyn_bytes(), s, P)
+                          : launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, true, false>, grid, g1_dyn_bytes<SETS, 1>(),
+                                      s, P);
         if (async && nt == 2)
-            return k3_launch_pdl(k3_moe_gemm1_kernel<FMT, GATED, 2, true>, grid, block, g1_dyn_bytes<SETS, 2>(), s, P);
+            return P.fold ? launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, true, true>, grid,
+                                      g1_dyn_bytes<SETS, 2>() + fold_dyn_bytes(), s, P)
+                          : launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, true, false>, grid, g1_dyn_bytes<SETS, 2>(),
+                                      s, P);
     }
-    if (nt == 1) return k3_launch_pdl(k3_moe_gemm1_kernel<FMT, GATED, 1, false>, grid, block, 0, s, P);
-    if (nt == 2) return k3_launch_pdl(k3_moe_gemm1_kernel<FMT, GATED, 2, false>, grid, block, 0, s, P);
-    return k3_launch_pdl(k3_moe_gemm1_kernel<FMT, GATED, 4, false>, grid, block, 0, s, P);
+    if (P.fold) return cudaErrorInvalidValue; /* shape_of folds only where both GEMMs take the cp.async ring */
+    if (nt == 1) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, false, false>, grid, 0, s, P);
+    if (nt == 2) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, false, false>, grid, 0, s, P);
+    return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 4, false, false>, grid, 0, s, P);
 }
 
 template <int FMT, int KS>
 cudaError_t launch_gemm2_nt(int nt, bool async, dim3 grid, const moe_params &P, cudaStream_t s) {
     const dim3 block(G2_WARPS * 32);
     if constexpr (FMT == FMT_NVFP4) {
-        if (async && nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, true>, grid, block, g2_dyn_bytes<1>(), s, P);
-        if (async && nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, true>, grid, block, g2_dyn_bytes<2>(), s, P);
+        if (async && nt == 1)
+            return P.fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, true, true>, grid, block,
+                                          g2_dyn_bytes<1>() + fold_dyn_bytes(), s, P)
+                          : k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, true, false>, grid, block, g2_dyn_bytes<1>(),
+                                          s, P);
+        if (async && nt == 2)
+            return P.fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, true, true>, grid, block,
+                                          g2_dyn_bytes<2>() + fold_dyn_bytes(), s, P)
+                          : k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, true, false>, grid, block, g2_dyn_bytes<2>(),
+                                          s, P);
     }
-    if (nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, false>, grid, block, 0, s, P);
-    if (nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, false>, grid, block, 0, s, P);
-    return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 4, KS, false>, grid, block, 0, s, P);
+    if (P.fold) return cudaErrorInvalidValue;
+    if (nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, false, false>, grid, block, 0, s, P);
+    if (nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, false, false>, grid, block, 0, s, P);
+    return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 4, KS, false, false>, grid, block, 0, s, P);
 }
 
 template <int FMT>
@@ -1069,14 +1250,23 @@ cudaError_t allow_async_smem(void) {
     cudaError_t e = cudaSuccess;
 #define K3_ALLOW(kern, bytes)                                                                                     \
     if (e == cudaSuccess) e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes))
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 1, true>), (g1_dyn_bytes<2, 1>()));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 2, true>), (g1_dyn_bytes<2, 2>()));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 1, true>), (g1_dyn_bytes<1, 1>()));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 2, true>), (g1_dyn_bytes<1, 2>()));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true>), (g2_dyn_bytes<1>()));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, 1, true>), (g2_dyn_bytes<2>()));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, G2_WARPS, true>), (g2_dyn_bytes<1>()));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, G2_WARPS, true>), (g2_dyn_bytes<2>()));
+    const size_t fa = fold_dyn_bytes(); /* a folded launch asks for the ring plus the routing state */
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 1, true, false>), (g1_dyn_bytes<2, 1>()));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 2, true, false>), (g1_dyn_bytes<2, 2>()));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 1, true, false>), (g1_dyn_bytes<1, 1>()));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 2, true, false>), (g1_dyn_bytes<1, 2>()));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false>), (g2_dyn_bytes<1>()));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, 1, true, false>), (g2_dyn_bytes<2>()));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, G2_WARPS, true, false>), (g2_dyn_bytes<1>()));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, G2_WARPS, true, false>), (g2_dyn_bytes<2>()));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 1, true, true>), (g1_dyn_bytes<2, 1>() + fa));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 2, true, true>), (g1_dyn_bytes<2, 2>() + fa));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 1, true, true>), (g1_dyn_bytes<1, 1>() + fa));
+    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 2, true, true>), (g1_dyn_bytes<1, 2>() + fa));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, true>), (g2_dyn_bytes<1>() + fa));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, 1, true, true>), (g2_dyn_bytes<2>() + fa));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, G2_WARPS, true, true>), (g2_dyn_bytes<1>() + fa));
+    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, G2_WARPS, true, true>), (g2_dyn_bytes<2>() + fa));
 #undef K3_ALLOW
     return e;
 }
@@ -1087,7 +1277,54 @@ bool async_ok(int32_t layout, int64_t cols, const void *scales) {
     return ((uintptr_t)scales & 3u) == 0 && ((k3_scale_layout)layout == K3_SCALE_SWIZZLED || (cols / 16) % 4 == 0);
 }
 
+/* The launch shapes of one call (host-only: from m, the descriptor and the scale pointers' alignment). */
+struct launch_shape {
+    int nt;             /* token tiles per pass */
+    bool gated, g2_split, as1, as2;
+    dim3 g1, g2;
+    bool fold;          /* the GEMMs route themselves (no dispatch kernel) */
+};
+
+/* The fold costs every block a longer prologue (the ids load, the bitmap, the scan, barriers: ~1 us per block
+ * under load), paid once per wave of blocks, against one dispatch kernel less. Measured (session 14b, H200):
+ * grids of <= 1.5 waves gained (EP16 M 1 -3.6 us, M 4 -1.0 to -1.4, TP8 M 1 -1.1), grids of >= 2.9 waves lost
+ * (TP8 M 4 +3.4 us, EP16 M 16 +7.7, TP8 M 16 +43). So: only where GEMM1 and GEMM2 each fit FOLD_WAVES waves
+ * (blocks per SM as their launch bounds). Host-only and independent of the routing (graph capturable). */
+constexpr int FOLD_WAVES = 2;
+
+launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k3_moe_weights *w, bool no_fold) {
+    const k3_moe_desc *d = &p->d;
+    const int32_t np = (int32_t)(m * d->top_k);
+    const int32_t slots = np < d->num_experts ? np : d->num_experts;
+    launch_shape sh;
+    /* tokens per pass: an expert gets at most m pairs when a token's ids are distinct; more take extra passes */
+    sh.nt = m <= 8 ? 1 : (m <= 16 ? 2 : 4);
+    sh.gated = d->act.kind != K3_ACT_RELU2_NO_MUL;
+    sh.g1 = dim3((unsigned)slots, (unsigned)(d->inter / 16));
+    /* GEMM2 splits K across the block's warps when K has at least 2 chunks of 128 per warp (EP16: I = 3072):
+     * 4x the blocks (one expert alone then fills the GPU) and a quarter of the serial chunk walk per warp */
+    sh.g2_split = d->inter / 128 >= 2 * G2_WARPS;
+    sh.g2 = dim3((unsigned)slots,
+                 (unsigned)(sh.g2_split ? d->hidden / 16 : (d->hidden / 16 + G2_WARPS - 1) / G2_WARPS));
+    /* NVFP4 at decode sizes (NT <= 2): the cp.async ring where the scale words are aligned */
+    const bool nv = d->format == K3_WEIGHT_NVFP4 && sh.nt <= 2;
+    sh.as1 = nv && async_ok((int32_t)d->scale_layout, d->hidden, w->w13_scale);
+    sh.as2 = nv && async_ok((int32_t)d->scale_layout, d->inter, w->w2_scale);
+    const int64_t sms = sm_count > 0 ? sm_count : 132;
+    const int64_t per1 = sh.as1 && sh.nt == 1 ? 4 : G1_MIN_BLOCKS;                           /* g1_min_blocks */
+    const int64_t per2 = !sh.as2 ? G2_MIN_BLOCKS : (!sh.g2_split && sh.nt == 1 ? 6 : 5);     /* g2_min_blocks */
+    const bool small = (int64_t)sh.g1.x * sh.g1.y <= FOLD_WAVES * sms * per1 &&
+                       (int64_t)sh.g2.x * sh.g2.y <= FOLD_WAVES * sms * per2;
+    sh.fold = !no_fold && d->mode != K3_MOE_W4A4 && sh.as1 && sh.as2 && np <= FOLD_NP && d->num_experts <= FOLD_E &&
+              small;
+    return sh;
+}
+
 } // namespace
+
+extern "C" int k3_cuda_moe_folds(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
+    return shape_of(p, ctx->arch.sm_count, m, w, false).fold ? 1 : 0;
+}
 
 extern "C" k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_moe_desc *d) {
     memset(p, 0, sizeof *p);
@@ -1139,10 +1376,11 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
                                             void *stream, int32_t stages) {
     const k3_moe_desc *d = &p->d;
     cudaStream_t s = (cudaStream_t)stream;
+    const bool no_fold = (stages & K3_CUDA_MOE_NO_FOLD) != 0;
+    stages &= ~(int32_t)K3_CUDA_MOE_NO_FOLD;
     const ws_layout L = layout_of(p);
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (ALIGN - 1)) & ~(uintptr_t)(ALIGN - 1));
     const int32_t np = (int32_t)(m * d->top_k);
-    const int32_t slots = np < d->num_experts ? np : d->num_experts;
 
     /* 16-byte loads: the weight bases (every expert's slice and row is then aligned, L and I being multiples
      * of 32) and x */
@@ -1174,9 +1412,17 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
     P.w2_eb = p->w2_expert_bytes, P.w2_sb = p->w2_scale_bytes;
     P.w13_s2 = w->w13_scale_2, P.w2_s2 = w->w2_scale_2, P.w13_in = w->w13_input_scale, P.w2_in = w->w2_input_scale;
 
-    K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, (int32_t *)(base + L.offs),
-                                (int32_t *)(base + L.cur), (int32_t *)(base + L.active),
-                                (int32_t *)(base + L.n_active), (int32_t *)(base + L.list), stream));
+    /* decode sizes (W4A16, grids of about a wave: shape_of): no dispatch kernel, the GEMMs route themselves
+     * (fold_find); prefill, many-wave grids and W4A4 (its quantization kernel reads the lists) keep it, and so
+     * does K3_CUDA_MOE_NO_FOLD (tests). The stage cut after the dispatch still runs the kernel alone, for
+     * reference: with the fold it is not part of the call. */
+    const launch_shape sh = shape_of(p, ctx->arch.sm_count, m, w, no_fold);
+    P.np = np;
+    P.fold = sh.fold;
+    if (!P.fold || stages <= K3_CUDA_MOE_STAGE_DISPATCH)
+        K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, (int32_t *)(base + L.offs),
+                                    (int32_t *)(base + L.cur), (int32_t *)(base + L.active),
+                                    (int32_t *)(base + L.n_active), (int32_t *)(base + L.list), stream));
     if (stages <= K3_CUDA_MOE_STAGE_DISPATCH) return K3_STATUS_SUCCESS;
     if (P.w4a4) {
         const cudaError_t qe = k3_launch_pdl(k3_moe_quant_x_kernel, dim3((unsigned)np), dim3(128), 0, s, P);
@@ -1184,20 +1430,10 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
             return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe W4A4 x quantization kernel failed: %s",
                            cudaGetErrorString(qe));
     }
-    /* tokens per pass: an expert gets at most m pairs when a token's ids are distinct; more take extra passes */
-    const int nt = m <= 8 ? 1 : (m <= 16 ? 2 : 4);
-    const bool gated = d->act.kind != K3_ACT_RELU2_NO_MUL;
-    const dim3 g1((unsigned)slots, (unsigned)(d->inter / 16));
-    /* GEMM2 splits K across the block's warps when K has at least 2 chunks of 128 per warp (EP16: I = 3072):
-     * 4x the blocks (one expert alone then fills the GPU) and a quarter of the serial chunk walk per warp */
-    const bool g2_split = d->inter / 128 >= 2 * G2_WARPS;
-    const dim3 gr2((unsigned)slots,
-                  (unsigned)(g2_split ? d->hidden / 16 : (d->hidden / 16 + G2_WARPS - 1) / G2_WARPS));
+    const int nt = sh.nt;
+    const bool gated = sh.gated, g2_split = sh.g2_split, as1 = sh.as1, as2 = sh.as2;
+    const dim3 g1 = sh.g1, gr2 = sh.g2;
     const bool g2 = stages >= K3_CUDA_MOE_STAGE_GEMM2;
-    /* NVFP4 at decode sizes (NT <= 2): the cp.async ring where the scale words are aligned */
-    const bool nv = d->format == K3_WEIGHT_NVFP4 && nt <= 2;
-    const bool as1 = nv && async_ok(P.layout, d->hidden, w->w13_scale);
-    const bool as2 = nv && async_ok(P.layout, d->inter, w->w2_scale);
     cudaError_t err =
         d->format == K3_WEIGHT_NVFP4   ? launch_fmt<FMT_NVFP4>(nt, gated, g2_split, g2, as1, as2, g1, gr2, P, s)
         : d->format == K3_WEIGHT_MXFP4 ? launch_fmt<FMT_MXFP4>(nt, gated, g2_split, g2, false, false, g1, gr2, P, s)
