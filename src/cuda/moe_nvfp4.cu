@@ -800,6 +800,23 @@ __device__ __forceinline__ void fold_list(int32_t e, fold_smem &fs, const int32_
     __syncthreads();
 }
 
+/* Block-wide: e = the expert of this block's slot (fold_find, or the dispatch's active list); true when the slot is
+ * past the touched experts and the block leaves (block-uniform, before any barrier of the caller). Both loads of
+ * the dispatch path go out together (slot < E always: the grid has min(E, pairs) slots). */
+template <bool FOLD>
+__device__ __forceinline__ bool slot_leaves(const moe_params &P, int slot, uint32_t *bm, fold_smem &fs,
+                                            int32_t (&fid)[2], int32_t &e) {
+    if constexpr (FOLD) {
+        if (fold_find(P, slot, bm, fs, fid) <= slot) return true;
+        e = fs.e;
+        return false;
+    } else {
+        const int32_t n_act = __ldcg(P.n_active);
+        e = __ldcg(P.active + slot);
+        return slot >= n_act;
+    }
+}
+
 /* ASYNC (NVFP4, NT <= 2): the cp.async ring in dynamic shared memory (g1_dyn_bytes); the split-K partial
  * sums of each warp then go to the start of its own ring, which is dead after its main loop. */
 template <int SETS, int NT>
@@ -846,15 +863,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
     k3_pdl_launch();
     const int slot = blockIdx.x;
     int32_t fid[2] = {-1, -1}, e;
-    if constexpr (FOLD) {
-        if (fold_find(P, slot, bm, fs, fid) <= slot) return; /* block-uniform */
-        e = fs.e;
-    } else {
-        /* both loads at once (slot < E always: the grid has min(E, pairs) slots), then the block-uniform exit */
-        const int32_t n_act = __ldcg(P.n_active);
-        e = __ldcg(P.active + slot);
-        if (slot >= n_act) return; /* block-uniform: before any barrier */
-    }
+    if (slot_leaves<FOLD>(P, slot, bm, fs, fid, e)) return; /* block-uniform */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int64_t i0 = (int64_t)blockIdx.y * 16;
     const uint64_t pol = k3_policy_evict_first();
@@ -1009,14 +1018,7 @@ __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>())
     k3_pdl_launch();
     const int slot = blockIdx.x;
     int32_t e, p0 = 0, cnt = 0, fid[2] = {-1, -1};
-    if constexpr (FOLD) {
-        if (fold_find(P, slot, bm, fs, fid) <= slot) return; /* block-uniform */
-        e = fs.e;
-    } else {
-        const int32_t n_act = __ldcg(P.n_active);
-        e = __ldcg(P.active + slot);
-        if (slot >= n_act) return;
-    }
+    if (slot_leaves<FOLD>(P, slot, bm, fs, fid, e)) return; /* block-uniform */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
     const int64_t r0 = KS > 1 ? (int64_t)blockIdx.y * 16 : ((int64_t)blockIdx.y * G2_WARPS + warp) * 16;
     /* KS = 1: warp-uniform, KS > 1: block-uniform. Fold: an idle warp leaves only after fold_list (block barriers) */
