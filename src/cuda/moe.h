@@ -51,8 +51,8 @@ enum { K3_CUDA_MOE_STAGE_DISPATCH = 1, K3_CUDA_MOE_STAGE_GEMM1 = 2, K3_CUDA_MOE_
  * so tests can compare the two paths bitwise. With the fold, the stage cut after the dispatch runs the dispatch
  * kernel alone (for reference: it is then not part of the call). */
 enum { K3_CUDA_MOE_NO_FOLD = 0x100 };
-/* 1 when k3_cuda_moe_run at this m folds the dispatch into the GEMMs (W4A16, <= 256 pairs, grids of about a
- * wave), else 0 (tests). */
+/* 1 when k3_cuda_moe_run at this m folds the dispatch into the GEMMs (W4A16, NVFP4 scales the cp.async ring can
+ * copy, <= 256 pairs, grids of at most two waves), else 0 (tests). */
 int k3_cuda_moe_folds(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w);
 k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const void *x,
                                  const int32_t *topk_ids, const float *topk_weights, const k3_moe_weights *w,
