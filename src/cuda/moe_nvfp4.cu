@@ -6,8 +6,9 @@
  * Launch sequence (all on the caller's stream, no host sync, grids sized for the worst case so the launches
  * need no knowledge of the routing, CUDA-graph capturable):
  *   dispatch   (moe_dispatch.cu) topk_ids -> per-expert offsets, active experts, grouped (token, slot) list;
- *              at decode sizes (W4A16, m * top_k <= FOLD_NP) not launched: GEMM1 and GEMM2 derive the same from
- *              topk_ids per block (fold_find, fold_list), and GEMM1 is then the call's first kernel
+ *              at decode sizes (W4A16 on the NVFP4 cp.async kernels, m * top_k <= FOLD_NP, grids of <= 2 waves:
+ *              shape_of) not launched: GEMM1 and GEMM2 derive the same from topk_ids per block (fold_find,
+ *              fold_list), and GEMM1 is then the call's first kernel
  *   [W4A4]     x quantized per (expert, token) pair with the expert's input scale -> xq[pair] (q * sf, exact
  *              in BF16; the 1 / gs factor is applied to the GEMM1 accumulator instead)
  *   GEMM1      grid (min(E, m * top_k) expert slots, I / 16 row tiles); slots past the active count exit.
@@ -684,7 +685,7 @@ struct moe_params {
     const int32_t *ids;                      /* [m, top_k] */
     const float *wts;                        /* [m, top_k] */
     const int32_t *offs, *active, *n_active, *list;
-    int32_t np, fold;                        /* pairs (m * top_k); fold: the GEMMs route themselves (fold_find) */
+    int32_t np, fold;                        /* pairs (m * top_k); fold (host side): launch the FOLD instances */
     const uint16_t *xq;                      /* W4A4: [np, L] grouped, q * sf */
     uint16_t *a;                             /* [np, I] grouped */
     float *pair_out;                         /* [np, L] by pair index */
