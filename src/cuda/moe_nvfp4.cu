@@ -685,7 +685,7 @@ struct moe_params {
     const int32_t *ids;                      /* [m, top_k] */
     const float *wts;                        /* [m, top_k] */
     const int32_t *offs, *active, *n_active, *list;
-    int32_t np, fold;                        /* pairs (m * top_k); fold (host side): launch the FOLD instances */
+    int32_t np;                              /* pairs (m * top_k) */
     const uint16_t *xq;                      /* W4A4: [np, L] grouped, q * sf */
     uint16_t *a;                             /* [np, I] grouped */
     float *pair_out;                         /* [np, L] by pair index */
@@ -820,7 +820,7 @@ __device__ __forceinline__ bool slot_leaves(const moe_params &P, int slot, uint3
 
 /* ASYNC (NVFP4, NT <= 2): the cp.async ring in dynamic shared memory (g1_dyn_bytes); the split-K partial
  * sums of each warp then go to the start of its own ring, which is dead after its main loop. */
-template <int SETS, int NT>
+template <int SETS>
 constexpr size_t g1_dyn_bytes() { return (size_t)G1_WARPS * as_warp_uint4<SETS, G1_STAGES>() * 16; }
 /* Blocks per SM the register budget is sized for: the cp.async kernel at NT 1 (no activation ring: 30 KB of
  * shared memory per block) fits 4 at 128 registers, no spills in the loop (5, at 96 registers, was slower:
@@ -856,7 +856,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
     extern __shared__ uint4 k3_moe_dyn[];
     /* FOLD: the routing state after the ring (fold_dyn_bytes); the bitmap in warp 0's ring (dead: fold_find's last
      * barrier comes before the ring fill below) */
-    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g1_dyn_bytes<SETS, NT>() / 16);
+    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g1_dyn_bytes<SETS>() / 16);
     uint32_t *const bm = reinterpret_cast<uint32_t *>(k3_moe_dyn);
     /* everything below reads the dispatch (and W4A4 quantization) output, or (fold: launched without PDL, so a
      * no-op) the caller's topk_ids; wait before letting GEMM2 start */
@@ -995,7 +995,6 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
 /* KS = 1: each warp owns a 16-row tile and the whole K (short K: I / 128 small). KS = G2_WARPS: the block owns
  * one tile and its warps split K, summed in warp order (long K with few experts: more blocks, more bytes in
  * flight). */
-template <int NT>
 constexpr size_t g2_dyn_bytes() { return (size_t)G2_WARPS * as_warp_uint4<1, G2_STAGES>() * 16; }
 /* Blocks per SM of the cp.async GEMM2 (a block's ring: 20 KB): KS 1 at NT 1 (TP8: 3 chunks per warp, the
  * block's life is mostly its fixed latency) 6 (74 registers); NT 2 (spills in the loop at 80 registers) and
@@ -1011,7 +1010,7 @@ __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>())
     __shared__ uint4 xring[ASYNC ? 1 : G2_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
     /* FOLD: as in GEMM1 */
-    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g2_dyn_bytes<NT>() / 16);
+    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g2_dyn_bytes() / 16);
     uint32_t *const bm = reinterpret_cast<uint32_t *>(k3_moe_dyn);
     /* PDL: the dispatch lists (two kernels back, complete: see pdl.cuh), or with the fold topk_ids (likewise),
      * are read before the wait, and the weight ring is filled before it too (nv_fill, or mma_any<..., true>);
@@ -1189,88 +1188,95 @@ ws_layout layout_of(const k3_cuda_moe *p) {
 
 /* GEMM1 launch: with PDL behind the dispatch (or W4A4 quantization); plainly when it is the call's first kernel
  * (fold), fully ordered after whatever the caller ran, as the dispatch kernel was. */
-cudaError_t launch_g1(void (*kernel)(moe_params), dim3 grid, size_t smem, cudaStream_t s, const moe_params &P) {
-    if (!P.fold) return k3_launch_pdl(kernel, grid, dim3(G1_WARPS * 32), smem, s, P);
+cudaError_t launch_g1(void (*kernel)(moe_params), dim3 grid, size_t smem, bool fold, cudaStream_t s,
+                      const moe_params &P) {
+    if (!fold) return k3_launch_pdl(kernel, grid, dim3(G1_WARPS * 32), smem, s, P);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = dim3(G1_WARPS * 32), cfg.dynamicSmemBytes = smem, cfg.stream = s;
     return cudaLaunchKernelEx(&cfg, kernel, P);
 }
 
+/* The cp.async instances (NVFP4): their ring, plus the routing state when the launch folds. */
+template <bool GATED, int NT>
+cudaError_t launch_g1_async(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
+    constexpr size_t ring = g1_dyn_bytes<GATED ? 2 : 1>();
+    return fold ? launch_g1(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true>, grid, ring + fold_dyn_bytes(),
+                            true, s, P)
+                : launch_g1(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false>, grid, ring, false, s, P);
+}
+template <int NT, int KS>
+cudaError_t launch_g2_async(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
+    const dim3 block(G2_WARPS * 32);
+    return fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true>, grid, block,
+                                g2_dyn_bytes() + fold_dyn_bytes(), s, P)
+                : k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false>, grid, block, g2_dyn_bytes(), s,
+                                P);
+}
+
+/* fold: shape_of folds only where both GEMMs take the cp.async ring, so the other instances never fold. */
 template <int FMT, bool GATED>
-cudaError_t launch_gemm1_nt(int nt, bool async, dim3 grid, const moe_params &P, cudaStream_t s) {
-    constexpr int SETS = GATED ? 2 : 1;
+cudaError_t launch_gemm1_nt(int nt, bool async, bool fold, dim3 grid, const moe_params &P, cudaStream_t s) {
     if constexpr (FMT == FMT_NVFP4) {
-        if (async && nt == 1)
-            return P.fold ? launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, true, true>, grid,
-                                      g1_dyn_bytes<SETS, 1>() + fold_dyn_bytes(), s, P)
-                          : launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, true, false>, grid, g1_dyn_bytes<SETS, 1>(),
-                                      s, P);
-        if (async && nt == 2)
-            return P.fold ? launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, true, true>, grid,
-                                      g1_dyn_bytes<SETS, 2>() + fold_dyn_bytes(), s, P)
-                          : launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, true, false>, grid, g1_dyn_bytes<SETS, 2>(),
-                                      s, P);
+        if (async && nt == 1) return launch_g1_async<GATED, 1>(grid, fold, P, s);
+        if (async && nt == 2) return launch_g1_async<GATED, 2>(grid, fold, P, s);
     }
-    if (P.fold) return cudaErrorInvalidValue; /* shape_of folds only where both GEMMs take the cp.async ring */
-    if (nt == 1) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, false, false>, grid, 0, s, P);
-    if (nt == 2) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, false, false>, grid, 0, s, P);
-    return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 4, false, false>, grid, 0, s, P);
+    if (fold) return cudaErrorInvalidValue;
+    if (nt == 1) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, false, false>, grid, 0, false, s, P);
+    if (nt == 2) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, false, false>, grid, 0, false, s, P);
+    return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 4, false, false>, grid, 0, false, s, P);
 }
 
 template <int FMT, int KS>
-cudaError_t launch_gemm2_nt(int nt, bool async, dim3 grid, const moe_params &P, cudaStream_t s) {
-    const dim3 block(G2_WARPS * 32);
+cudaError_t launch_gemm2_nt(int nt, bool async, bool fold, dim3 grid, const moe_params &P, cudaStream_t s) {
     if constexpr (FMT == FMT_NVFP4) {
-        if (async && nt == 1)
-            return P.fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, true, true>, grid, block,
-                                          g2_dyn_bytes<1>() + fold_dyn_bytes(), s, P)
-                          : k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, true, false>, grid, block, g2_dyn_bytes<1>(),
-                                          s, P);
-        if (async && nt == 2)
-            return P.fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, true, true>, grid, block,
-                                          g2_dyn_bytes<2>() + fold_dyn_bytes(), s, P)
-                          : k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, true, false>, grid, block, g2_dyn_bytes<2>(),
-                                          s, P);
+        if (async && nt == 1) return launch_g2_async<1, KS>(grid, fold, P, s);
+        if (async && nt == 2) return launch_g2_async<2, KS>(grid, fold, P, s);
     }
-    if (P.fold) return cudaErrorInvalidValue;
+    if (fold) return cudaErrorInvalidValue;
+    const dim3 block(G2_WARPS * 32);
     if (nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, false, false>, grid, block, 0, s, P);
     if (nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, false, false>, grid, block, 0, s, P);
     return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 4, KS, false, false>, grid, block, 0, s, P);
 }
 
 template <int FMT>
-cudaError_t launch_fmt(int nt, bool gated, bool g2_split, bool with_g2, bool async1, bool async2, dim3 g1, dim3 g2,
-                       const moe_params &P, cudaStream_t s) {
-    cudaError_t err = gated ? launch_gemm1_nt<FMT, true>(nt, async1, g1, P, s)
-                            : launch_gemm1_nt<FMT, false>(nt, async1, g1, P, s);
+cudaError_t launch_fmt(int nt, bool gated, bool g2_split, bool with_g2, bool async1, bool async2, bool fold, dim3 g1,
+                       dim3 g2, const moe_params &P, cudaStream_t s) {
+    cudaError_t err = gated ? launch_gemm1_nt<FMT, true>(nt, async1, fold, g1, P, s)
+                            : launch_gemm1_nt<FMT, false>(nt, async1, fold, g1, P, s);
     if (err != cudaSuccess || !with_g2) return err;
-    return g2_split ? launch_gemm2_nt<FMT, G2_WARPS>(nt, async2, g2, P, s)
-                    : launch_gemm2_nt<FMT, 1>(nt, async2, g2, P, s);
+    return g2_split ? launch_gemm2_nt<FMT, G2_WARPS>(nt, async2, fold, g2, P, s)
+                    : launch_gemm2_nt<FMT, 1>(nt, async2, fold, g2, P, s);
 }
 
-/* The cp.async kernels use more than the default 48 KB of dynamic shared memory: allowed once per plan. */
+/* The cp.async kernels use more than the default 48 KB of dynamic shared memory: allowed once per plan, for the
+ * ring alone and (the FOLD instances) the ring plus the routing state. */
+cudaError_t allow_smem(void (*kernel)(moe_params), size_t bytes) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+template <bool GATED, int NT>
+cudaError_t allow_g1(void) {
+    constexpr size_t ring = g1_dyn_bytes<GATED ? 2 : 1>();
+    const cudaError_t e = allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false>, ring);
+    return e != cudaSuccess ? e
+                            : allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true>, ring + fold_dyn_bytes());
+}
+template <int NT, int KS>
+cudaError_t allow_g2(void) {
+    const cudaError_t e = allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false>, g2_dyn_bytes());
+    return e != cudaSuccess ? e
+                            : allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true>,
+                                         g2_dyn_bytes() + fold_dyn_bytes());
+}
 cudaError_t allow_async_smem(void) {
-    cudaError_t e = cudaSuccess;
-#define K3_ALLOW(kern, bytes)                                                                                     \
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes))
-    const size_t fa = fold_dyn_bytes(); /* a folded launch asks for the ring plus the routing state */
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 1, true, false>), (g1_dyn_bytes<2, 1>()));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 2, true, false>), (g1_dyn_bytes<2, 2>()));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 1, true, false>), (g1_dyn_bytes<1, 1>()));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 2, true, false>), (g1_dyn_bytes<1, 2>()));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false>), (g2_dyn_bytes<1>()));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, 1, true, false>), (g2_dyn_bytes<2>()));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, G2_WARPS, true, false>), (g2_dyn_bytes<1>()));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, G2_WARPS, true, false>), (g2_dyn_bytes<2>()));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 1, true, true>), (g1_dyn_bytes<2, 1>() + fa));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, true, 2, true, true>), (g1_dyn_bytes<2, 2>() + fa));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 1, true, true>), (g1_dyn_bytes<1, 1>() + fa));
-    K3_ALLOW((k3_moe_gemm1_kernel<FMT_NVFP4, false, 2, true, true>), (g1_dyn_bytes<1, 2>() + fa));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, true>), (g2_dyn_bytes<1>() + fa));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, 1, true, true>), (g2_dyn_bytes<2>() + fa));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 1, G2_WARPS, true, true>), (g2_dyn_bytes<1>() + fa));
-    K3_ALLOW((k3_moe_gemm2_kernel<FMT_NVFP4, 2, G2_WARPS, true, true>), (g2_dyn_bytes<2>() + fa));
-#undef K3_ALLOW
+    cudaError_t e = allow_g1<true, 1>();
+    if (e == cudaSuccess) e = allow_g1<true, 2>();
+    if (e == cudaSuccess) e = allow_g1<false, 1>();
+    if (e == cudaSuccess) e = allow_g1<false, 2>();
+    if (e == cudaSuccess) e = allow_g2<1, 1>();
+    if (e == cudaSuccess) e = allow_g2<2, 1>();
+    if (e == cudaSuccess) e = allow_g2<1, G2_WARPS>();
+    if (e == cudaSuccess) e = allow_g2<2, G2_WARPS>();
     return e;
 }
 
@@ -1421,8 +1427,7 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
      * reference: with the fold it is not part of the call. */
     const launch_shape sh = shape_of(p, ctx->arch.sm_count, m, w, no_fold);
     P.np = np;
-    P.fold = sh.fold;
-    if (!P.fold || stages <= K3_CUDA_MOE_STAGE_DISPATCH)
+    if (!sh.fold || stages <= K3_CUDA_MOE_STAGE_DISPATCH)
         K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, (int32_t *)(base + L.offs),
                                     (int32_t *)(base + L.cur), (int32_t *)(base + L.active),
                                     (int32_t *)(base + L.n_active), (int32_t *)(base + L.list), stream));
@@ -1434,13 +1439,14 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
                            cudaGetErrorString(qe));
     }
     const int nt = sh.nt;
-    const bool gated = sh.gated, g2_split = sh.g2_split, as1 = sh.as1, as2 = sh.as2;
+    const bool gated = sh.gated, g2_split = sh.g2_split, as1 = sh.as1, as2 = sh.as2, fold = sh.fold;
     const dim3 g1 = sh.g1, gr2 = sh.g2;
     const bool g2 = stages >= K3_CUDA_MOE_STAGE_GEMM2;
     cudaError_t err =
-        d->format == K3_WEIGHT_NVFP4   ? launch_fmt<FMT_NVFP4>(nt, gated, g2_split, g2, as1, as2, g1, gr2, P, s)
-        : d->format == K3_WEIGHT_MXFP4 ? launch_fmt<FMT_MXFP4>(nt, gated, g2_split, g2, false, false, g1, gr2, P, s)
-                                       : launch_fmt<FMT_BF16>(nt, gated, g2_split, g2, false, false, g1, gr2, P, s);
+        d->format == K3_WEIGHT_NVFP4 ? launch_fmt<FMT_NVFP4>(nt, gated, g2_split, g2, as1, as2, fold, g1, gr2, P, s)
+        : d->format == K3_WEIGHT_MXFP4
+            ? launch_fmt<FMT_MXFP4>(nt, gated, g2_split, g2, false, false, fold, g1, gr2, P, s)
+            : launch_fmt<FMT_BF16>(nt, gated, g2_split, g2, false, false, fold, g1, gr2, P, s);
     if (err != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe expert GEMMs failed: %s", cudaGetErrorString(err));
     if (stages < K3_CUDA_MOE_STAGE_ALL) return K3_STATUS_SUCCESS;
