@@ -444,12 +444,14 @@ K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const vo
  * overlap_max_tokens the aux branch runs concurrently (fork/join by events made at plan time); otherwise all three
  * run in order on the caller's stream, with bitwise the same results. Capturable into CUDA graphs.
  */
-/* Block shapes of the F_AB kernel (fab = x . W_fab^T; one block spans all of K). */
+/* Block shapes of the F_AB kernel (fab = x . W_fab^T; a block spans all of K, except SLICED). */
 #define K3_KDA_RUN_N_TUNED 0
 #define K3_KDA_RUN_N_ROWS1 1  /* hidden / 16 threads, one output row per block */
 #define K3_KDA_RUN_N_ROWS2 2  /* hidden / 16 threads, two output rows per block */
 #define K3_KDA_RUN_N_NARROW 3 /* 128 threads and one row per block (hidden % 1024 == 0, else ROWS1): small
                                  enough to sit beside a QKVG kernel that fills every SM in one wave */
+#define K3_KDA_RUN_N_SLICED 4 /* 128 threads = 8 rows x one K slice per block, about one block per SM (the
+                                 plan then owns device counts: its runs must be ordered on the GPU) */
 typedef struct k3_kda_proj_desc {
     int64_t hidden;             /* K of the big GEMM, 7168 */
     int64_t local_heads;        /* KDA heads on this rank: 12 at TP8 (24 at TP4, 6 at TP16) */
@@ -466,9 +468,11 @@ typedef struct k3_kda_proj_desc {
                             -1 (default) = the per-m choice measured for this architecture (src/plan/kda_tuning.c),
                             K3_KERNEL_AUTO = the linear plan's table (the fastest QKVG alone) at every m,
                             K3_KERNEL_FALLBACK = cuBLASLt at every m. On SM90 the default is the table with the
-                            narrow F_AB blocks at m 1-8 and cuBLASLt from m 9: cuBLASLt's grid leaves SMs idle that
-                            the aux branch uses, while the table's one-wave kernel leaves room only for narrow
-                            blocks (bench/NOTES-kda.md). */
+                            sliced F_AB blocks at m 1-8 and cuBLASLt from m 9: the table's one-wave kernel leaves
+                            room for one 128-thread block per SM only, and from m 9 for none, while cuBLASLt's grid
+                            leaves SMs idle that the aux branch uses (bench/NOTES-kda.md). The sliced shape keeps
+                            counts in the plan's device memory: the runs of one plan must be ordered on the GPU
+                            (one stream, or streams ordered by events). */
 } k3_kda_proj_desc;
 
 typedef struct k3_kda_proj_plan k3_kda_proj_plan;

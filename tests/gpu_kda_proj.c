@@ -76,7 +76,8 @@ int main(void) {
     const int32_t variants[][2] = {{-1, K3_KDA_RUN_N_TUNED},
                                    {K3_KERNEL_AUTO, K3_KDA_RUN_N_NARROW},
                                    {K3_KERNEL_FALLBACK, K3_KDA_RUN_N_ROWS1},
-                                   {K3_KERNEL_AUTO, K3_KDA_RUN_N_ROWS2}};
+                                   {K3_KERNEL_AUTO, K3_KDA_RUN_N_ROWS2},
+                                   {K3_KERNEL_AUTO, K3_KDA_RUN_N_SLICED}};
     for (int kv = 0; kv < (int)(sizeof variants / sizeof variants[0]); kv++) {
         k3_kda_proj_desc d, dseq;
         k3_kda_proj_desc_init(&d);
@@ -95,7 +96,7 @@ int main(void) {
         if (ws2 > ws_bytes) ws_bytes = ws2;
         void *ws = NULL;
         if (ws_bytes) CU(cudaMalloc(&ws, ws_bytes));
-        const int64_t ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 14, 15, 16}; /* 8: the last m of the tuned narrow F_AB */
+        const int64_t ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 14, 15, 16}; /* 8: the last m of the tuned sliced F_AB */
         for (int t = 0; t < (int)(sizeof ms / sizeof ms[0]); t++) {
             const int64_t m = ms[t];
             CU(cudaMemsetAsync(qkvg, 0xff, 2 * (MT * Q + GUARD), s));

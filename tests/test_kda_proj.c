@@ -39,8 +39,8 @@ static void test_validation(k3_ctx *ctx) {
     bad.overlap_max_tokens = -2;
     expect_plan_error(ctx, &bad, "overlap -2", "overlap_max_tokens");
     bad = d;
-    bad.run_n_shape = 4;
-    expect_plan_error(ctx, &bad, "run_n shape 4", "run_n_shape");
+    bad.run_n_shape = 5; /* one past K3_KDA_RUN_N_SLICED */
+    expect_plan_error(ctx, &bad, "run_n shape 5", "run_n_shape");
     bad.run_n_shape = -1;
     expect_plan_error(ctx, &bad, "run_n shape -1", "run_n_shape");
     bad.run_n_shape = K3_KDA_RUN_N_NARROW; /* 128 threads x 8-element vectors must tile hidden */

@@ -17,7 +17,8 @@ static void kda_bench_help(void) {
            "               stream (fork/join)\n"
            "  alternatives the same overlap with the QKVG kernel (lt = cuBLASLt, tab = the linear plan's table)\n"
            "               and the F_AB kernel's blocks (r1 / r2: 1 / 2 output rows per hidden/16-thread block;\n"
-           "               n: 128-thread blocks, one row each) forced: lt-r1 lt-r2 tab-r2 tab-n;\n"
+           "               n: 128-thread blocks, one row each; s: 128-thread blocks of 8 rows x one K slice, about\n"
+           "               one per SM) forced: lt-r1 lt-r2 tab-r2 tab-n tab-s;\n"
            "               the fastest is named at the end of the row with its margin over the fastest QKVG alone\n"
            "  sequential   the same kernels one after another on one stream\n"
            "  qkvg-tab     the QKVG GEMM alone through the linear plan's table; qkvg-lt: through cuBLASLt\n"
@@ -66,8 +67,8 @@ typedef struct kda_bench {
 } kda_bench;
 
 /* The overlapped alternatives the tuning chooses between: the QKVG kernel x the F_AB kernel's shape (r1 / r2 = one
- * or two rows per hidden / 16-thread block; n = the narrow 128-thread blocks, one row each). */
-enum { KB_ALTS = 4 };
+ * or two rows per hidden / 16-thread block; n = the narrow 128-thread blocks, one row each; s = the sliced ones). */
+enum { KB_ALTS = 5 };
 typedef struct kda_alt {
     kda_bench *b;
     k3_kda_proj_plan *plan;
@@ -79,6 +80,7 @@ static const kda_alt kb_alt_init[KB_ALTS] = {
     {NULL, NULL, "lt-r2", K3_KERNEL_FALLBACK, K3_KDA_RUN_N_ROWS2},
     {NULL, NULL, "tab-r2", K3_KERNEL_AUTO, K3_KDA_RUN_N_ROWS2},
     {NULL, NULL, "tab-n", K3_KERNEL_AUTO, K3_KDA_RUN_N_NARROW},
+    {NULL, NULL, "tab-s", K3_KERNEL_AUTO, K3_KDA_RUN_N_SLICED},
 };
 
 static k3_status report(kda_bench *b, k3_status st, const char *what) {
@@ -147,7 +149,7 @@ static k3_status call_fj(kda_bench *b, int32_t c, cudaStream_t s, int parts, cha
         goto cuda_fail;
     if (parts & FJ_FAB)
         st = k3_cuda_kda_run_n(b->ctx, b->m, b->x, KB_H, b->w[c] + (size_t)KB_Q * KB_H, KB_F, K3_KDA_RUN_N_NARROW,
-                               b->fab, b->aux);
+                               NULL, b->fab, b->aux);
     if (!st && b->trace && cudaEventRecord(b->ts[2], b->aux) != cudaSuccess) goto cuda_fail;
     if (!st && (parts & FJ_FB)) st = k3_cuda_kda_run_k(b->ctx, b->m, b->fab, KB_F, b->wfb[c], KB_G, b->g1, b->aux);
     if (!st && b->trace && cudaEventRecord(b->ts[3], b->aux) != cudaSuccess) goto cuda_fail;

@@ -21,8 +21,17 @@ void k3_cuda_state_destroy(struct k3_cuda_state *state) { (void)state; }
 
 /* ---- KDA projection kernels and the fork/join primitive (src/cuda/kda_proj.cu, src/cuda/fork_join.cu) ---- */
 
+k3_status k3_cuda_kda_sliced_create(k3_ctx *ctx, int64_t hidden, int64_t rows, k3_cuda_kda_sliced **out) {
+    (void)hidden, (void)rows;
+    *out = NULL;
+    return k3_fail(ctx, K3_STATUS_NOT_AVAILABLE, "this build of k3kernels has no CUDA backend");
+}
+
+void k3_cuda_kda_sliced_destroy(k3_cuda_kda_sliced *sl) { (void)sl; }
+
 k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, int64_t hidden, const void *w, int64_t rows,
-                            int32_t shape, void *fab, void *stream) {
+                            int32_t shape, const k3_cuda_kda_sliced *sl, void *fab, void *stream) {
+    (void)m, (void)x, (void)hidden, (void)w, (void)rows, (void)shape, (void)sl, (void)fab, (void)stream;
     return k3_fail(ctx, K3_STATUS_NOT_AVAILABLE, "this build of k3kernels has no CUDA backend");
 }
 

@@ -16,6 +16,7 @@ struct k3_kda_proj_plan {
     k3_linear_plan *qkvg_for[K3_KDA_MAX_TOKENS + 1]; /* per m: one of the two */
     size_t ws_bytes;          /* what the QKVG plans need */
     k3_fork_join *fj;         /* CUDA only */
+    k3_cuda_kda_sliced *sliced; /* CUDA only, when some m takes the SLICED F_AB shape */
     k3_kda_tuning tuning;
 };
 
@@ -54,8 +55,9 @@ static k3_status kda_validate(k3_ctx *ctx, const k3_kda_proj_desc *d) {
     K3_CHECK_ARG(ctx, d->overlap_max_tokens >= -1 && d->overlap_max_tokens <= d->max_tokens,
                  "kda: overlap_max_tokens must be -1 (tuned) or in [0, max_tokens], got %lld",
                  (long long)d->overlap_max_tokens);
-    K3_CHECK_ARG(ctx, d->run_n_shape >= K3_KDA_RUN_N_TUNED && d->run_n_shape <= K3_KDA_RUN_N_NARROW,
-                 "kda: run_n_shape must be K3_KDA_RUN_N_TUNED (0), _ROWS1 (1), _ROWS2 (2) or _NARROW (3), got %d",
+    K3_CHECK_ARG(ctx, d->run_n_shape >= K3_KDA_RUN_N_TUNED && d->run_n_shape <= K3_KDA_RUN_N_SLICED,
+                 "kda: run_n_shape must be K3_KDA_RUN_N_TUNED (0), _ROWS1 (1), _ROWS2 (2), _NARROW (3) or _SLICED (4), "
+                 "got %d",
                  (int)d->run_n_shape);
     K3_CHECK_ARG(ctx, d->run_n_shape != K3_KDA_RUN_N_NARROW || d->hidden % 1024 == 0,
                  "kda: run_n_shape K3_KDA_RUN_N_NARROW needs hidden %% 1024 == 0 (128 threads x 8-element vectors), "
@@ -108,6 +110,10 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
     }
     if (st == K3_STATUS_SUCCESS && ctx->backend == K3_BACKEND_CUDA && p->d.overlap_max_tokens > 0)
         st = k3_fork_join_create(ctx, &p->fj);
+    int any_sliced = 0;
+    for (int64_t m = 1; m <= d->max_tokens; m++) any_sliced |= p->tuning.run_n_shape[m] == K3_KDA_RUN_N_SLICED;
+    if (st == K3_STATUS_SUCCESS && ctx->backend == K3_BACKEND_CUDA && any_sliced)
+        st = k3_cuda_kda_sliced_create(ctx, d->hidden, p->fab_rows, &p->sliced);
     if (st != K3_STATUS_SUCCESS) {
         k3_kda_proj_plan_destroy(p);
         return st;
@@ -119,6 +125,7 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
 void k3_kda_proj_plan_destroy(k3_kda_proj_plan *p) {
     if (!p) return;
     k3_fork_join_destroy(p->fj);
+    k3_cuda_kda_sliced_destroy(p->sliced);
     k3_linear_plan_destroy(p->qkvg[0]);
     k3_linear_plan_destroy(p->qkvg[1]);
     free(p);
@@ -141,7 +148,8 @@ static k3_status kda_branch(k3_kda_proj_plan *p, int64_t m, const uint16_t *x, c
                       (uint16_t *)g1, p->fb_rows, K3_ACCUM_FP32);
         return K3_STATUS_SUCCESS;
     }
-    K3_TRY(k3_cuda_kda_run_n(ctx, m, x, p->d.hidden, w_fab, p->fab_rows, p->tuning.run_n_shape[m], fab, stream));
+    K3_TRY(k3_cuda_kda_run_n(ctx, m, x, p->d.hidden, w_fab, p->fab_rows, p->tuning.run_n_shape[m], p->sliced, fab,
+                             stream));
     return k3_cuda_kda_run_k(ctx, m, fab, p->fab_rows, w_fb, p->fb_rows, g1, stream);
 }
 

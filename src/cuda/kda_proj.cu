@@ -4,6 +4,7 @@
  * launched WITHOUT programmatic dependent launch (after an event or a plain same-stream predecessor), so their
  * producers have completed before they start; a PDL launch would need coherent loads (see gemm_kernels.cuh). */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <type_traits>
 
@@ -128,6 +129,93 @@ __global__ void __launch_bounds__(128, M <= 4 ? 6 : 5)
             k3_f32_to_bf16_dev(((partial[0][t] + partial[1][t]) + partial[2][t]) + partial[3][t]);
 }
 
+/* The sliced shape of run_n (K3_KDA_RUN_N_SLICED): blocks of 128 threads = 16 output rows x 8 lanes, each block one
+ * K slice (S of them) of its 16 rows, so that groups x slices is about one block per SM. Why: beside the one-wave
+ * QKVG kernel each SM serves its warps' memory requests in turn (bench/NOTES-kda.md, session 16), so the branch costs
+ * QKVG about what it adds to the busiest SM. A narrow block (one row over all of K) adds 14 KB of weights and 14 KB x
+ * m of x to its SM (twice that on the SMs that get two of the 144); a sliced block adds 16 KB of weights and 1 KB x m
+ * of x (TP8 on 132 SMs: 9 groups x 14 slices = 126 blocks).
+ * <= 104 registers (__launch_bounds__(128, 5)): one block fits beside six of the table's 136-register 64-thread QKVG
+ * blocks. A block stages its x slice in shared memory, eight tokens at a time (<= 8 KB; 10 KB did not fit beside the
+ * QKVG tiles, bench/NOTES-kda.md, session 16), each lane dots its vectors (v = lane, lane + 8, ..., in order) for
+ * every token, a butterfly adds the 8 lanes, and the slice's partial sums go to part[slice][token][row]. The last
+ * block of a group to arrive (a count per group, release / acquire by one thread) adds the S partials in slice
+ * order and stores the group's fab rows: bitwise reproducible; it also returns the count to zero, so the next launch
+ * (ordered after this one on the GPU) starts from zero. */
+constexpr int SL_ROWS = 16, SL_LANES = 8, SL_VMAX = 8, SL_SMAX = 16, SL_TG = 8;
+
+template <int M>
+__global__ void __launch_bounds__(128, 5) kda_run_n_sliced_kernel(const uint16_t *__restrict__ x, int hidden,
+                                                                const uint16_t *__restrict__ w, int rows, int slices,
+                                                                float *__restrict__ part, uint32_t *count,
+                                                                uint16_t *__restrict__ fab) {
+    extern __shared__ uint4 xs[]; /* [SL_TG][nv] */
+    __shared__ int last;
+    const int t = threadIdx.x, r = t / SL_LANES, l = t % SL_LANES;
+    const int grp = blockIdx.x / slices, s = blockIdx.x % slices, row = grp * SL_ROWS + r;
+    const int nvec = hidden / 8, v_lo = (int)((int64_t)s * nvec / slices), v_hi = (int)((int64_t)(s + 1) * nvec / slices);
+    const int nv = v_hi - v_lo;
+    const uint16_t *wr = w + (size_t)min(row, rows - 1) * hidden + (size_t)v_lo * 8; /* clamp: never stored */
+    const uint64_t pol = k3_policy_evict_first();
+    uint4 wv[SL_VMAX];
+#pragma unroll
+    for (int j = 0; j < SL_VMAX; j++) {
+        const int v = l + SL_LANES * j;
+        wv[j] = v < nv ? k3_ld_stream(wr + (size_t)v * 8, pol) : make_uint4(0, 0, 0, 0);
+    }
+    float acc[M];
+#pragma unroll
+    for (int i = 0; i < M; i++) acc[i] = 0.0f;
+    /* SL_TG tokens' x slices at a time (<= 8 KB of shared memory at TP8: more did not fit beside the QKVG tiles) */
+#pragma unroll
+    for (int i0 = 0; i0 < M; i0 += SL_TG) {
+        constexpr int TG = M < SL_TG ? M : SL_TG;
+        if (i0) __syncthreads(); /* the previous group's x is consumed */
+        for (int i = t; i < min(TG, M - i0) * nv; i += 128) {
+            const int tk = i / nv, v = i - tk * nv;
+            xs[i] = k3_ld_cached(x + (size_t)(i0 + tk) * hidden + (size_t)(v_lo + v) * 8);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < SL_VMAX; j++) {
+            const int v = l + SL_LANES * j;
+            if (v < nv) {
+                const k3_bf16x8 wf = k3_bf16x8_from_u4(wv[j]);
+#pragma unroll
+                for (int i = 0; i < TG; i++)
+                    if (i0 + i < M) acc[i0 + i] = k3_dot8_bf16(wf, k3_bf16x8_from_u4(xs[i * nv + v]), acc[i0 + i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < M; i++)
+#pragma unroll
+        for (int o = SL_LANES / 2; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o, SL_LANES);
+    if (row < rows)
+#pragma unroll
+        for (int i = 0; i < M; i++) /* lane (i % SL_LANES) stores token i, spreading the stores */
+            if (l == i % SL_LANES) __stcg(part + ((size_t)s * M + i) * rows + row, acc[i]);
+    __syncthreads();
+    if (t == 0) {
+        asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* release: the block's partials before its arrival */
+        last = atomicAdd(&count[grp], 1u) == (uint32_t)slices - 1u;
+        if (last) asm volatile("fence.acq_rel.gpu;" ::: "memory"); /* acquire: the other slices' partials */
+    }
+    __syncthreads();
+    if (!last) return;
+    for (int e = t; e < M * SL_ROWS; e += 128) {
+        const int i = e / SL_ROWS, rr = grp * SL_ROWS + e % SL_ROWS;
+        float p[SL_SMAX]; /* every slice's load issued before the first add: one L2 round trip */
+#pragma unroll
+        for (int k = 0; k < SL_SMAX; k++) p[k] = k < slices && rr < rows ? __ldcg(part + ((size_t)k * M + i) * rows + rr) : 0.0f;
+        float v = p[0];
+#pragma unroll
+        for (int k = 1; k < SL_SMAX; k++) v += p[k]; /* absent slices add +0.0: exact */
+        if (rr < rows) fab[(size_t)i * rows + rr] = k3_f32_to_bf16_dev(v);
+    }
+    if (t == 0) count[grp] = 0; /* every slice of this launch has arrived */
+}
+
 /* 16 lanes per output row, 8 K elements each (K = 128), butterfly reduction over the 16 lanes; every lane ends
  * with every token's sum and lane (i % 16) stores token i, spreading the stores. */
 template <int M>
@@ -170,9 +258,15 @@ cudaError_t launch_run_n_narrow(const uint16_t *x, int hidden, const uint16_t *w
 }
 
 template <int M>
-cudaError_t launch_run_n(const uint16_t *x, int hidden, const uint16_t *w, int rows, int shape, uint16_t *fab,
-                         cudaStream_t s) {
+cudaError_t launch_run_n(const uint16_t *x, int hidden, const uint16_t *w, int rows, int shape,
+                         const k3_cuda_kda_sliced *sl, uint16_t *fab, cudaStream_t s) {
     if (shape == K3_KDA_RUN_N_NARROW) return launch_run_n_narrow<M>(x, hidden, w, rows, fab, s);
+    if (shape == K3_KDA_RUN_N_SLICED) {
+        const int nv_max = (hidden / 8 + sl->slices - 1) / sl->slices;
+        kda_run_n_sliced_kernel<M><<<sl->groups * sl->slices, 128, (size_t)(M < SL_TG ? M : SL_TG) * nv_max * 16, s>>>(
+            x, hidden, w, rows, sl->slices, sl->part, sl->count, fab);
+        return cudaGetLastError();
+    }
     const dim3 block(hidden / 16);
     if (shape == K3_KDA_RUN_N_ROWS2)
         kda_run_n_kernel<M, 2><<<(rows + 1) / 2, block, 0, s>>>(x, hidden, w, rows, fab);
@@ -214,16 +308,57 @@ cudaError_t dispatch_m(int64_t m, F f) {
 
 } // namespace
 
+extern "C" k3_status k3_cuda_kda_sliced_create(k3_ctx *ctx, int64_t hidden, int64_t rows, k3_cuda_kda_sliced **out) {
+    *out = NULL;
+    k3_cuda_kda_sliced *sl = (k3_cuda_kda_sliced *)calloc(1, sizeof *sl);
+    if (!sl) return k3_fail(ctx, K3_STATUS_OUT_OF_MEMORY, "out of host memory");
+    /* about one block per SM: groups x slices <= SMs, with the bounds of the kernel (a lane's vectors, and the
+     * shared x slices of eight tokens, <= 8 KB) */
+    const int nvec = (int)(hidden / 8), sms = ctx->arch.sm_count > 0 ? ctx->arch.sm_count : 132;
+    sl->groups = (int)((rows + SL_ROWS - 1) / SL_ROWS);
+    sl->slices = sms / sl->groups;
+    const int need = (nvec + SL_LANES * SL_VMAX - 1) / (SL_LANES * SL_VMAX); /* lanes' vectors */
+    const int need_smem = (nvec + 63) / 64;                                  /* 8 x 64 x 16 B = 8 KB */
+    if (sl->slices < need) sl->slices = need;
+    if (sl->slices < need_smem) sl->slices = need_smem;
+    if (sl->slices > SL_SMAX) {
+        free(sl);
+        return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT,
+                       "kda: run_n_shape K3_KDA_RUN_N_SLICED takes hidden <= %d (got %lld)",
+                       SL_SMAX * SL_LANES * SL_VMAX * 8, (long long)hidden);
+    }
+    const size_t part = (size_t)sl->slices * K3_KDA_MAX_TOKENS * (size_t)rows * sizeof(float);
+    cudaError_t e = cudaMalloc((void **)&sl->part, part);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&sl->count, (size_t)sl->groups * sizeof(uint32_t));
+    if (e == cudaSuccess) e = cudaMemset(sl->count, 0, (size_t)sl->groups * sizeof(uint32_t));
+    if (e == cudaSuccess) e = cudaDeviceSynchronize(); /* plan time: the counts are zero before any run */
+    if (e != cudaSuccess) {
+        k3_cuda_kda_sliced_destroy(sl);
+        return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "kda sliced run_n: device buffers (%zu bytes): %s", part,
+                       cudaGetErrorString(e));
+    }
+    *out = sl;
+    return K3_STATUS_SUCCESS;
+}
+
+extern "C" void k3_cuda_kda_sliced_destroy(k3_cuda_kda_sliced *sl) {
+    if (!sl) return;
+    if (sl->part) cudaFree(sl->part);
+    if (sl->count) cudaFree(sl->count);
+    free(sl);
+}
+
 extern "C" k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, int64_t hidden, const void *w,
-                                       int64_t rows, int32_t shape, void *fab, void *stream) {
-    const bool narrow = shape == K3_KDA_RUN_N_NARROW;
+                                       int64_t rows, int32_t shape, const k3_cuda_kda_sliced *sl, void *fab,
+                                       void *stream) {
+    const bool narrow = shape == K3_KDA_RUN_N_NARROW, sliced = shape == K3_KDA_RUN_N_SLICED;
     if (m < 1 || m > K3_KDA_MAX_TOKENS || hidden % 512 != 0 || hidden > 8192 || rows < 1 ||
-        (shape != K3_KDA_RUN_N_ROWS1 && shape != K3_KDA_RUN_N_ROWS2 && !narrow) ||
-        (narrow && hidden % 1024 != 0))
+        (shape != K3_KDA_RUN_N_ROWS1 && shape != K3_KDA_RUN_N_ROWS2 && !narrow && !sliced) ||
+        (narrow && hidden % 1024 != 0) || (sliced && !sl))
         return k3_fail(ctx, K3_STATUS_INTERNAL_ERROR, "kda run_n: unchecked arguments reached the launcher");
     const cudaError_t e = dispatch_m(m, [&](auto mc) {
         return launch_run_n<decltype(mc)::value>((const uint16_t *)x, (int)hidden, (const uint16_t *)w, (int)rows,
-                                                 shape, (uint16_t *)fab, (cudaStream_t)stream);
+                                                 shape, sl, (uint16_t *)fab, (cudaStream_t)stream);
     });
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of kda run_n failed: %s", cudaGetErrorString(e));

@@ -16,8 +16,18 @@ extern "C" {
  * ROWS1 / ROWS2 = hidden / 16 threads (16 elements each), one / two rows per block; hidden % 512 == 0 and
  * hidden <= 8192. NARROW = 128 threads (hidden / 1024 eight-element vectors each), one row per block, hidden %
  * 1024 == 0. */
+/* SLICED = 128 threads = 8 rows x 16 lanes over one K slice per block, about one block per SM, the slices' partial
+ * sums added by a group's last block; its state (partials, counts that are zero between launches) is the plan's,
+ * so the runs of one plan must be ordered on the GPU. */
+typedef struct k3_cuda_kda_sliced {
+    float *part;     /* [slices][16 tokens][rows] */
+    uint32_t *count; /* [groups] */
+    int groups, slices;
+} k3_cuda_kda_sliced;
+k3_status k3_cuda_kda_sliced_create(k3_ctx *ctx, int64_t hidden, int64_t rows, k3_cuda_kda_sliced **out);
+void k3_cuda_kda_sliced_destroy(k3_cuda_kda_sliced *sl);
 k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, int64_t hidden, const void *w, int64_t rows,
-                            int32_t shape, void *fab, void *stream);
+                            int32_t shape, const k3_cuda_kda_sliced *sl, void *fab, void *stream);
 /* run_k: g1[m, rows] = fa[m, 0:128] . w[rows, 128]^T, fa rows fa_stride elements apart (the fab buffer). */
 k3_status k3_cuda_kda_run_k(k3_ctx *ctx, int64_t m, const void *fa, int64_t fa_stride, const void *w, int64_t rows,
                             void *g1, void *stream);

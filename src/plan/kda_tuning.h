@@ -6,7 +6,7 @@
 
 typedef struct k3_kda_tuning {
     int64_t overlap_max_tokens;  /* overlap the aux branch for m <= this */
-    int32_t run_n_shape[17];          /* index m (1..16): the run_n block shape, K3_KDA_RUN_N_ROWS1/ROWS2/NARROW */
+    int32_t run_n_shape[17];          /* index m (1..16): the run_n block shape, K3_KDA_RUN_N_ROWS1/ROWS2/NARROW/SLICED */
     int32_t qkvg_kernel[17];          /* index m (1..16): K3_KERNEL_AUTO (the linear plan's table) or
                                          K3_KERNEL_FALLBACK (cuBLASLt) for QKVG */
 } k3_kda_tuning;
