@@ -30,7 +30,8 @@ static void kda_bench_help(void) {
            "and the fastest alternative per M (the tuning data of src/plan/kda_tuning.c).\n"
            "  --table FILE   plan the QKVG GEMM from this table file (k3_ctx_load_table); --force ignores its key\n"
            "  --diag         also time, under the bench's own fork/join, the table's QKVG with a branch of: nothing\n"
-           "                 (the events alone), the narrow F_AB kernel alone, f_b alone, and both; printed minus\n"
+           "                 (the events alone), the sliced F_AB kernel alone (M <= 8; the narrow one above), f_b\n"
+           "                 alone, and both; printed minus\n"
            "                 qkvg-tab (what each part of the branch costs beside QKVG); then a timeline of direct\n"
            "                 (not captured) calls of both: when QKVG, F_AB and f_b finish after the fork\n"
            "All variants of one M are timed in one interleaved run (replay r of each before replay r + 1 of any).\n");
@@ -61,6 +62,7 @@ typedef struct kda_bench {
     k3_kda_proj_plan *def, *seq; /* the default (tuned) plan overlapped at every M, and sequential */
     k3_linear_plan *qkvg_plan, *lt_qkvg, *lt_fab, *lt_fb;
     cudaStream_t aux; /* --diag: the bench's own fork/join (a highest-priority aux stream) */
+    k3_cuda_kda_sliced *sliced; /* --diag: the sliced F_AB kernel's state */
     cudaEvent_t fork, join;
     cudaEvent_t ts[4]; /* --diag trace (timing events, direct launches): fork, QKVG done, F_AB done, f_b done */
     int trace;         /* call_fj records ts[] */
@@ -134,8 +136,9 @@ static k3_status call_cublas(KB_CALL_ARGS) {
 
 /* --diag variants: what each part of the branch costs beside the table's QKVG. QKVG (the linear plan's table) is
  * queued first on the caller's stream, as the library does; the branch runs on the bench's own highest-priority
- * aux stream after a fork event and is joined back: nothing (the events alone), the narrow F_AB kernel alone, f_b
- * alone (reading whatever fab holds: timing only), or both (the library's overlap with the narrow shape). */
+ * aux stream after a fork event and is joined back: nothing (the events alone), the F_AB kernel alone (sliced at
+ * M <= 8, narrow above), f_b alone (reading whatever fab holds: timing only), or both (the library's overlap with
+ * that shape). */
 enum { FJ_FAB = 1, FJ_FB = 2 };
 
 static k3_status call_fj(kda_bench *b, int32_t c, cudaStream_t s, int parts, char *err, size_t err_size) {
@@ -148,8 +151,8 @@ static k3_status call_fj(kda_bench *b, int32_t c, cudaStream_t s, int parts, cha
         cudaStreamWaitEvent(b->aux, b->fork, 0) != cudaSuccess)
         goto cuda_fail;
     if (parts & FJ_FAB)
-        st = k3_cuda_kda_run_n(b->ctx, b->m, b->x, KB_H, b->w[c] + (size_t)KB_Q * KB_H, KB_F, K3_KDA_RUN_N_NARROW,
-                               NULL, b->fab, b->aux);
+        st = k3_cuda_kda_run_n(b->ctx, b->m, b->x, KB_H, b->w[c] + (size_t)KB_Q * KB_H, KB_F,
+                               b->m <= 8 ? K3_KDA_RUN_N_SLICED : K3_KDA_RUN_N_NARROW, b->sliced, b->fab, b->aux);
     if (!st && b->trace && cudaEventRecord(b->ts[2], b->aux) != cudaSuccess) goto cuda_fail;
     if (!st && (parts & FJ_FB)) st = k3_cuda_kda_run_k(b->ctx, b->m, b->fab, KB_F, b->wfb[c], KB_G, b->g1, b->aux);
     if (!st && b->trace && cudaEventRecord(b->ts[3], b->aux) != cudaSuccess) goto cuda_fail;
@@ -369,6 +372,7 @@ int k3_bench_kda(int argc, char **argv) {
                 fprintf(stderr, "k3 bench kda: --diag: creating the aux streams or events failed\n");
                 goto done;
             }
+            if (report(&b, k3_cuda_kda_sliced_create(b.ctx, KB_H, KB_F, &b.sliced), "diag")) goto done;
         }
         b.ws_bytes = mx;
         if (mx && cudaMalloc(&b.ws, mx) != cudaSuccess) goto done;
@@ -481,6 +485,7 @@ done:
     k3_linear_plan_destroy(b.lt_qkvg);
     k3_linear_plan_destroy(b.lt_fab);
     k3_linear_plan_destroy(b.lt_fb);
+    k3_cuda_kda_sliced_destroy(b.sliced);
     if (b.fork) cudaEventDestroy(b.fork);
     if (b.join) cudaEventDestroy(b.join);
     if (b.aux) cudaStreamDestroy(b.aux);

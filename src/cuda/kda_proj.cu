@@ -171,10 +171,19 @@ __global__ void __launch_bounds__(128, 5) kda_run_n_sliced_kernel(const uint16_t
     for (int i0 = 0; i0 < M; i0 += SL_TG) {
         constexpr int TG = M < SL_TG ? M : SL_TG;
         if (i0) __syncthreads(); /* the previous group's x is consumed */
-        for (int i = t; i < min(TG, M - i0) * nv; i += 128) {
-            const int tk = i / nv, v = i - tk * nv;
-            xs[i] = k3_ld_cached(x + (size_t)(i0 + tk) * hidden + (size_t)(v_lo + v) * 8);
+        /* every load of the group issued before the first store: one L2 round trip, not one per 128 vectors
+         * (each takes ~1-2 us beside QKVG) */
+        constexpr int XPT = (SL_TG * SL_LANES * SL_VMAX + 127) / 128;
+        const int n = min(TG, M - i0) * nv;
+        uint4 xr[XPT];
+#pragma unroll
+        for (int k = 0; k < XPT; k++) {
+            const int i = t + 128 * k, tk = i / nv, v = i - tk * nv;
+            xr[k] = i < n ? k3_ld_cached(x + (size_t)(i0 + tk) * hidden + (size_t)(v_lo + v) * 8) : make_uint4(0, 0, 0, 0);
         }
+#pragma unroll
+        for (int k = 0; k < XPT; k++)
+            if (t + 128 * k < n) xs[t + 128 * k] = xr[k];
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < SL_VMAX; j++) {
