@@ -1,8 +1,8 @@
 /* KDA projection kernels: run_n (N small, K long) and run_k (K short). Both accumulate in fp32 through the
  * one FMA header (portable widen+fma on SM90, the mixed-precision bf16 FMA on SM100+).
- * Their inputs (x, and f_a from run_n) go through the read-only (.nc) path: safe because both kernels are
- * launched WITHOUT programmatic dependent launch (after an event or a plain same-stream predecessor), so their
- * producers have completed before they start; a PDL launch would need coherent loads (see gemm_kernels.cuh). */
+ * Their inputs (x, and f_a from run_n) go through the read-only (.nc) path where the kernel is launched WITHOUT
+ * programmatic dependent launch (after an event or a plain same-stream predecessor), so its producer has completed
+ * before it starts. The one PDL launch (run_k after the sliced run_n) reads f_a with coherent loads after its wait. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -12,6 +12,7 @@
 #include "cuda/fma.cuh"
 #include "cuda/gemm_kernels.cuh"
 #include "cuda/kda_proj.h"
+#include "cuda/pdl.cuh"
 
 
 namespace {
@@ -156,6 +157,7 @@ __global__ void __launch_bounds__(128, 5) kda_run_n_sliced_kernel(const uint16_t
     const int nvec = hidden / 8, v_lo = (int)((int64_t)s * nvec / slices), v_hi = (int)((int64_t)(s + 1) * nvec / slices);
     const int nv = v_hi - v_lo;
     const uint16_t *wr = w + (size_t)min(row, rows - 1) * hidden + (size_t)v_lo * 8; /* clamp: never stored */
+    k3_pdl_launch(); /* f_b (run_k, launched with PDL after this kernel) may start loading its weights */
     const uint64_t pol = k3_policy_evict_first();
     uint4 wv[SL_VMAX];
 #pragma unroll
@@ -227,7 +229,7 @@ __global__ void __launch_bounds__(128, 5) kda_run_n_sliced_kernel(const uint16_t
 
 /* 16 lanes per output row, 8 K elements each (K = 128), butterfly reduction over the 16 lanes; every lane ends
  * with every token's sum and lane (i % 16) stores token i, spreading the stores. */
-template <int M>
+template <int M, bool PDL>
 __global__ void __launch_bounds__(256) kda_run_k_kernel(const uint16_t *__restrict__ fa, int fa_stride,
                                                         const uint16_t *__restrict__ w, int rows,
                                                         uint16_t *__restrict__ g1) {
@@ -236,10 +238,14 @@ __global__ void __launch_bounds__(256) kda_run_k_kernel(const uint16_t *__restri
     const bool valid = row < rows;
     const k3_bf16x8 wv =
         k3_bf16x8_from_u4(valid ? k3_ld_stream(w + (size_t)row * K3_KDA_FA_DIM + sub * 8, k3_policy_evict_first()) : make_uint4(0, 0, 0, 0));
+    /* PDL (after the sliced F_AB): the weights above load while run_n finishes; f_a only after its completion, and
+     * through the coherent path (run_n wrote it) */
+    if constexpr (PDL) k3_pdl_wait();
     float acc[M];
 #pragma unroll
     for (int i = 0; i < M; i++) {
-        const k3_bf16x8 av = k3_bf16x8_from_u4(k3_ld_cached(fa + (size_t)i * fa_stride + sub * 8));
+        const uint16_t *fp = fa + (size_t)i * fa_stride + sub * 8;
+        const k3_bf16x8 av = k3_bf16x8_from_u4(PDL ? k3_ld_act(fp) : k3_ld_cached(fp));
         acc[i] = k3_dot8_bf16(wv, av, 0.0f);
     }
 #pragma unroll
@@ -285,10 +291,11 @@ cudaError_t launch_run_n(const uint16_t *x, int hidden, const uint16_t *w, int r
 }
 
 template <int M>
-cudaError_t launch_run_k(const uint16_t *fa, int fa_stride, const uint16_t *w, int rows, uint16_t *g1,
+cudaError_t launch_run_k(const uint16_t *fa, int fa_stride, const uint16_t *w, int rows, uint16_t *g1, int pdl,
                          cudaStream_t s) {
     const int threads = 256, blocks = (rows * 16 + threads - 1) / threads;
-    kda_run_k_kernel<M><<<blocks, threads, 0, s>>>(fa, fa_stride, w, rows, g1);
+    if (pdl) return k3_launch_pdl(kda_run_k_kernel<M, true>, dim3(blocks), dim3(threads), 0, s, fa, fa_stride, w, rows, g1);
+    kda_run_k_kernel<M, false><<<blocks, threads, 0, s>>>(fa, fa_stride, w, rows, g1);
     return cudaGetLastError();
 }
 
@@ -375,12 +382,12 @@ extern "C" k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, in
 }
 
 extern "C" k3_status k3_cuda_kda_run_k(k3_ctx *ctx, int64_t m, const void *fa, int64_t fa_stride, const void *w,
-                                       int64_t rows, void *g1, void *stream) {
+                                       int64_t rows, int pdl, void *g1, void *stream) {
     if (m < 1 || m > K3_KDA_MAX_TOKENS || fa_stride < K3_KDA_FA_DIM || fa_stride % 8 != 0 || rows < 1)
         return k3_fail(ctx, K3_STATUS_INTERNAL_ERROR, "kda run_k: unchecked arguments reached the launcher");
     const cudaError_t e = dispatch_m(m, [&](auto mc) {
         return launch_run_k<decltype(mc)::value>((const uint16_t *)fa, (int)fa_stride, (const uint16_t *)w,
-                                                 (int)rows, (uint16_t *)g1, (cudaStream_t)stream);
+                                                 (int)rows, (uint16_t *)g1, pdl, (cudaStream_t)stream);
     });
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of kda run_k failed: %s", cudaGetErrorString(e));
