@@ -450,7 +450,7 @@ K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const vo
 #define K3_KDA_RUN_N_ROWS2 2  /* hidden / 16 threads, two output rows per block */
 #define K3_KDA_RUN_N_NARROW 3 /* 128 threads and one row per block (hidden % 1024 == 0, else ROWS1): small
                                  enough to sit beside a QKVG kernel that fills every SM in one wave */
-#define K3_KDA_RUN_N_SLICED 4 /* 128 threads = 8 rows x one K slice per block, about one block per SM (the
+#define K3_KDA_RUN_N_SLICED 4 /* 128 threads = 16 rows x one K slice per block, about one block per SM (the
                                  plan then owns device counts: its runs must be ordered on the GPU) */
 typedef struct k3_kda_proj_desc {
     int64_t hidden;             /* K of the big GEMM, 7168 */

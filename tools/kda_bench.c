@@ -17,7 +17,7 @@ static void kda_bench_help(void) {
            "               stream (fork/join)\n"
            "  alternatives the same overlap with the QKVG kernel (lt = cuBLASLt, tab = the linear plan's table)\n"
            "               and the F_AB kernel's blocks (r1 / r2: 1 / 2 output rows per hidden/16-thread block;\n"
-           "               n: 128-thread blocks, one row each; s: 128-thread blocks of 8 rows x one K slice, about\n"
+           "               n: 128-thread blocks, one row each; s: 128-thread blocks of 16 rows x one K slice, about\n"
            "               one per SM) forced: lt-r1 lt-r2 tab-r2 tab-n tab-s;\n"
            "               the fastest is named at the end of the row with its margin over the fastest QKVG alone\n"
            "  sequential   the same kernels one after another on one stream\n"
@@ -31,9 +31,9 @@ static void kda_bench_help(void) {
            "  --table FILE   plan the QKVG GEMM from this table file (k3_ctx_load_table); --force ignores its key\n"
            "  --diag         also time, under the bench's own fork/join, the table's QKVG with a branch of: nothing\n"
            "                 (the events alone), the sliced F_AB kernel alone (M <= 8; the narrow one above), f_b\n"
-           "                 alone, and both; printed minus\n"
-           "                 qkvg-tab (what each part of the branch costs beside QKVG); then a timeline of direct\n"
-           "                 (not captured) calls of both: when QKVG, F_AB and f_b finish after the fork\n"
+           "                 alone, and both; printed minus qkvg-tab (what each part of the branch costs beside\n"
+           "                 QKVG); then a timeline of direct (not captured) calls of both: when QKVG, F_AB and\n"
+           "                 f_b finish after the fork\n"
            "All variants of one M are timed in one interleaved run (replay r of each before replay r + 1 of any).\n");
 }
 

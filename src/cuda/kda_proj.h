@@ -16,7 +16,7 @@ extern "C" {
  * ROWS1 / ROWS2 = hidden / 16 threads (16 elements each), one / two rows per block; hidden % 512 == 0 and
  * hidden <= 8192. NARROW = 128 threads (hidden / 1024 eight-element vectors each), one row per block, hidden %
  * 1024 == 0. */
-/* SLICED = 128 threads = 8 rows x 16 lanes over one K slice per block, about one block per SM, the slices' partial
+/* SLICED = 128 threads = 16 rows x 8 lanes over one K slice per block, about one block per SM, the slices' partial
  * sums added by a group's last block; its state (partials, counts that are zero between launches) is the plan's,
  * so the runs of one plan must be ordered on the GPU. */
 typedef struct k3_cuda_kda_sliced {
