@@ -150,12 +150,12 @@ static k3_status call_fj(kda_bench *b, int32_t c, cudaStream_t s, int parts, cha
     if ((b->trace && cudaEventRecord(b->ts[1], s) != cudaSuccess) ||
         cudaStreamWaitEvent(b->aux, b->fork, 0) != cudaSuccess)
         goto cuda_fail;
-    if (parts & FJ_FAB)
-        st = k3_cuda_kda_run_n(b->ctx, b->m, b->x, KB_H, b->w[c] + (size_t)KB_Q * KB_H, KB_F,
-                               b->m <= 8 ? K3_KDA_RUN_N_SLICED : K3_KDA_RUN_N_NARROW, b->sliced, b->fab, b->aux);
+    const int32_t shape = !(parts & FJ_FAB) ? 0 : b->m <= 8 ? K3_KDA_RUN_N_SLICED : K3_KDA_RUN_N_NARROW;
+    if (shape) st = k3_cuda_kda_run_n(b->ctx, b->m, b->x, KB_H, b->w[c] + (size_t)KB_Q * KB_H, KB_F, shape, b->sliced,
+                                      b->fab, b->aux);
     if (!st && b->trace && cudaEventRecord(b->ts[2], b->aux) != cudaSuccess) goto cuda_fail;
     if (!st && (parts & FJ_FB))
-        st = k3_cuda_kda_run_k(b->ctx, b->m, b->fab, KB_F, b->wfb[c], KB_G, (parts & FJ_FAB) && b->m <= 8, b->g1, b->aux);
+        st = k3_cuda_kda_run_k(b->ctx, b->m, b->fab, KB_F, b->wfb[c], KB_G, shape, b->g1, b->aux);
     if (!st && b->trace && cudaEventRecord(b->ts[3], b->aux) != cudaSuccess) goto cuda_fail;
     if (st) return report(b, st, "diag");
     if (cudaEventRecord(b->join, b->aux) != cudaSuccess || cudaStreamWaitEvent(s, b->join, 0) != cudaSuccess)

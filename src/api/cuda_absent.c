@@ -36,7 +36,7 @@ k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, int64_t hidde
 }
 
 k3_status k3_cuda_kda_run_k(k3_ctx *ctx, int64_t m, const void *fa, int64_t fa_stride, const void *w, int64_t rows,
-                            int pdl, void *g1, void *stream) {
+                            int32_t after_shape, void *g1, void *stream) {
     return k3_fail(ctx, K3_STATUS_NOT_AVAILABLE, "this build of k3kernels has no CUDA backend");
 }
 

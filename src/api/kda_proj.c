@@ -150,9 +150,7 @@ static k3_status kda_branch(k3_kda_proj_plan *p, int64_t m, const uint16_t *x, c
     }
     K3_TRY(k3_cuda_kda_run_n(ctx, m, x, p->d.hidden, w_fab, p->fab_rows, p->tuning.run_n_shape[m], p->sliced, fab,
                              stream));
-    /* after the sliced run_n, f_b starts by PDL (that kernel triggers it): its weights load while run_n finishes */
-    return k3_cuda_kda_run_k(ctx, m, fab, p->fab_rows, w_fb, p->fb_rows,
-                             p->tuning.run_n_shape[m] == K3_KDA_RUN_N_SLICED, g1, stream);
+    return k3_cuda_kda_run_k(ctx, m, fab, p->fab_rows, w_fb, p->fb_rows, p->tuning.run_n_shape[m], g1, stream);
 }
 
 static int misaligned(const void *ptr) { return ((uintptr_t)ptr & 15u) != 0; }

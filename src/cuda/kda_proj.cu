@@ -278,8 +278,7 @@ cudaError_t launch_run_n(const uint16_t *x, int hidden, const uint16_t *w, int r
                          const k3_cuda_kda_sliced *sl, uint16_t *fab, cudaStream_t s) {
     if (shape == K3_KDA_RUN_N_NARROW) return launch_run_n_narrow<M>(x, hidden, w, rows, fab, s);
     if (shape == K3_KDA_RUN_N_SLICED) {
-        const int nv_max = (hidden / 8 + sl->slices - 1) / sl->slices;
-        kda_run_n_sliced_kernel<M><<<sl->groups * sl->slices, 128, (size_t)(M < SL_TG ? M : SL_TG) * nv_max * 16, s>>>(
+        kda_run_n_sliced_kernel<M><<<sl->groups * sl->slices, 128, (size_t)(M < SL_TG ? M : SL_TG) * sl->nv_max * 16, s>>>(
             x, hidden, w, rows, sl->slices, sl->part, sl->count, fab);
         return cudaGetLastError();
     }
@@ -292,7 +291,7 @@ cudaError_t launch_run_n(const uint16_t *x, int hidden, const uint16_t *w, int r
 }
 
 template <int M>
-cudaError_t launch_run_k(const uint16_t *fa, int fa_stride, const uint16_t *w, int rows, uint16_t *g1, int pdl,
+cudaError_t launch_run_k(const uint16_t *fa, int fa_stride, const uint16_t *w, int rows, uint16_t *g1, bool pdl,
                          cudaStream_t s) {
     const int threads = 256, blocks = (rows * 16 + threads - 1) / threads;
     if (pdl) return k3_launch_pdl(kda_run_k_kernel<M, true>, dim3(blocks), dim3(threads), 0, s, fa, fa_stride, w, rows, g1);
@@ -329,15 +328,14 @@ extern "C" k3_status k3_cuda_kda_sliced_create(k3_ctx *ctx, int64_t hidden, int6
     *out = NULL;
     k3_cuda_kda_sliced *sl = (k3_cuda_kda_sliced *)calloc(1, sizeof *sl);
     if (!sl) return k3_fail(ctx, K3_STATUS_OUT_OF_MEMORY, "out of host memory");
-    /* about one block per SM: groups x slices <= SMs, with the bounds of the kernel (a lane's vectors, and the
-     * shared x slices of eight tokens, <= 8 KB) */
+    /* about one block per SM (groups x slices <= SMs), and at most SL_LANES x SL_VMAX = 64 vectors per slice: what
+     * a block's lanes hold, which also keeps the shared x of SL_TG tokens at <= 8 KB */
     const int nvec = (int)(hidden / 8), sms = ctx->arch.sm_count > 0 ? ctx->arch.sm_count : 132;
     sl->groups = (int)((rows + SL_ROWS - 1) / SL_ROWS);
     sl->slices = sms / sl->groups;
-    const int need = (nvec + SL_LANES * SL_VMAX - 1) / (SL_LANES * SL_VMAX); /* lanes' vectors */
-    const int need_smem = (nvec + 63) / 64;                                  /* 8 x 64 x 16 B = 8 KB */
+    const int need = (nvec + SL_LANES * SL_VMAX - 1) / (SL_LANES * SL_VMAX);
     if (sl->slices < need) sl->slices = need;
-    if (sl->slices < need_smem) sl->slices = need_smem;
+    sl->nv_max = (nvec + sl->slices - 1) / sl->slices;
     if (sl->slices > SL_SMAX) {
         free(sl);
         return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT,
@@ -383,7 +381,9 @@ extern "C" k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, in
 }
 
 extern "C" k3_status k3_cuda_kda_run_k(k3_ctx *ctx, int64_t m, const void *fa, int64_t fa_stride, const void *w,
-                                       int64_t rows, int pdl, void *g1, void *stream) {
+                                       int64_t rows, int32_t after_shape, void *g1, void *stream) {
+    /* only the sliced run_n triggers its successor early (k3_pdl_launch at its start) */
+    const bool pdl = after_shape == K3_KDA_RUN_N_SLICED;
     if (m < 1 || m > K3_KDA_MAX_TOKENS || fa_stride < K3_KDA_FA_DIM || fa_stride % 8 != 0 || rows < 1)
         return k3_fail(ctx, K3_STATUS_INTERNAL_ERROR, "kda run_k: unchecked arguments reached the launcher");
     const cudaError_t e = dispatch_m(m, [&](auto mc) {

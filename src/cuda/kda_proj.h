@@ -23,16 +23,17 @@ typedef struct k3_cuda_kda_sliced {
     float *part;     /* [slices][16 tokens][rows] */
     uint32_t *count; /* [groups] */
     int groups, slices;
+    int nv_max; /* 8-element vectors in the largest slice (the shared x per token: nv_max x 16 bytes) */
 } k3_cuda_kda_sliced;
 k3_status k3_cuda_kda_sliced_create(k3_ctx *ctx, int64_t hidden, int64_t rows, k3_cuda_kda_sliced **out);
 void k3_cuda_kda_sliced_destroy(k3_cuda_kda_sliced *sl);
 k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, int64_t hidden, const void *w, int64_t rows,
                             int32_t shape, const k3_cuda_kda_sliced *sl, void *fab, void *stream);
-/* run_k: g1[m, rows] = fa[m, 0:128] . w[rows, 128]^T, fa rows fa_stride elements apart (the fab buffer). pdl: launched
- * with programmatic dependent launch (only right after a run_n of the SLICED shape, which triggers it): its weights
- * load while run_n finishes. */
+/* run_k: g1[m, rows] = fa[m, 0:128] . w[rows, 128]^T, fa rows fa_stride elements apart (the fab buffer).
+ * after_shape: the shape of the run_n launched just before on this stream (0 if none). After a SLICED one, which
+ * triggers it, run_k is launched with programmatic dependent launch: its weights load while run_n finishes. */
 k3_status k3_cuda_kda_run_k(k3_ctx *ctx, int64_t m, const void *fa, int64_t fa_stride, const void *w, int64_t rows,
-                            int pdl, void *g1, void *stream);
+                            int32_t after_shape, void *g1, void *stream);
 
 #ifdef __cplusplus
 }
