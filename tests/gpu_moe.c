@@ -386,7 +386,7 @@ static void moe_case(const mcase *c, uint64_t seed) {
 
     k3_moe_plan *pc = NULL, *pg = NULL;
     double rel = INFINITY, rel_bf = INFINITY, rel_graph = -1.0, us = 0.0, t_cpu = 0.0;
-    int bitwise = 0, graph_ok = -1, same_dispatch = -1;
+    int bitwise = 0, graph_ok = -1, same_dispatch = -1, same_unpaired = -1;
     const double tol = c->mode == K3_MOE_W4A4 ? 2e-2 : 1e-2;
     const k3_status sc = made ? k3_moe_plan_create(g_cpu, &md.d, &pc) : K3_STATUS_INTERNAL_ERROR;
     const k3_status sg = made ? k3_moe_plan_create(g_gpu, &md.d, &pg) : K3_STATUS_INTERNAL_ERROR;
@@ -428,27 +428,36 @@ static void moe_case(const mcase *c, uint64_t seed) {
             cudaMemcpy(f_g2, dof, (size_t)(M * L) * 4, cudaMemcpyDeviceToHost);
             bitwise = st == K3_STATUS_SUCCESS && memcmp(out_g, out_g2, (size_t)(M * L) * 2) == 0 &&
                       memcmp(f_g, f_g2, (size_t)(M * L) * 4) == 0;
-            /* where the GEMMs route themselves (W4A16, np <= 256, small grids: the dispatch folded in, session 14b), the
-             * dispatch-kernel path on the same input (K3_CUDA_MOE_NO_FOLD) must give bitwise the same output */
+            /* Other launch shapes of the same call must give bitwise the same output: where the GEMMs route
+             * themselves (W4A16, np <= 256, small grids: the dispatch folded in, session 14b), the dispatch-kernel path
+             * (K3_CUDA_MOE_NO_FOLD); where GEMM1 runs in paired tiles (session 17), its 16-output blocks
+             * (K3_CUDA_MOE_NO_PAIR) */
             k3_cuda_moe cm;
-            if (k3_cuda_moe_prepare(g_gpu, &cm, &md.d) == K3_STATUS_SUCCESS && k3_cuda_moe_folds(g_gpu, &cm, M, &md.dw)) {
-                void *dws2 = NULL;
-                same_dispatch = 0;
-                if ((dws2 = dalloc(k3_cuda_moe_ws_bytes(&cm))) != NULL) {
-                    cudaMemsetAsync(dws2, 0xff, k3_cuda_moe_ws_bytes(&cm), g_stream);
-                    cudaMemsetAsync(dout, 0xff, (size_t)(M * L) * 2, g_stream);
-                    cudaMemsetAsync(dof, 0xff, (size_t)(M * L) * 4, g_stream);
-                    const k3_status s3 = k3_cuda_moe_run_stages(g_gpu, &cm, M, dx, dids, dwts, &md.dw, dout, dof, dws2,
-                                                                g_stream, K3_CUDA_MOE_STAGE_ALL | K3_CUDA_MOE_NO_FOLD);
-                    CHECK(s3 == K3_STATUS_SUCCESS, "%s: dispatch-path run: %s", c->tag, k3_ctx_last_error(g_gpu));
-                    if (s3 == K3_STATUS_SUCCESS && cuda_ok(cudaStreamSynchronize(g_stream), "dispatch-path sync")) {
-                        cudaMemcpy(out_g2, dout, (size_t)(M * L) * 2, cudaMemcpyDeviceToHost);
-                        cudaMemcpy(f_g2, dof, (size_t)(M * L) * 4, cudaMemcpyDeviceToHost);
-                        same_dispatch = memcmp(out_g, out_g2, (size_t)(M * L) * 2) == 0 &&
-                                        memcmp(f_g, f_g2, (size_t)(M * L) * 4) == 0;
+            if (k3_cuda_moe_prepare(g_gpu, &cm, &md.d) == K3_STATUS_SUCCESS) {
+                const int32_t alt[2] = {k3_cuda_moe_folds(g_gpu, &cm, M, &md.dw) ? K3_CUDA_MOE_NO_FOLD : 0,
+                                        k3_cuda_moe_pairs(g_gpu, &cm, M, &md.dw) ? K3_CUDA_MOE_NO_PAIR : 0};
+                int *const same[2] = {&same_dispatch, &same_unpaired};
+                for (int a = 0; a < 2; a++) {
+                    if (!alt[a]) continue;
+                    void *dws2 = NULL;
+                    *same[a] = 0;
+                    if ((dws2 = dalloc(k3_cuda_moe_ws_bytes(&cm))) != NULL) {
+                        cudaMemsetAsync(dws2, 0xff, k3_cuda_moe_ws_bytes(&cm), g_stream);
+                        cudaMemsetAsync(dout, 0xff, (size_t)(M * L) * 2, g_stream);
+                        cudaMemsetAsync(dof, 0xff, (size_t)(M * L) * 4, g_stream);
+                        const k3_status s3 = k3_cuda_moe_run_stages(g_gpu, &cm, M, dx, dids, dwts, &md.dw, dout, dof,
+                                                                    dws2, g_stream, K3_CUDA_MOE_STAGE_ALL | alt[a]);
+                        CHECK(s3 == K3_STATUS_SUCCESS, "%s: %s run: %s", c->tag, a == 0 ? "dispatch-path" : "unpaired",
+                              k3_ctx_last_error(g_gpu));
+                        if (s3 == K3_STATUS_SUCCESS && cuda_ok(cudaStreamSynchronize(g_stream), "alternative-path sync")) {
+                            cudaMemcpy(out_g2, dout, (size_t)(M * L) * 2, cudaMemcpyDeviceToHost);
+                            cudaMemcpy(f_g2, dof, (size_t)(M * L) * 4, cudaMemcpyDeviceToHost);
+                            *same[a] = memcmp(out_g, out_g2, (size_t)(M * L) * 2) == 0 &&
+                                       memcmp(f_g, f_g2, (size_t)(M * L) * 4) == 0;
+                        }
                     }
+                    cudaFree(dws2);
                 }
-                cudaFree(dws2);
             }
             /* timing (without out_f32) */
             cudaEvent_t e0, e1;
@@ -506,7 +515,7 @@ static void moe_case(const mcase *c, uint64_t seed) {
         cudaFree(dx), cudaFree(dids), cudaFree(dwts), cudaFree(dout), cudaFree(dof), cudaFree(dws);
         free(hws);
     }
-    const int pass = rel <= tol && rel_bf <= tol && bitwise && graph_ok != 0 && same_dispatch != 0;
+    const int pass = rel <= tol && rel_bf <= tol && bitwise && graph_ok != 0 && same_dispatch != 0 && same_unpaired != 0;
     if (!pass && isfinite(rel) && rel > tol) { /* where it goes wrong: the worst element and the first bad row */
         int64_t worst = 0, bad_rows = 0;
         double wd = -1.0;
@@ -535,6 +544,7 @@ static void moe_case(const mcase *c, uint64_t seed) {
            rel,
            rel_bf, tol, bitwise ? "bitwise equal" : "DIFFER", "", us, t_cpu, now_s() - t_start);
     printf(same_dispatch < 0 ? ", not folded" : same_dispatch ? ", folded = dispatch path bitwise" : ", folded = dispatch path DIFFER");
+    if (same_unpaired >= 0) printf(same_unpaired ? ", paired = unpaired bitwise" : ", paired = unpaired DIFFER");
     if (c->graph) printf(", graph replay with new routing %s (rel-L2 %.3e)", graph_ok > 0 ? "ok" : "FAILED", rel_graph);
     printf("\n");
     fflush(stdout);

@@ -842,11 +842,17 @@ __host__ __device__ constexpr int red_floats() { return SETS * NT * 4 * 33; }
  * that order, as warp 0 alone did before (bitwise the same output). No barrier after the last pass. Why: ncu
  * (session 13) put 1.68 of GEMM1's ~7.8 cycles per issued instruction on barriers: warps 1-3 waited at a second
  * barrier while warp 0 alone summed and ran the epilogue for all 16 x 8 x NT outputs.
+ * PAIR (gated, cp.async, W4A16): the block owns 8 outputs, and their gate rows (MMA rows 0-7) and up rows (8-15)
+ * share ONE 16-row tile, so a lane holds both halves of its outputs (accumulators c0/c1 gate, c2/c3 up). Half the
+ * work per block, twice the blocks: for grids that would otherwise leave SMs idle (EP16 M 1: 192 blocks on 132
+ * SMs), where every warp's serial chunk walk, not the bytes, set the time (bench/NOTES-moe.md, session 17).
  */
-template <int FMT, bool GATED, int NT, bool ASYNC, bool FOLD>
+template <int FMT, bool GATED, int NT, bool ASYNC, bool FOLD, bool PAIR>
 __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_moe_gemm1_kernel(const moe_params P) {
     static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
-    constexpr int SETS = GATED ? 2 : 1;
+    static_assert(!PAIR || (GATED && ASYNC), "paired tiles: gated cp.async kernels only");
+    constexpr int SETS = GATED && !PAIR ? 2 : 1;
+    constexpr int OUTS = PAIR ? 8 : 16; /* outputs (columns of a) per block */
     constexpr int RED = red_floats<SETS, NT>();
     constexpr bool RED_S = !ASYNC && FMT == FMT_BF16; /* FP4 register ring: the dead activation ring holds them */
     static_assert(ASYNC || FMT == FMT_BF16 || x_ring_uint4<FMT, NT>() * 4 >= RED, "partials fit the x ring");
@@ -866,7 +872,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
     int32_t fid[2] = {-1, -1}, e;
     if (slot_leaves<FOLD>(P, slot, bm, fs, fid, e)) return; /* block-uniform */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
-    const int64_t i0 = (int64_t)blockIdx.y * 16;
+    const int64_t i0 = (int64_t)blockIdx.y * OUTS;
     const uint64_t pol = k3_policy_evict_first();
     const uint8_t *wexp = P.w13 + (size_t)e * P.w13_eb;
     const uint8_t *sexp = FMT == FMT_BF16 ? nullptr : P.w13s + (size_t)e * P.w13_sb;
@@ -876,9 +882,14 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
     int64_t row[SETS][2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const int64_t i = i0 + g + 8 * h;
-        row[0][h] = GATED && P.interleaved ? 2 * i : i;
-        if (GATED) row[SETS - 1][h] = P.interleaved ? 2 * i + 1 : P.I + i;
+        if constexpr (PAIR) { /* MMA row g: output i0 + g's gate row; row g + 8: its up row */
+            const int64_t i = i0 + g;
+            row[0][h] = h == 0 ? (P.interleaved ? 2 * i : i) : (P.interleaved ? 2 * i + 1 : P.I + i);
+        } else {
+            const int64_t i = i0 + g + 8 * h;
+            row[0][h] = GATED && P.interleaved ? 2 * i : i;
+            if (GATED) row[SETS - 1][h] = P.interleaved ? 2 * i + 1 : P.I + i;
+        }
 #pragma unroll
         for (int s = 0; s < SETS; s++) wrow[s][h] = wexp + row[s][h] * row_bytes;
     }
@@ -914,9 +925,11 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
         else if constexpr (RED_S) return red_s + w * RED;
         else return (float *)xring[w];
     };
-    /* this thread's output of every token tile (token nl, row r) is accumulator csrc of lane src in each warp */
-    const int nl = tid >> 4, r = tid & 15;
-    const int src = (r & 7) * 4 + (nl >> 1), csrc = (r >> 3) * 2 + (nl & 1);
+    /* this thread's output of every token tile (token nl, row r) is accumulator csrc of lane src in each warp
+     * (PAIR: 64 threads, 4 tokens per warp; the up half is accumulator csrc + 2 of the same lane) */
+    constexpr int TOKW = PAIR ? 4 : 2; /* tokens per warp in the epilogue */
+    const int nl = PAIR ? tid >> 3 : tid >> 4, r = PAIR ? tid & 7 : tid & 15;
+    const int src = (r & 7) * 4 + (nl >> 1), csrc = PAIR ? nl & 1 : (r >> 3) * 2 + (nl & 1);
 
     for (int pass = 0; pass < cnt; pass += NT * 8) {
         float acc[SETS][NT][4];
@@ -958,25 +971,27 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
         /* epilogue: this thread's (token pass + nt * 8 + nl, row i0 + r) */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            if (pass + nt * 8 + 2 * warp >= cnt) break; /* warp-uniform: neither of the warp's 2 tokens exists */
-            float v[SETS];
+            /* warp-uniform: none of the warp's tokens exists (PAIR: warps 2-3 hold no outputs) */
+            if ((PAIR && warp * TOKW >= 8) || pass + nt * 8 + TOKW * warp >= cnt) break;
+            constexpr int HALVES = GATED ? 2 : 1;
+            float v[HALVES]; /* gate (or the only), up */
 #pragma unroll
-            for (int s = 0; s < SETS; s++) {
-                const int idx = ((s * NT + nt) * 4 + csrc) * 33 + src;
+            for (int u = 0; u < HALVES; u++) {
+                const int idx = (((PAIR ? 0 : u) * NT + nt) * 4 + csrc + (PAIR ? 2 * u : 0)) * 33 + src;
                 float t = red_of(0)[idx];
 #pragma unroll
                 for (int w = 1; w < G1_WARPS; w++) t = __fadd_rn(t, red_of(w)[idx]);
-                v[s] = __fmul_rn(t, acc_scale<FMT>()); /* exact */
+                v[u] = __fmul_rn(t, acc_scale<FMT>()); /* exact */
             }
             const float hg = k3_round_bf16(__fmul_rn(__fmul_rn(v[0], inv_gs), alpha[0]));
             float o;
             if (GATED) {
-                const float hu = k3_round_bf16(__fmul_rn(__fmul_rn(v[SETS - 1], inv_gs), alpha[1]));
+                const float hu = k3_round_bf16(__fmul_rn(__fmul_rn(v[HALVES - 1], inv_gs), alpha[1]));
                 o = k3_act_gated(&act, hg, hu);
             } else {
                 o = k3_act_relu2(hg);
             }
-            if (P.w4a4) {
+            if (!PAIR && P.w4a4) { /* PAIR: W4A16 only (shape_of) */
                 /* NVFP4 requantization of this tile's 16-wide block of the token (CPU: nvfp4_block): its 16 rows are
                  * this half-warp */
                 float am = fabsf(o);
@@ -1196,13 +1211,21 @@ cudaError_t launch_g1(void (*kernel)(moe_params), dim3 grid, size_t smem, bool f
     return cudaLaunchKernelEx(&cfg, kernel, P);
 }
 
-/* The cp.async instances (NVFP4): their ring, plus the routing state when the launch folds. */
+/* The cp.async instances (NVFP4): their ring, plus the routing state when the launch folds. Paired tiles
+ * (shape_of) exist for the gated NT 1 kernel only. */
+template <bool GATED, int NT, bool PAIR>
+cudaError_t launch_g1_async_p(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
+    constexpr size_t ring = g1_dyn_bytes<GATED && !PAIR ? 2 : 1>();
+    return fold ? launch_g1(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, PAIR>, grid,
+                            ring + fold_dyn_bytes(), true, s, P)
+                : launch_g1(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false, PAIR>, grid, ring, false, s, P);
+}
 template <bool GATED, int NT>
-cudaError_t launch_g1_async(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
-    constexpr size_t ring = g1_dyn_bytes<GATED ? 2 : 1>();
-    return fold ? launch_g1(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true>, grid, ring + fold_dyn_bytes(),
-                            true, s, P)
-                : launch_g1(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false>, grid, ring, false, s, P);
+cudaError_t launch_g1_async(dim3 grid, bool fold, bool pair, const moe_params &P, cudaStream_t s) {
+    if constexpr (GATED && NT == 1)
+        if (pair) return launch_g1_async_p<GATED, NT, true>(grid, fold, P, s);
+    if (pair) return cudaErrorInvalidValue;
+    return launch_g1_async_p<GATED, NT, false>(grid, fold, P, s);
 }
 template <int NT, int KS>
 cudaError_t launch_g2_async(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
@@ -1215,15 +1238,16 @@ cudaError_t launch_g2_async(dim3 grid, bool fold, const moe_params &P, cudaStrea
 
 /* fold: shape_of folds only where both GEMMs take the cp.async ring, so the other instances never fold. */
 template <int FMT, bool GATED>
-cudaError_t launch_gemm1_nt(int nt, bool async, bool fold, dim3 grid, const moe_params &P, cudaStream_t s) {
+cudaError_t launch_gemm1_nt(int nt, bool async, bool fold, bool pair, dim3 grid, const moe_params &P,
+                            cudaStream_t s) {
     if constexpr (FMT == FMT_NVFP4) {
-        if (async && nt == 1) return launch_g1_async<GATED, 1>(grid, fold, P, s);
-        if (async && nt == 2) return launch_g1_async<GATED, 2>(grid, fold, P, s);
+        if (async && nt == 1) return launch_g1_async<GATED, 1>(grid, fold, pair, P, s);
+        if (async && nt == 2) return launch_g1_async<GATED, 2>(grid, fold, pair, P, s);
     }
-    if (fold) return cudaErrorInvalidValue;
-    if (nt == 1) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, false, false>, grid, 0, false, s, P);
-    if (nt == 2) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, false, false>, grid, 0, false, s, P);
-    return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 4, false, false>, grid, 0, false, s, P);
+    if (fold || pair) return cudaErrorInvalidValue;
+    if (nt == 1) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, false, false, false>, grid, 0, false, s, P);
+    if (nt == 2) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, false, false, false>, grid, 0, false, s, P);
+    return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 4, false, false, false>, grid, 0, false, s, P);
 }
 
 template <int FMT, int KS>
@@ -1240,10 +1264,10 @@ cudaError_t launch_gemm2_nt(int nt, bool async, bool fold, dim3 grid, const moe_
 }
 
 template <int FMT>
-cudaError_t launch_fmt(int nt, bool gated, bool g2_split, bool with_g2, bool async1, bool async2, bool fold, dim3 g1,
-                       dim3 g2, const moe_params &P, cudaStream_t s) {
-    cudaError_t err = gated ? launch_gemm1_nt<FMT, true>(nt, async1, fold, g1, P, s)
-                            : launch_gemm1_nt<FMT, false>(nt, async1, fold, g1, P, s);
+cudaError_t launch_fmt(int nt, bool gated, bool g2_split, bool with_g2, bool async1, bool async2, bool fold,
+                       bool pair, dim3 g1, dim3 g2, const moe_params &P, cudaStream_t s) {
+    cudaError_t err = gated ? launch_gemm1_nt<FMT, true>(nt, async1, fold, pair, g1, P, s)
+                            : launch_gemm1_nt<FMT, false>(nt, async1, fold, pair, g1, P, s);
     if (err != cudaSuccess || !with_g2) return err;
     return g2_split ? launch_gemm2_nt<FMT, G2_WARPS>(nt, async2, fold, g2, P, s)
                     : launch_gemm2_nt<FMT, 1>(nt, async2, fold, g2, P, s);
@@ -1257,9 +1281,10 @@ cudaError_t allow_smem(void (*kernel)(moe_params), size_t bytes) {
 template <bool GATED, int NT>
 cudaError_t allow_g1(void) {
     constexpr size_t ring = g1_dyn_bytes<GATED ? 2 : 1>();
-    const cudaError_t e = allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false>, ring);
+    const cudaError_t e = allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false, false>, ring);
     return e != cudaSuccess ? e
-                            : allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true>, ring + fold_dyn_bytes());
+                            : allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, false>,
+                                         ring + fold_dyn_bytes());
 }
 template <int NT, int KS>
 cudaError_t allow_g2(void) {
@@ -1292,6 +1317,7 @@ struct launch_shape {
     bool gated, g2_split, as1, as2;
     dim3 g1, g2;
     bool fold;          /* the GEMMs route themselves (no dispatch kernel) */
+    bool pair;          /* GEMM1 blocks of 8 outputs, gate and up rows in one tile (k3_moe_gemm1_kernel PAIR) */
 };
 
 /* The fold costs every block a longer prologue (the ids load, the bitmap, the scan, barriers: ~1 us per block
@@ -1301,7 +1327,8 @@ struct launch_shape {
  * (blocks per SM as their launch bounds). Host-only and independent of the routing (graph capturable). */
 constexpr int FOLD_WAVES = 2;
 
-launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k3_moe_weights *w, bool no_fold) {
+launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k3_moe_weights *w, bool no_fold,
+                      bool no_pair) {
     const k3_moe_desc *d = &p->d;
     const int32_t np = (int32_t)(m * d->top_k);
     const int32_t slots = np < d->num_experts ? np : d->num_experts;
@@ -1322,6 +1349,12 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
     const int64_t sms = sm_count > 0 ? sm_count : 132;
     const int64_t per1 = sh.as1 && sh.nt == 1 ? 4 : G1_MIN_BLOCKS;                           /* g1_min_blocks */
     const int64_t per2 = !sh.as2 ? G2_MIN_BLOCKS : (!sh.g2_split && sh.nt == 1 ? 6 : 5);     /* g2_min_blocks */
+    /* GEMM1 in paired tiles (8 outputs per block) where twice the blocks still fit one wave: each warp's serial
+     * chunk walk halves at no cost in waves (EP16 M 1: 384 blocks on 528 slots; GEMM1 -1.4 us, session 17). Not at
+     * W4A4: its requantization needs a block's 16 outputs (one NVFP4 block) in one half-warp. */
+    sh.pair = !no_pair && sh.gated && sh.as1 && sh.nt == 1 && d->mode != K3_MOE_W4A4 &&
+              (int64_t)sh.g1.x * (d->inter / 8) <= sms * per1;
+    if (sh.pair) sh.g1.y = (unsigned)(d->inter / 8);
     const bool small = (int64_t)sh.g1.x * sh.g1.y <= FOLD_WAVES * sms * per1 &&
                        (int64_t)sh.g2.x * sh.g2.y <= FOLD_WAVES * sms * per2;
     sh.fold = !no_fold && d->mode != K3_MOE_W4A4 && sh.as1 && sh.as2 && np <= FOLD_NP && d->num_experts <= FOLD_E &&
@@ -1332,7 +1365,11 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
 } // namespace
 
 extern "C" int k3_cuda_moe_folds(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
-    return shape_of(p, ctx->arch.sm_count, m, w, false).fold ? 1 : 0;
+    return shape_of(p, ctx->arch.sm_count, m, w, false, false).fold ? 1 : 0;
+}
+
+extern "C" int k3_cuda_moe_pairs(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
+    return shape_of(p, ctx->arch.sm_count, m, w, false, false).pair ? 1 : 0;
 }
 
 extern "C" k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_moe_desc *d) {
@@ -1385,8 +1422,8 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
                                             void *stream, int32_t stages) {
     const k3_moe_desc *d = &p->d;
     cudaStream_t s = (cudaStream_t)stream;
-    const bool no_fold = (stages & K3_CUDA_MOE_NO_FOLD) != 0;
-    stages &= ~(int32_t)K3_CUDA_MOE_NO_FOLD;
+    const bool no_fold = (stages & K3_CUDA_MOE_NO_FOLD) != 0, no_pair = (stages & K3_CUDA_MOE_NO_PAIR) != 0;
+    stages &= ~(int32_t)(K3_CUDA_MOE_NO_FOLD | K3_CUDA_MOE_NO_PAIR);
     const ws_layout L = layout_of(p);
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (ALIGN - 1)) & ~(uintptr_t)(ALIGN - 1));
     const int32_t np = (int32_t)(m * d->top_k);
@@ -1425,7 +1462,7 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
      * (fold_find); prefill, many-wave grids and W4A4 (its quantization kernel reads the lists) keep it, and so
      * does K3_CUDA_MOE_NO_FOLD (tests). The stage cut after the dispatch still runs the kernel alone, for
      * reference: with the fold it is not part of the call. */
-    const launch_shape sh = shape_of(p, ctx->arch.sm_count, m, w, no_fold);
+    const launch_shape sh = shape_of(p, ctx->arch.sm_count, m, w, no_fold, no_pair);
     P.np = np;
     if (!sh.fold || stages <= K3_CUDA_MOE_STAGE_DISPATCH)
         K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, (int32_t *)(base + L.offs),
@@ -1439,14 +1476,14 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
                            cudaGetErrorString(qe));
     }
     const int nt = sh.nt;
-    const bool gated = sh.gated, g2_split = sh.g2_split, as1 = sh.as1, as2 = sh.as2, fold = sh.fold;
+    const bool gated = sh.gated, g2_split = sh.g2_split, as1 = sh.as1, as2 = sh.as2, fold = sh.fold, pair = sh.pair;
     const dim3 g1 = sh.g1, gr2 = sh.g2;
     const bool g2 = stages >= K3_CUDA_MOE_STAGE_GEMM2;
     cudaError_t err =
-        d->format == K3_WEIGHT_NVFP4 ? launch_fmt<FMT_NVFP4>(nt, gated, g2_split, g2, as1, as2, fold, g1, gr2, P, s)
+        d->format == K3_WEIGHT_NVFP4 ? launch_fmt<FMT_NVFP4>(nt, gated, g2_split, g2, as1, as2, fold, pair, g1, gr2, P, s)
         : d->format == K3_WEIGHT_MXFP4
-            ? launch_fmt<FMT_MXFP4>(nt, gated, g2_split, g2, false, false, fold, g1, gr2, P, s)
-            : launch_fmt<FMT_BF16>(nt, gated, g2_split, g2, false, false, fold, g1, gr2, P, s);
+            ? launch_fmt<FMT_MXFP4>(nt, gated, g2_split, g2, false, false, fold, false, g1, gr2, P, s)
+            : launch_fmt<FMT_BF16>(nt, gated, g2_split, g2, false, false, fold, false, g1, gr2, P, s);
     if (err != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe expert GEMMs failed: %s", cudaGetErrorString(err));
     if (stages < K3_CUDA_MOE_STAGE_ALL) return K3_STATUS_SUCCESS;
