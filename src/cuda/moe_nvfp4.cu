@@ -15,9 +15,12 @@
  *              A block owns 16 gate rows AND the matching 16 up rows, so the activation runs in the epilogue:
  *              h = bf16(acc * scale_2), act in fp32, one rounding (BF16, or the W4A4 NVFP4 requantization of
  *              the 16-wide block this tile is) -> a[pair, I]. Its 4 warps split K, summed in a fixed order.
+ *              Paired tiles (W4A16, NT 1, where twice the grid still fits one wave: EP16 M 1): grid (slots, I / 8),
+ *              the gate and up rows of 8 outputs in one 16-row tile, bitwise the same a.
  *   GEMM2      grid (slots, L / 64): each warp 16 rows of W2, or (long K: I >= 1024) grid (slots, L / 16):
- *              a block per 16 rows, its 4 warps splitting K; out_pair = weight * ((a . W2^T) * scale_2) in
- *              fp32 -> pair_out[token * top_k + slot, L]
+ *              a block per 16 rows, its 4 warps splitting K (8 warps in 256-thread blocks where the grid is at
+ *              most 2 blocks per SM: EP16 M 1); out_pair = weight * ((a . W2^T) * scale_2) in fp32 ->
+ *              pair_out[token * top_k + slot, L]
  *   combine    out = bf16(sum over slots in order): deterministic, no float atomics.
  * Weights as the MMA's M dimension (16-row tiles), the expert's tokens as N (8 per MMA, NT MMAs per pass):
  * every weight byte is loaded once per pass, and a pass covers 8 * NT tokens of an expert (NT from m), so at
@@ -697,8 +700,8 @@ struct moe_params {
 /*
  * The dispatch folded into the GEMMs at decode sizes (session 14b). Why: the dispatch kernel was a whole launch
  * (~3.6-4.7 us of every call) in front of GEMM1, which could not start its weight stream before it finished. At
- * np <= FOLD_NP pairs each GEMM1 / GEMM2 block of 128 threads derives what it needs from topk_ids itself (two
- * pairs per thread, kept in registers), with the dispatch kernel's exact order:
+ * np <= FOLD_NP pairs each GEMM1 / GEMM2 block (NTH = 128 or 256 threads) derives what it needs from topk_ids
+ * itself (FOLD_NP / NTH pairs per thread, kept in registers), with the dispatch kernel's exact order:
  *   fold_find: the touched experts as a bitmap (integer atomicOr in shared memory), the slot-th set bit = the
  *              slot-th active expert in ascending id order, and their count (= n_active);
  *   fold_list: p0 = valid pairs with a smaller id (= offs[e]), cnt = pairs of e, and e's pair indices ascending
@@ -713,10 +716,15 @@ struct moe_params {
 constexpr int FOLD_NP = 256;  /* two pairs per thread of a 128-thread block; pair indices fit a byte */
 constexpr int FOLD_E = 4096;  /* bitmap words: 128, at most 4 per lane of the warp that scans them */
 static_assert(G1_WARPS * 32 * 2 == FOLD_NP && G2_WARPS * 32 * 2 == FOLD_NP, "two pairs per thread");
+template <int NTH>
+__host__ __device__ constexpr int fold_ppt() { /* pairs per thread */
+    static_assert(NTH == FOLD_NP / 2 || NTH == FOLD_NP, "fold: 128- or 256-thread blocks");
+    return FOLD_NP / NTH;
+}
 
 struct fold_smem {
     int32_t cc[FOLD_NP / 32]; /* pairs of e in each 32-pair chunk */
-    int32_t lt[4];            /* per warp: valid pairs with an id below e */
+    int32_t lt[FOLD_NP / 32]; /* per warp: valid pairs with an id below e */
     int32_t e, n_act;
     uint8_t list[FOLD_NP];    /* e's pair indices, ascending */
 };
@@ -724,22 +732,25 @@ struct fold_smem {
  * the cp.async GEMM2 a block per SM (TP8 M 16 +18 us, bench/NOTES-moe.md session 14). */
 constexpr size_t fold_dyn_bytes() { return (sizeof(fold_smem) + 15) / 16 * 16; }
 
-/* Block-wide (every thread calls it). id[h]: this thread's pair h * 128 + tid, -1 when absent or out of [0, E).
- * Returns the touched-expert count; fs.e holds the slot-th touched expert when slot < that count. */
+/* Block-wide (every thread of an NTH-thread block calls it). id[h]: this thread's pair h * NTH + tid (h < PPT), -1
+ * when absent or out of [0, E) (and for h >= PPT). Returns the touched-expert count; fs.e holds the slot-th touched
+ * expert when slot < that count. */
+template <int NTH>
 __device__ __forceinline__ int32_t fold_find(const moe_params &P, int slot, uint32_t *bm, fold_smem &fs,
                                              int32_t (&id)[2]) {
+    constexpr int PPT = fold_ppt<NTH>();
     const int tid = threadIdx.x, lane = tid & 31;
     const int nw = (P.ne + 31) >> 5;
-    for (int i = tid; i < nw; i += FOLD_NP / 2) bm[i] = 0u;
+    for (int i = tid; i < nw; i += NTH) bm[i] = 0u;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const int i = h * (FOLD_NP / 2) + tid;
-        const int32_t v = i < P.np ? __ldcg(P.ids + i) : -1;
+        const int i = h * NTH + tid;
+        const int32_t v = h < PPT && i < P.np ? __ldcg(P.ids + i) : -1;
         id[h] = v >= 0 && v < P.ne ? v : -1;
     }
     __syncthreads();
 #pragma unroll
-    for (int h = 0; h < 2; h++)
+    for (int h = 0; h < PPT; h++)
         if (id[h] >= 0) atomicOr(&bm[id[h] >> 5], 1u << (id[h] & 31));
     __syncthreads();
     if (tid < 32) {
@@ -773,42 +784,52 @@ __device__ __forceinline__ int32_t fold_find(const moe_params &P, int slot, uint
 }
 
 /* Block-wide, after fold_find (e = fs.e valid). p0, cnt and fs.list as the dispatch's offs / list. */
+template <int NTH>
 __device__ __forceinline__ void fold_list(int32_t e, fold_smem &fs, const int32_t (&id)[2], int32_t &p0,
                                           int32_t &cnt) {
+    constexpr int PPT = fold_ppt<NTH>(), W = NTH / 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     unsigned b[2];
     int nlt = 0;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < PPT; h++) {
         b[h] = __ballot_sync(0xffffffffu, id[h] == e);
         nlt += __popc(__ballot_sync(0xffffffffu, id[h] >= 0 && id[h] < e));
     }
-    if (lane == 0) fs.cc[warp] = __popc(b[0]), fs.cc[4 + warp] = __popc(b[1]), fs.lt[warp] = nlt;
+    if (lane == 0) {
+#pragma unroll
+        for (int h = 0; h < PPT; h++) fs.cc[h * W + warp] = __popc(b[h]);
+        fs.lt[warp] = nlt;
+    }
     __syncthreads();
-    int base0 = 0, base1 = 0, tot = 0; /* chunk c = pairs 32 c .. 32 c + 31: warp w has chunks w and 4 + w */
+    /* chunk c = pairs 32 c .. 32 c + 31: this thread's pair h lies in chunk h * W + warp */
+    int base[2] = {0, 0}, tot = 0;
 #pragma unroll
     for (int c = 0; c < FOLD_NP / 32; c++) {
         const int v = fs.cc[c];
-        base0 += c < warp ? v : 0;
-        base1 += c < 4 + warp ? v : 0;
+#pragma unroll
+        for (int h = 0; h < PPT; h++) base[h] += c < h * W + warp ? v : 0;
         tot += v;
     }
-    p0 = fs.lt[0] + fs.lt[1] + fs.lt[2] + fs.lt[3];
+    p0 = 0;
+#pragma unroll
+    for (int w = 0; w < W; w++) p0 += fs.lt[w];
     cnt = tot;
     const unsigned below = (1u << lane) - 1u;
-    if (id[0] == e) fs.list[base0 + __popc(b[0] & below)] = (uint8_t)tid;
-    if (id[1] == e) fs.list[base1 + __popc(b[1] & below)] = (uint8_t)(FOLD_NP / 2 + tid);
+#pragma unroll
+    for (int h = 0; h < PPT; h++)
+        if (id[h] == e) fs.list[base[h] + __popc(b[h] & below)] = (uint8_t)(h * NTH + tid);
     __syncthreads();
 }
 
 /* Block-wide: e = the expert of this block's slot (fold_find, or the dispatch's active list); true when the slot is
  * past the touched experts and the block leaves (block-uniform, before any barrier of the caller). Both loads of
  * the dispatch path go out together (slot < E always: the grid has min(E, pairs) slots). */
-template <bool FOLD>
+template <bool FOLD, int NTH>
 __device__ __forceinline__ bool slot_leaves(const moe_params &P, int slot, uint32_t *bm, fold_smem &fs,
                                             int32_t (&fid)[2], int32_t &e) {
     if constexpr (FOLD) {
-        if (fold_find(P, slot, bm, fs, fid) <= slot) return true;
+        if (fold_find<NTH>(P, slot, bm, fs, fid) <= slot) return true;
         e = fs.e;
         return false;
     } else {
@@ -870,7 +891,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
     k3_pdl_launch();
     const int slot = blockIdx.x;
     int32_t fid[2] = {-1, -1}, e;
-    if (slot_leaves<FOLD>(P, slot, bm, fs, fid, e)) return; /* block-uniform */
+    if (slot_leaves<FOLD, G1_WARPS * 32>(P, slot, bm, fs, fid, e)) return; /* block-uniform */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int64_t i0 = (int64_t)blockIdx.y * OUTS;
     const uint64_t pol = k3_policy_evict_first();
@@ -904,7 +925,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
     }
     int32_t p0, cnt; /* FOLD: while the ring fills (shared memory and registers only) */
     if constexpr (FOLD) {
-        fold_list(e, fs, fid, p0, cnt);
+        fold_list<G1_WARPS * 32>(e, fs, fid, p0, cnt);
     } else {
         p0 = __ldcg(P.offs + e);
         cnt = __ldcg(P.offs + e + 1) - p0;
@@ -1009,23 +1030,32 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_
 
 /* KS = 1: each warp owns a 16-row tile and the whole K (short K: I / 128 small). KS = G2_WARPS: the block owns
  * one tile and its warps split K, summed in warp order (long K with few experts: more blocks, more bytes in
- * flight). */
-constexpr size_t g2_dyn_bytes() { return (size_t)G2_WARPS * as_warp_uint4<1, G2_STAGES>() * 16; }
+ * flight). KS = G2_WIDE_KS (NVFP4 cp.async, NT 1): the same with twice the warps (256-thread blocks), where the
+ * grid leaves SMs idle (EP16 M 1: 224 blocks): each warp's serial chunk walk halves, as GEMM1's paired tiles do. */
+constexpr int G2_WIDE_KS = 8;
+template <int KS>
+constexpr int g2_warps() { return KS > G2_WARPS ? KS : G2_WARPS; }
+template <int KS>
+constexpr size_t g2_dyn_bytes() { return (size_t)g2_warps<KS>() * as_warp_uint4<1, G2_STAGES>() * 16; }
 /* Blocks per SM of the cp.async GEMM2 (a block's ring: 20 KB): KS 1 at NT 1 (TP8: 3 chunks per warp, the
  * block's life is mostly its fixed latency) 6 (74 registers); NT 2 (spills in the loop at 80 registers) and
- * split-K (EP16) 5. Measured in session 13 against 4, 5 and 6 for all. */
+ * split-K (EP16) 5. Measured in session 13 against 4, 5 and 6 for all. The wide split: 2 (its grids are
+ * <= 2 blocks per SM, shape_of). */
 template <bool ASYNC, int NT, int KS>
-constexpr int g2_min_blocks() { return !ASYNC ? G2_MIN_BLOCKS : (KS == 1 && NT == 1 ? 6 : 5); }
+constexpr int g2_min_blocks() { return !ASYNC ? G2_MIN_BLOCKS : (KS == G2_WIDE_KS ? 2 : (KS == 1 && NT == 1 ? 6 : 5)); }
 
 template <int FMT, int NT, int KS, bool ASYNC, bool FOLD>
-__global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>()) k3_moe_gemm2_kernel(const moe_params P) {
+__global__ void __launch_bounds__(g2_warps<KS>() * 32, g2_min_blocks<ASYNC, NT, KS>())
+    k3_moe_gemm2_kernel(const moe_params P) {
     static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
+    static_assert(KS != G2_WIDE_KS || (ASYNC && NT == 1), "the wide split: NVFP4 cp.async at NT 1 only");
+    constexpr int NW = g2_warps<KS>();
     constexpr int RED = NT * 4 * 32;
     __shared__ float red_s[ASYNC || KS == 1 ? 1 : (KS - 1) * RED];
     __shared__ uint4 xring[ASYNC ? 1 : G2_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
     /* FOLD: as in GEMM1 */
-    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g2_dyn_bytes() / 16);
+    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g2_dyn_bytes<KS>() / 16);
     uint32_t *const bm = reinterpret_cast<uint32_t *>(k3_moe_dyn);
     /* PDL: the dispatch lists (two kernels back, complete: see pdl.cuh), or with the fold topk_ids (likewise),
      * are read before the wait, and the weight ring is filled before it too (nv_fill, or mma_any<..., true>);
@@ -1033,7 +1063,7 @@ __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>())
     k3_pdl_launch();
     const int slot = blockIdx.x;
     int32_t e, p0 = 0, cnt = 0, fid[2] = {-1, -1};
-    if (slot_leaves<FOLD>(P, slot, bm, fs, fid, e)) return; /* block-uniform */
+    if (slot_leaves<FOLD, NW * 32>(P, slot, bm, fs, fid, e)) return; /* block-uniform */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
     const int64_t r0 = KS > 1 ? (int64_t)blockIdx.y * 16 : ((int64_t)blockIdx.y * G2_WARPS + warp) * 16;
     /* KS = 1: warp-uniform, KS > 1: block-uniform. Fold: an idle warp leaves only after fold_list (block barriers) */
@@ -1069,7 +1099,7 @@ __global__ void __launch_bounds__(G2_WARPS * 32, g2_min_blocks<ASYNC, NT, KS>())
         k3_pdl_wait();
     }
     if constexpr (FOLD) {
-        fold_list(e, fs, fid, p0, cnt); /* while the ring fills: shared memory and registers only */
+        fold_list<NW * 32>(e, fs, fid, p0, cnt); /* while the ring fills: shared memory and registers only */
         if (idle) return;
     }
 
@@ -1229,11 +1259,11 @@ cudaError_t launch_g1_async(dim3 grid, bool fold, bool pair, const moe_params &P
 }
 template <int NT, int KS>
 cudaError_t launch_g2_async(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
-    const dim3 block(G2_WARPS * 32);
+    const dim3 block(g2_warps<KS>() * 32);
     return fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true>, grid, block,
-                                g2_dyn_bytes() + fold_dyn_bytes(), s, P)
-                : k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false>, grid, block, g2_dyn_bytes(), s,
-                                P);
+                                g2_dyn_bytes<KS>() + fold_dyn_bytes(), s, P)
+                : k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false>, grid, block,
+                                g2_dyn_bytes<KS>(), s, P);
 }
 
 /* fold: shape_of folds only where both GEMMs take the cp.async ring, so the other instances never fold. */
@@ -1265,10 +1295,15 @@ cudaError_t launch_gemm2_nt(int nt, bool async, bool fold, dim3 grid, const moe_
 
 template <int FMT>
 cudaError_t launch_fmt(int nt, bool gated, bool g2_split, bool with_g2, bool async1, bool async2, bool fold,
-                       bool pair, dim3 g1, dim3 g2, const moe_params &P, cudaStream_t s) {
+                       bool pair, bool wide, dim3 g1, dim3 g2, const moe_params &P, cudaStream_t s) {
     cudaError_t err = gated ? launch_gemm1_nt<FMT, true>(nt, async1, fold, pair, g1, P, s)
                             : launch_gemm1_nt<FMT, false>(nt, async1, fold, pair, g1, P, s);
     if (err != cudaSuccess || !with_g2) return err;
+    if (wide) { /* shape_of: NVFP4 cp.async, NT 1, split K */
+        if constexpr (FMT == FMT_NVFP4)
+            if (async2 && nt == 1 && g2_split) return launch_g2_async<1, G2_WIDE_KS>(g2, fold, P, s);
+        return cudaErrorInvalidValue;
+    }
     return g2_split ? launch_gemm2_nt<FMT, G2_WARPS>(nt, async2, fold, g2, P, s)
                     : launch_gemm2_nt<FMT, 1>(nt, async2, fold, g2, P, s);
 }
@@ -1288,10 +1323,10 @@ cudaError_t allow_g1(void) {
 }
 template <int NT, int KS>
 cudaError_t allow_g2(void) {
-    const cudaError_t e = allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false>, g2_dyn_bytes());
+    const cudaError_t e = allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false>, g2_dyn_bytes<KS>());
     return e != cudaSuccess ? e
                             : allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true>,
-                                         g2_dyn_bytes() + fold_dyn_bytes());
+                                         g2_dyn_bytes<KS>() + fold_dyn_bytes());
 }
 cudaError_t allow_async_smem(void) {
     cudaError_t e = allow_g1<true, 1>();
@@ -1302,6 +1337,7 @@ cudaError_t allow_async_smem(void) {
     if (e == cudaSuccess) e = allow_g2<2, 1>();
     if (e == cudaSuccess) e = allow_g2<1, G2_WARPS>();
     if (e == cudaSuccess) e = allow_g2<2, G2_WARPS>();
+    if (e == cudaSuccess) e = allow_g2<1, G2_WIDE_KS>();
     return e;
 }
 
@@ -1318,6 +1354,7 @@ struct launch_shape {
     dim3 g1, g2;
     bool fold;          /* the GEMMs route themselves (no dispatch kernel) */
     bool pair;          /* GEMM1 blocks of 8 outputs, gate and up rows in one tile (k3_moe_gemm1_kernel PAIR) */
+    bool wide;          /* GEMM2 split-K over G2_WIDE_KS warps (256-thread blocks) */
 };
 
 /* The fold costs every block a longer prologue (the ids load, the bitmap, the scan, barriers: ~1 us per block
@@ -1355,6 +1392,9 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
     sh.pair = !no_pair && sh.gated && sh.as1 && sh.nt == 1 && d->mode != K3_MOE_W4A4 &&
               (int64_t)sh.g1.x * (d->inter / 8) <= sms * per1;
     if (sh.pair) sh.g1.y = (unsigned)(d->inter / 8);
+    /* GEMM2 split over twice the warps where its grid is at most 2 blocks per SM (EP16 M 1: 224 blocks; GEMM2
+     * -1.0 us, session 17). Its sum has 8 terms instead of 4: not bitwise the 4-warp result. */
+    sh.wide = sh.g2_split && sh.as2 && sh.nt == 1 && (int64_t)sh.g2.x * sh.g2.y <= 2 * sms;
     const bool small = (int64_t)sh.g1.x * sh.g1.y <= FOLD_WAVES * sms * per1 &&
                        (int64_t)sh.g2.x * sh.g2.y <= FOLD_WAVES * sms * per2;
     sh.fold = !no_fold && d->mode != K3_MOE_W4A4 && sh.as1 && sh.as2 && np <= FOLD_NP && d->num_experts <= FOLD_E &&
@@ -1476,14 +1516,15 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
                            cudaGetErrorString(qe));
     }
     const int nt = sh.nt;
-    const bool gated = sh.gated, g2_split = sh.g2_split, as1 = sh.as1, as2 = sh.as2, fold = sh.fold, pair = sh.pair;
+    const bool gated = sh.gated, g2_split = sh.g2_split, as1 = sh.as1, as2 = sh.as2, fold = sh.fold, pair = sh.pair,
+               wide = sh.wide;
     const dim3 g1 = sh.g1, gr2 = sh.g2;
     const bool g2 = stages >= K3_CUDA_MOE_STAGE_GEMM2;
     cudaError_t err =
-        d->format == K3_WEIGHT_NVFP4 ? launch_fmt<FMT_NVFP4>(nt, gated, g2_split, g2, as1, as2, fold, pair, g1, gr2, P, s)
+        d->format == K3_WEIGHT_NVFP4 ? launch_fmt<FMT_NVFP4>(nt, gated, g2_split, g2, as1, as2, fold, pair, wide, g1, gr2, P, s)
         : d->format == K3_WEIGHT_MXFP4
-            ? launch_fmt<FMT_MXFP4>(nt, gated, g2_split, g2, false, false, fold, false, g1, gr2, P, s)
-            : launch_fmt<FMT_BF16>(nt, gated, g2_split, g2, false, false, fold, false, g1, gr2, P, s);
+            ? launch_fmt<FMT_MXFP4>(nt, gated, g2_split, g2, false, false, fold, false, false, g1, gr2, P, s)
+            : launch_fmt<FMT_BF16>(nt, gated, g2_split, g2, false, false, fold, false, false, g1, gr2, P, s);
     if (err != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe expert GEMMs failed: %s", cudaGetErrorString(err));
     if (stages < K3_CUDA_MOE_STAGE_ALL) return K3_STATUS_SUCCESS;
