@@ -713,7 +713,7 @@ struct moe_params {
  * fold ran 1-15 us slower (TP8 M 4 GEMM2 +1.5 us, M 16 +13; bench/NOTES-moe.md session 15), so those points run
  * kernels without a line of the fold's code.
  */
-constexpr int FOLD_NP = 256;  /* two pairs per thread of a 128-thread block; pair indices fit a byte */
+constexpr int FOLD_NP = 256;  /* pair indices fit a byte; two pairs per thread of a 128-thread block, one of 256 */
 constexpr int FOLD_E = 4096;  /* bitmap words: 128, at most 4 per lane of the warp that scans them */
 static_assert(G1_WARPS * 32 * 2 == FOLD_NP && G2_WARPS * 32 * 2 == FOLD_NP, "two pairs per thread");
 template <int NTH>
@@ -1293,19 +1293,30 @@ cudaError_t launch_gemm2_nt(int nt, bool async, bool fold, dim3 grid, const moe_
     return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 4, KS, false, false>, grid, block, 0, s, P);
 }
 
+/* The launch shapes of one call (host-only: from m, the descriptor and the scale pointers' alignment). */
+struct launch_shape {
+    int nt;             /* token tiles per pass */
+    bool gated, g2_split, as1, as2;
+    dim3 g1, g2;
+    bool fold;          /* the GEMMs route themselves (no dispatch kernel) */
+    bool pair;          /* GEMM1 blocks of 8 outputs, gate and up rows in one tile (k3_moe_gemm1_kernel PAIR) */
+    bool wide;          /* GEMM2 split-K over G2_WIDE_KS warps (256-thread blocks) */
+};
+
+/* GEMM1 and (with_g2) GEMM2 of one call. The cp.async ring, the fold, paired tiles and the wide split exist only
+ * for NVFP4; shape_of sets them only there. */
 template <int FMT>
-cudaError_t launch_fmt(int nt, bool gated, bool g2_split, bool with_g2, bool async1, bool async2, bool fold,
-                       bool pair, bool wide, dim3 g1, dim3 g2, const moe_params &P, cudaStream_t s) {
-    cudaError_t err = gated ? launch_gemm1_nt<FMT, true>(nt, async1, fold, pair, g1, P, s)
-                            : launch_gemm1_nt<FMT, false>(nt, async1, fold, pair, g1, P, s);
+cudaError_t launch_fmt(const launch_shape &sh, bool with_g2, const moe_params &P, cudaStream_t s) {
+    cudaError_t err = sh.gated ? launch_gemm1_nt<FMT, true>(sh.nt, sh.as1, sh.fold, sh.pair, sh.g1, P, s)
+                               : launch_gemm1_nt<FMT, false>(sh.nt, sh.as1, sh.fold, sh.pair, sh.g1, P, s);
     if (err != cudaSuccess || !with_g2) return err;
-    if (wide) { /* shape_of: NVFP4 cp.async, NT 1, split K */
+    if (sh.wide) { /* shape_of: NVFP4 cp.async, NT 1, split K */
         if constexpr (FMT == FMT_NVFP4)
-            if (async2 && nt == 1 && g2_split) return launch_g2_async<1, G2_WIDE_KS>(g2, fold, P, s);
+            if (sh.as2 && sh.nt == 1 && sh.g2_split) return launch_g2_async<1, G2_WIDE_KS>(sh.g2, sh.fold, P, s);
         return cudaErrorInvalidValue;
     }
-    return g2_split ? launch_gemm2_nt<FMT, G2_WARPS>(nt, async2, fold, g2, P, s)
-                    : launch_gemm2_nt<FMT, 1>(nt, async2, fold, g2, P, s);
+    return sh.g2_split ? launch_gemm2_nt<FMT, G2_WARPS>(sh.nt, sh.as2, sh.fold, sh.g2, P, s)
+                       : launch_gemm2_nt<FMT, 1>(sh.nt, sh.as2, sh.fold, sh.g2, P, s);
 }
 
 /* The cp.async kernels use more than the default 48 KB of dynamic shared memory: allowed once per plan, for the
@@ -1346,16 +1357,6 @@ cudaError_t allow_async_smem(void) {
 bool async_ok(int32_t layout, int64_t cols, const void *scales) {
     return ((uintptr_t)scales & 3u) == 0 && ((k3_scale_layout)layout == K3_SCALE_SWIZZLED || (cols / 16) % 4 == 0);
 }
-
-/* The launch shapes of one call (host-only: from m, the descriptor and the scale pointers' alignment). */
-struct launch_shape {
-    int nt;             /* token tiles per pass */
-    bool gated, g2_split, as1, as2;
-    dim3 g1, g2;
-    bool fold;          /* the GEMMs route themselves (no dispatch kernel) */
-    bool pair;          /* GEMM1 blocks of 8 outputs, gate and up rows in one tile (k3_moe_gemm1_kernel PAIR) */
-    bool wide;          /* GEMM2 split-K over G2_WIDE_KS warps (256-thread blocks) */
-};
 
 /* The fold costs every block a longer prologue (the ids load, the bitmap, the scan, barriers: ~1 us per block
  * under load), paid once per wave of blocks, against one dispatch kernel less. Measured (session 14b, H200):
@@ -1515,16 +1516,10 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
             return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe W4A4 x quantization kernel failed: %s",
                            cudaGetErrorString(qe));
     }
-    const int nt = sh.nt;
-    const bool gated = sh.gated, g2_split = sh.g2_split, as1 = sh.as1, as2 = sh.as2, fold = sh.fold, pair = sh.pair,
-               wide = sh.wide;
-    const dim3 g1 = sh.g1, gr2 = sh.g2;
     const bool g2 = stages >= K3_CUDA_MOE_STAGE_GEMM2;
-    cudaError_t err =
-        d->format == K3_WEIGHT_NVFP4 ? launch_fmt<FMT_NVFP4>(nt, gated, g2_split, g2, as1, as2, fold, pair, wide, g1, gr2, P, s)
-        : d->format == K3_WEIGHT_MXFP4
-            ? launch_fmt<FMT_MXFP4>(nt, gated, g2_split, g2, false, false, fold, false, false, g1, gr2, P, s)
-            : launch_fmt<FMT_BF16>(nt, gated, g2_split, g2, false, false, fold, false, false, g1, gr2, P, s);
+    cudaError_t err = d->format == K3_WEIGHT_NVFP4   ? launch_fmt<FMT_NVFP4>(sh, g2, P, s)
+                      : d->format == K3_WEIGHT_MXFP4 ? launch_fmt<FMT_MXFP4>(sh, g2, P, s)
+                                                     : launch_fmt<FMT_BF16>(sh, g2, P, s);
     if (err != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe expert GEMMs failed: %s", cudaGetErrorString(err));
     if (stages < K3_CUDA_MOE_STAGE_ALL) return K3_STATUS_SUCCESS;
