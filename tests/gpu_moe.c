@@ -833,10 +833,12 @@ static const mcase k_moe_cases[] = {
     {"fold-edge", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 896, 16, 128, 64, 16, ROUTE_RANDOM, 1},
     {"fold-edge", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 56, 8, 256, 128, 33, ROUTE_RANDOM, 1},
     /* GEMM2 split over 8 warps (256-thread blocks, grids of <= 2 blocks per SM; session 17) with the fold at 256
-     * threads: 9 chunks (warp 0 takes two) with swizzled separate scales, SwiGLU-OAI and graph replay; and 12 pairs
-     * on one expert (two passes through the 8-warp split-K sum) */
+     * threads: 9 chunks (warp 0 takes two) with swizzled separate scales, SwiGLU-OAI and graph replay; 12 pairs
+     * on one expert (two passes through the 8-warp split-K sum); and 8 chunks plus 4 tail steps (I 1088: the
+     * 16-element steps split over the 8 warps too) */
     {"wide-k", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A16, K3_ACT_SWIGLUOAI, 8, 2, 256, 1152, 1, ROUTE_RANDOM, 1},
     {"wide-k", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 8, 4, 384, 1024, 3, ROUTE_DUP, 0},
+    {"wide-k", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 8, 2, 256, 1088, 2, ROUTE_RANDOM, 0},
 };
 
 #define N_MOE_CASES ((int)(sizeof k_moe_cases / sizeof k_moe_cases[0]))
