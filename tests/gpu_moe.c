@@ -839,6 +839,13 @@ static const mcase k_moe_cases[] = {
     {"wide-k", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A16, K3_ACT_SWIGLUOAI, 8, 2, 256, 1152, 1, ROUTE_RANDOM, 1},
     {"wide-k", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 8, 4, 384, 1024, 3, ROUTE_DUP, 0},
     {"wide-k", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 8, 2, 256, 1088, 2, ROUTE_RANDOM, 0},
+    /* GEMM2's denser instances at NT 1 (session 18; grids past a wave of the default on a 132-SM H200): split-K
+     * with 896 blocks (56 slots x 16 tiles) through the dispatch kernel, with swizzled scales and graph replay;
+     * split-K folded (16 slots: GEMM1 1,024 blocks, GEMM2 768); KS 1 at 8 blocks per SM (128 slots x 16 blocks:
+     * past two waves) */
+    {"dense-g2", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A16, K3_ACT_SITU, 56, 8, 256, 1024, 8, ROUTE_RANDOM, 1},
+    {"dense-g2", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 16, 2, 768, 1024, 8, ROUTE_RANDOM, 0},
+    {"dense-g2", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 896, 16, 1024, 64, 8, ROUTE_RANDOM, 0},
 };
 
 #define N_MOE_CASES ((int)(sizeof k_moe_cases / sizeof k_moe_cases[0]))

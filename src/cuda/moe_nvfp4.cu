@@ -846,8 +846,7 @@ constexpr size_t g1_dyn_bytes() { return (size_t)G1_WARPS * as_warp_uint4<SETS, 
 /* Blocks per SM the register budget is sized for: the cp.async kernel at NT 1 (no activation ring: 30 KB of
  * shared memory per block) fits 4 at 128 registers, no spills in the loop (5, at 96 registers, was slower:
  * session 13); NT 2 keeps 3 (162 registers). */
-template <bool ASYNC, int NT>
-constexpr int g1_min_blocks() { return ASYNC && NT == 1 ? 4 : G1_MIN_BLOCKS; }
+constexpr int g1_min_blocks(bool async, int nt) { return async && nt == 1 ? 4 : G1_MIN_BLOCKS; }
 
 /* A warp's split-K partial sums in shared memory: row (s * NT + nt) * 4 + c (the accumulator index) of 32 lanes,
  * rows 33 floats apart, so both the stores (one row per instruction) and the epilogue's reads (4 rows x 8 lanes
@@ -869,7 +868,7 @@ __host__ __device__ constexpr int red_floats() { return SETS * NT * 4 * 33; }
  * SMs), where every warp's serial chunk walk, not the bytes, set the time (bench/NOTES-moe.md, session 17).
  */
 template <int FMT, bool GATED, int NT, bool ASYNC, bool FOLD, bool PAIR>
-__global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks<ASYNC, NT>()) k3_moe_gemm1_kernel(const moe_params P) {
+__global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_moe_gemm1_kernel(const moe_params P) {
     static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
     static_assert(!PAIR || (GATED && ASYNC), "paired tiles: gated cp.async kernels only");
     constexpr int SETS = GATED && !PAIR ? 2 : 1;
@@ -1041,11 +1040,16 @@ constexpr size_t g2_dyn_bytes() { return (size_t)g2_warps<KS>() * as_warp_uint4<
  * block's life is mostly its fixed latency) 6 (74 registers); NT 2 (spills in the loop at 80 registers) and
  * split-K (EP16) 5. Measured in session 13 against 4, 5 and 6 for all. The wide split: 2 (its grids are
  * <= 2 blocks per SM, shape_of). */
-template <bool ASYNC, int NT, int KS>
-constexpr int g2_min_blocks() { return !ASYNC ? G2_MIN_BLOCKS : (KS == G2_WIDE_KS ? 2 : (KS == 1 && NT == 1 ? 6 : 5)); }
+constexpr int g2_min_blocks(bool async, int nt, int ks) {
+    return !async ? G2_MIN_BLOCKS : (ks == G2_WIDE_KS ? 2 : (ks == 1 && nt == 1 ? 6 : 5));
+}
+/* The denser instances shape_of picks for grids past a wave of the default (the cp.async kernels at NT 1):
+ * split-K at 7 blocks per SM (72 registers, no spills), KS 1 at 8 (64 registers, a few spilled). MINB = 0 in
+ * the kernel template: g2_min_blocks. */
+constexpr int G2_DENSE_SPLIT = 7, G2_DENSE_K1 = 8;
 
-template <int FMT, int NT, int KS, bool ASYNC, bool FOLD>
-__global__ void __launch_bounds__(g2_warps<KS>() * 32, g2_min_blocks<ASYNC, NT, KS>())
+template <int FMT, int NT, int KS, bool ASYNC, bool FOLD, int MINB = 0>
+__global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_blocks(ASYNC, NT, KS))
     k3_moe_gemm2_kernel(const moe_params P) {
     static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
     static_assert(KS != G2_WIDE_KS || (ASYNC && NT == 1), "the wide split: NVFP4 cp.async at NT 1 only");
@@ -1257,13 +1261,24 @@ cudaError_t launch_g1_async(dim3 grid, bool fold, bool pair, const moe_params &P
     if (pair) return cudaErrorInvalidValue;
     return launch_g1_async_p<GATED, NT, false>(grid, fold, P, s);
 }
-template <int NT, int KS>
+template <int NT, int KS, int MINB = 0>
 cudaError_t launch_g2_async(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
     const dim3 block(g2_warps<KS>() * 32);
-    return fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true>, grid, block,
+    return fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true, MINB>, grid, block,
                                 g2_dyn_bytes<KS>() + fold_dyn_bytes(), s, P)
-                : k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false>, grid, block,
+                : k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false, MINB>, grid, block,
                                 g2_dyn_bytes<KS>(), s, P);
+}
+/* The dense NT 1 instances (shape_of): KS 1 only past two waves, where the fold never applies (its grids are
+ * at most FOLD_WAVES waves), so that instance exists unfolded only. */
+template <int KS>
+cudaError_t launch_g2_dense(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
+    if constexpr (KS == 1)
+        return fold ? cudaErrorInvalidValue
+                    : k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false, G2_DENSE_K1>, grid,
+                                    dim3(g2_warps<1>() * 32), g2_dyn_bytes<1>(), s, P);
+    else
+        return launch_g2_async<1, KS, G2_DENSE_SPLIT>(grid, fold, P, s);
 }
 
 /* fold: shape_of folds only where both GEMMs take the cp.async ring, so the other instances never fold. */
@@ -1281,12 +1296,15 @@ cudaError_t launch_gemm1_nt(int nt, bool async, bool fold, bool pair, dim3 grid,
 }
 
 template <int FMT, int KS>
-cudaError_t launch_gemm2_nt(int nt, bool async, bool fold, dim3 grid, const moe_params &P, cudaStream_t s) {
+cudaError_t launch_gemm2_nt(int nt, bool async, bool fold, bool dense, dim3 grid, const moe_params &P,
+                            cudaStream_t s) {
     if constexpr (FMT == FMT_NVFP4) {
+        if (async && nt == 1 && dense) return launch_g2_dense<KS>(grid, fold, P, s);
+        if (dense) return cudaErrorInvalidValue;
         if (async && nt == 1) return launch_g2_async<1, KS>(grid, fold, P, s);
         if (async && nt == 2) return launch_g2_async<2, KS>(grid, fold, P, s);
     }
-    if (fold) return cudaErrorInvalidValue;
+    if (fold || dense) return cudaErrorInvalidValue;
     const dim3 block(G2_WARPS * 32);
     if (nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, false, false>, grid, block, 0, s, P);
     if (nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, false, false>, grid, block, 0, s, P);
@@ -1301,6 +1319,7 @@ struct launch_shape {
     bool fold;          /* the GEMMs route themselves (no dispatch kernel) */
     bool pair;          /* GEMM1 blocks of 8 outputs, gate and up rows in one tile (k3_moe_gemm1_kernel PAIR) */
     bool wide;          /* GEMM2 split-K over G2_WIDE_KS warps (256-thread blocks) */
+    bool g2_dense;      /* GEMM2 at NT 1 in its denser instance (G2_DENSE_SPLIT / G2_DENSE_K1 blocks per SM) */
 };
 
 /* GEMM1 and (with_g2) GEMM2 of one call. The cp.async ring, the fold, paired tiles and the wide split exist only
@@ -1315,8 +1334,8 @@ cudaError_t launch_fmt(const launch_shape &sh, bool with_g2, const moe_params &P
             if (sh.as2 && sh.nt == 1 && sh.g2_split) return launch_g2_async<1, G2_WIDE_KS>(sh.g2, sh.fold, P, s);
         return cudaErrorInvalidValue;
     }
-    return sh.g2_split ? launch_gemm2_nt<FMT, G2_WARPS>(sh.nt, sh.as2, sh.fold, sh.g2, P, s)
-                       : launch_gemm2_nt<FMT, 1>(sh.nt, sh.as2, sh.fold, sh.g2, P, s);
+    return sh.g2_split ? launch_gemm2_nt<FMT, G2_WARPS>(sh.nt, sh.as2, sh.fold, sh.g2_dense, sh.g2, P, s)
+                       : launch_gemm2_nt<FMT, 1>(sh.nt, sh.as2, sh.fold, sh.g2_dense, sh.g2, P, s);
 }
 
 /* The cp.async kernels use more than the default 48 KB of dynamic shared memory: allowed once per plan, for the
@@ -1332,11 +1351,11 @@ cudaError_t allow_g1(void) {
                             : allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, false>,
                                          ring + fold_dyn_bytes());
 }
-template <int NT, int KS>
+template <int NT, int KS, int MINB = 0>
 cudaError_t allow_g2(void) {
-    const cudaError_t e = allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false>, g2_dyn_bytes<KS>());
+    const cudaError_t e = allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false, MINB>, g2_dyn_bytes<KS>());
     return e != cudaSuccess ? e
-                            : allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true>,
+                            : allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true, MINB>,
                                          g2_dyn_bytes<KS>() + fold_dyn_bytes());
 }
 cudaError_t allow_async_smem(void) {
@@ -1347,6 +1366,9 @@ cudaError_t allow_async_smem(void) {
     if (e == cudaSuccess) e = allow_g2<1, 1>();
     if (e == cudaSuccess) e = allow_g2<2, 1>();
     if (e == cudaSuccess) e = allow_g2<1, G2_WARPS>();
+    if (e == cudaSuccess) e = allow_g2<1, G2_WARPS, G2_DENSE_SPLIT>();
+    if (e == cudaSuccess)
+        e = allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false, G2_DENSE_K1>, g2_dyn_bytes<1>());
     if (e == cudaSuccess) e = allow_g2<2, G2_WARPS>();
     if (e == cudaSuccess) e = allow_g2<1, G2_WIDE_KS>();
     return e;
@@ -1385,8 +1407,8 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
     sh.as1 = nv && async_ok((int32_t)d->scale_layout, d->hidden, w->w13_scale);
     sh.as2 = nv && async_ok((int32_t)d->scale_layout, d->inter, w->w2_scale);
     const int64_t sms = sm_count > 0 ? sm_count : 132;
-    const int64_t per1 = sh.as1 && sh.nt == 1 ? 4 : G1_MIN_BLOCKS;                           /* g1_min_blocks */
-    const int64_t per2 = !sh.as2 ? G2_MIN_BLOCKS : (!sh.g2_split && sh.nt == 1 ? 6 : 5);     /* g2_min_blocks */
+    const int64_t per1 = g1_min_blocks(sh.as1, sh.nt);
+    const int64_t per2 = g2_min_blocks(sh.as2, sh.nt, sh.g2_split ? G2_WARPS : 1);
     /* GEMM1 in paired tiles (8 outputs per block) where twice the blocks still fit one wave: each warp's serial
      * chunk walk halves at no cost in waves (EP16 M 1: 384 blocks on 528 slots; GEMM1 -1.4 us, session 17). Not at
      * W4A4: its requantization needs a block's 16 outputs (one NVFP4 block) in one half-warp. */
@@ -1396,10 +1418,17 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
     /* GEMM2 split over twice the warps where its grid is at most 2 blocks per SM (EP16 M 1: 224 blocks; GEMM2
      * -1.0 us, session 17). Its sum has 8 terms instead of 4: not bitwise the 4-warp result. */
     sh.wide = sh.g2_split && sh.as2 && sh.nt == 1 && (int64_t)sh.g2.x * sh.g2.y <= 2 * sms;
-    const bool small = (int64_t)sh.g1.x * sh.g1.y <= FOLD_WAVES * sms * per1 &&
-                       (int64_t)sh.g2.x * sh.g2.y <= FOLD_WAVES * sms * per2;
+    const int64_t blocks2 = (int64_t)sh.g2.x * sh.g2.y;
+    const bool small = (int64_t)sh.g1.x * sh.g1.y <= FOLD_WAVES * sms * per1 && blocks2 <= FOLD_WAVES * sms * per2;
     sh.fold = !no_fold && d->mode != K3_MOE_W4A4 && sh.as1 && sh.as2 && np <= FOLD_NP && d->num_experts <= FOLD_E &&
               small;
+    /* Denser GEMM2 blocks where the default's grid spills past a wave (session 18, same-call A/B on the H200):
+     * split-K over one wave (EP16 M 3, 672 blocks on 660 slots: -2.2 us; M 4 -0.7; M 8 -0.3); KS 1 over two
+     * waves (TP8 M 2 / 3 / 4 / 8: -0.6 / -1.1 / -0.7 / -2.0 us), which never folds (FOLD_WAVES). Not nearer: the
+     * 7-block split-K kernel made EP16 M 2 (448 blocks) 2.5 us slower, the 8-block KS 1 kernel TP8 M 1 (896
+     * blocks) 1 us slower. */
+    sh.g2_dense = sh.as2 && sh.nt == 1 && !sh.wide && blocks2 > (sh.g2_split ? 1 : 2) * sms * per2 &&
+                  (sh.g2_split || !sh.fold);
     return sh;
 }
 
