@@ -119,7 +119,7 @@ __device__ __forceinline__ uint2 ld_b(const uint16_t *brow, int64_t p) {
     return brow ? __ldcg((const uint2 *)(brow + p)) : make_uint2(0u, 0u);
 }
 
-template <int FMT, int SETS, int NT>
+template <int FMT, int SETS, int NT, bool XP = false>
 __device__ __forceinline__ void mma_tail(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
                                          const uint8_t *sexp, int32_t layout, int64_t cols,
                                          const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
@@ -278,8 +278,10 @@ __device__ __forceinline__ void load_fp4_chunk(const uint8_t *const (&wrow)[SETS
         }
 }
 
-/* The 16-element tail steps (cols % 128) in the per-step map of decode_step: shared by both main loops. */
-template <int FMT, int SETS, int NT>
+/* The 16-element tail steps (cols % 128) in the per-step map of decode_step: shared by both main loops. XP:
+ * the activations are stored pair-permuted (a_col): elements p .. p + 3 (p % 8 = 0 or 4) are the low or the
+ * high halves of the 8-element group's four words. */
+template <int FMT, int SETS, int NT, bool XP>
 __device__ __forceinline__ void mma_tail(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
                                          const uint8_t *sexp, int32_t layout, int64_t cols,
                                          const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
@@ -296,7 +298,15 @@ __device__ __forceinline__ void mma_tail(const uint8_t *const (&wrow)[SETS][2], 
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             if (nt >= ntv) break;
-            const uint2 xv = ld_b(brow[nt], k0 + 4 * q);
+            uint2 xv;
+            if constexpr (XP) {
+                const int64_t p = k0 + 4 * q;
+                const uint4 g8 = brow[nt] ? __ldcg((const uint4 *)(brow[nt] + (p & ~(int64_t)7))) : make_uint4(0, 0, 0, 0);
+                const uint32_t sel = (p & 4) ? 0x7632u : 0x5410u;
+                xv = make_uint2(__byte_perm(g8.x, g8.y, sel), __byte_perm(g8.z, g8.w, sel));
+            } else {
+                xv = ld_b(brow[nt], k0 + 4 * q);
+            }
 #pragma unroll
             for (int s = 0; s < SETS; s++) k3_mma_bf16_16816(acc[s][nt], lo[s][0], lo[s][1], hi[s][0], hi[s][1], xv.x, xv.y);
         }
@@ -305,7 +315,7 @@ __device__ __forceinline__ void mma_tail(const uint8_t *const (&wrow)[SETS][2], 
 
 /* The NVFP4 tail steps (cols % 128): decoded exact, so brought to the ring's 2^-9 scale (exact) and added
  * after the chunks. */
-template <int SETS, int NT>
+template <int SETS, int NT, bool XP = false>
 __device__ __forceinline__ void nv_tail(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
                                         const uint8_t *sexp, int32_t layout, int64_t cols,
                                         const uint16_t *const (&brow)[NT], int ntv, int c0, int cstep, int q,
@@ -315,7 +325,7 @@ __device__ __forceinline__ void nv_tail(const uint8_t *const (&wrow)[SETS][2], c
     for (int s = 0; s < SETS; s++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) t[s][nt][0] = t[s][nt][1] = t[s][nt][2] = t[s][nt][3] = 0.0f;
-    mma_tail<FMT_NVFP4, SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, t);
+    mma_tail<FMT_NVFP4, SETS, NT, XP>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, t);
 #pragma unroll
     for (int s = 0; s < SETS; s++)
 #pragma unroll
@@ -352,12 +362,13 @@ __device__ __forceinline__ void x_issue(uint4 *xs, const uint16_t *const (&brow)
 }
 
 /* One k16 pair of one token tile in the FP4 chunk map: the lane's 16 bytes of activations (8 elements) permuted
- * into the B fragments of the map's pairs (p + i, p + i + 4), then two MMAs per row set. */
-template <int SETS, int NT>
+ * into the B fragments of the map's pairs (p + i, p + i + 4), then two MMAs per row set. XP: the activations are
+ * stored in that order already (a_col: GEMM1 writes GEMM2's activations so), its words are the fragments. */
+template <int SETS, int NT, bool XP = false>
 __device__ __forceinline__ void mma_fp4_tile(float (&acc)[SETS][NT][4], int nt, const uint32_t (&a)[SETS][2][4],
                                              const uint4 x) {
-    const uint32_t b00 = __byte_perm(x.x, x.z, 0x5410), b01 = __byte_perm(x.x, x.z, 0x7632);
-    const uint32_t b10 = __byte_perm(x.y, x.w, 0x5410), b11 = __byte_perm(x.y, x.w, 0x7632);
+    const uint32_t b00 = XP ? x.x : __byte_perm(x.x, x.z, 0x5410), b01 = XP ? x.y : __byte_perm(x.x, x.z, 0x7632);
+    const uint32_t b10 = XP ? x.z : __byte_perm(x.y, x.w, 0x5410), b11 = XP ? x.w : __byte_perm(x.y, x.w, 0x7632);
 #pragma unroll
     for (int s = 0; s < SETS; s++) {
         k3_mma_bf16_16816(acc[s][nt], a[s][0][0], a[s][1][0], a[s][0][1], a[s][1][1], b00, b01);
@@ -370,7 +381,7 @@ __device__ __forceinline__ void mma_fp4_tile(float (&acc)[SETS][NT][4], int nt, 
  * shared memory at this lane's first 16 bytes ([nt][j][lane] of 16 bytes). The padding lanes of a token tile
  * (no token: bit nt of xok clear) had zeros copied in (cp.async zero-fill, no global read), so no per-lane
  * checks are needed here. Both FP4 main loops use it. */
-template <int FMT, int SETS, int NT>
+template <int FMT, int SETS, int NT, bool XP = false>
 __device__ __forceinline__ void mma_chunk_fp4(const uint4 (&cw)[SETS][2], const uint32_t (&cs)[SETS][2][2],
                                               const uint4 *xc, int ntv, float (&acc)[SETS][NT][4]) {
 #pragma unroll
@@ -383,7 +394,7 @@ __device__ __forceinline__ void mma_chunk_fp4(const uint4 (&cw)[SETS][2], const 
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             if (nt > 0 && nt >= ntv) break; /* warp-uniform; ntv >= 1 */
-            mma_fp4_tile<SETS, NT>(acc, nt, a, xc[(nt * 4 + j) * 32]);
+            mma_fp4_tile<SETS, NT, XP>(acc, nt, a, xc[(nt * 4 + j) * 32]);
         }
     }
 }
@@ -393,7 +404,7 @@ __device__ __forceinline__ void mma_chunk_fp4(const uint4 (&cw)[SETS][2], const 
  * activations come through a shared-memory ring (x_issue) XD - 1 chunks ahead, so no chunk waits on L2.
  * WAIT: k3_pdl_wait() after the weight ring is filled and before the first activation load (GEMM2: its
  * weights stream while GEMM1 drains). For NVFP4 the accumulators come out scaled by 1 / NV_ACC. */
-template <int FMT, int SETS, int NT, int D, bool WAIT>
+template <int FMT, int SETS, int NT, int D, bool WAIT, bool XP = false>
 __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
                                               const uint8_t *sexp, int32_t layout, int64_t cols,
                                               const uint16_t *const (&brow)[NT], uint32_t xok, int ntv, int c0,
@@ -440,14 +451,14 @@ __device__ __forceinline__ void mma_range_fp4(const uint8_t *const (&wrow)[SETS]
             k3_cp_async_wait<XD - 1>(); /* this chunk's activations have landed */
             const uint4 *xc = xs + xslot * NT * 4 * 32 + lane;
             xslot = xslot + 1 == XD ? 0 : xslot + 1;
-            mma_chunk_fp4<FMT, SETS, NT>(cw, cs, xc, ntv, acc);
+            mma_chunk_fp4<FMT, SETS, NT, XP>(cw, cs, xc, ntv, acc);
         }
     }
     k3_cp_async_wait<0>(); /* only empty groups can be left; keeps the ring clean for the next pass */
     if (FMT == FMT_NVFP4 && (cols % 128) != 0) {
-        nv_tail<SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, acc);
+        nv_tail<SETS, NT, XP>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, acc);
     } else {
-        mma_tail<FMT, SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, acc);
+        mma_tail<FMT, SETS, NT, XP>(wrow, row, sexp, layout, cols, brow, ntv, c0, cstep, q, acc);
     }
 }
 
@@ -579,7 +590,7 @@ __device__ __forceinline__ void nv_prefetch_x(const uint8_t *const (&xp)[NT], ui
 }
 
 /* One 128-wide NVFP4 chunk with the activations in registers (xv[nt][j]: this lane's 16 bytes of word j). */
-template <int SETS, int NT>
+template <int SETS, int NT, bool XP = false>
 __device__ __forceinline__ void mma_chunk_nv_rx(const uint4 (&cw)[SETS][2], const uint32_t (&cs)[SETS][2][2],
                                                 const uint4 (&xv)[NT][4], int ntv, float (&acc)[SETS][NT][4]) {
 #pragma unroll
@@ -592,7 +603,7 @@ __device__ __forceinline__ void mma_chunk_nv_rx(const uint4 (&cw)[SETS][2], cons
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             if (nt > 0 && nt >= ntv) break; /* warp-uniform; ntv >= 1 */
-            mma_fp4_tile<SETS, NT>(acc, nt, a, xv[nt][j]);
+            mma_fp4_tile<SETS, NT, XP>(acc, nt, a, xv[nt][j]);
         }
     }
 }
@@ -600,7 +611,7 @@ __device__ __forceinline__ void mma_chunk_nv_rx(const uint4 (&cw)[SETS][2], cons
 /* The main loop after nv_fill (the caller fills the ring first, so the weights stream while it reads the
  * routing, or waits for the previous kernel). Accumulators come out scaled by 1 / NV_ACC. The chunk loop is
  * unrolled by the ring depth, so every stage address is a constant offset. */
-template <int SETS, int NT, int S>
+template <int SETS, int NT, int S, bool XP = false>
 __device__ __forceinline__ void mma_range_nv_async(const nv_feed<SETS> &f, const uint8_t *const (&wrow)[SETS][2],
                                                    const int64_t (&row)[SETS][2], const uint8_t *sexp,
                                                    int32_t layout, int64_t cols, const uint16_t *const (&brow)[NT],
@@ -644,11 +655,11 @@ __device__ __forceinline__ void mma_range_nv_async(const nv_feed<SETS> &f, const
                     nv_scales_bf16x2(*(const uint16_t *)(sc + ((s * 2 + h) * 32 + lane) * 4 + f.sbyte[s][h]),
                                      cs[s][h][0], cs[s][h][1]);
                 }
-            mma_chunk_nv_rx<SETS, NT>(cw, cs, xv, ntv, acc);
+            mma_chunk_nv_rx<SETS, NT, XP>(cw, cs, xv, ntv, acc);
         }
     }
     k3_cp_async_wait<0>(); /* only empty groups can be left; the ring is clean for the next pass */
-    if ((cols % 128) != 0) nv_tail<SETS, NT>(wrow, row, sexp, layout, cols, brow, ntv, tc0, tcs, q, acc);
+    if ((cols % 128) != 0) nv_tail<SETS, NT, XP>(wrow, row, sexp, layout, cols, brow, ntv, tc0, tcs, q, acc);
 }
 
 /* A warp's chunks of a K split into `parts` warps: every parts-th chunk from chunk `part` (interleaved: the
@@ -665,7 +676,7 @@ __device__ __forceinline__ constexpr float acc_scale() { return FMT == FMT_NVFP4
 
 /* The register-ring / BF16 main loops (the cp.async ring is called by the kernels directly: they fill it
  * before reading the routing or waiting for the previous kernel). */
-template <int FMT, int SETS, int NT, int D, bool WAIT>
+template <int FMT, int SETS, int NT, int D, bool WAIT, bool XP = false>
 __device__ __forceinline__ void mma_any(const uint8_t *const (&wrow)[SETS][2], const int64_t (&row)[SETS][2],
                                         const uint8_t *sexp, int32_t layout, int64_t cols,
                                         const uint16_t *const (&brow)[NT], uint32_t xok, int ntv, int c0, int cstep,
@@ -674,8 +685,8 @@ __device__ __forceinline__ void mma_any(const uint8_t *const (&wrow)[SETS][2], c
         if (WAIT) k3_pdl_wait();
         mma_range_bf16<SETS, NT>(wrow, row, cols, brow, ntv, c0, cstep, q, pol, acc);
     } else {
-        mma_range_fp4<FMT, SETS, NT, D, WAIT>(wrow, row, sexp, layout, cols, brow, xok, ntv, c0, cstep, q, pol, xs,
-                                              acc);
+        mma_range_fp4<FMT, SETS, NT, D, WAIT, XP>(wrow, row, sexp, layout, cols, brow, xok, ntv, c0, cstep, q, pol,
+                                                  xs, acc);
     }
 }
 
@@ -847,6 +858,20 @@ constexpr size_t g1_dyn_bytes() { return (size_t)G1_WARPS * as_warp_uint4<SETS, 
  * shared memory per block) fits 4 at 128 registers, no spills in the loop (5, at 96 registers, was slower:
  * session 13); NT 2 keeps 3 (162 registers). */
 constexpr int g1_min_blocks(bool async, int nt) { return async && nt == 1 ? 4 : G1_MIN_BLOCKS; }
+
+/* GEMM2's activations (GEMM1's output `a`, FP4 formats) are stored pair-permuted: in each 8-element group,
+ * element e at position e < 4 ? 2e : 2e - 7, so the 32-bit words of a 16-byte load are the B fragments of the FP4
+ * chunk map's pairs (p + i, p + i + 4) as they stand (mma_fp4_tile XP): GEMM2 saves the 16 byte permutations per
+ * chunk that the user's activations cost GEMM1, ~15% of its integer-pipe work (the pipe that bounds these loops:
+ * ncu, session 18). BF16 weights pair elements (p, p + 1): no permutation. `a` is internal to a call. */
+template <int FMT>
+constexpr bool A_PERM = FMT != FMT_BF16;
+template <int FMT>
+__device__ __forceinline__ int64_t a_col(int64_t i) {
+    if constexpr (!A_PERM<FMT>) return i;
+    const int64_t e = i & 7;
+    return (i & ~(int64_t)7) | (e < 4 ? 2 * e : 2 * e - 7);
+}
 
 /* A warp's split-K partial sums in shared memory: row (s * NT + nt) * 4 + c (the accumulator index) of 32 lanes,
  * rows 33 floats apart, so both the stores (one row per instruction) and the epilogue's reads (4 rows x 8 lanes
@@ -1021,7 +1046,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
                 o = sf == 0.0f ? 0.0f : __fmul_rn(e2m1f(k3_e2m1_encode(__fdiv_rn(__fmul_rn(o, gs2), sf))), sf);
             }
             const int n = pass + nt * 8 + nl;
-            if (n < cnt) P.a[(int64_t)(p0 + n) * P.I + i0 + r] = k3_f32_to_bf16_bits(o);
+            if (n < cnt) P.a[(int64_t)(p0 + n) * P.I + a_col<FMT>(i0 + r)] = k3_f32_to_bf16_bits(o);
         }
         if (pass + NT * 8 < cnt) __syncthreads(); /* another pass reuses the partials' buffers (the rings) */
     }
@@ -1120,11 +1145,11 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
         const int ntv = min(NT, (cnt - pass + 7) / 8);
         if constexpr (ASYNC) {
             if (pass > 0) nv_fill<1, G2_STAGES>(ring, f, lane);
-            mma_range_nv_async<1, NT, G2_STAGES>(f, wrow, row, sexp, P.layout, P.I, brow, xok, ntv, kc0, kcs,
-                                                 KS > 1 ? warp : 0, KS, q, ring, acc);
+            mma_range_nv_async<1, NT, G2_STAGES, true>(f, wrow, row, sexp, P.layout, P.I, brow, xok, ntv, kc0, kcs,
+                                                       KS > 1 ? warp : 0, KS, q, ring, acc);
         } else {
-            mma_any<FMT, 1, NT, G2_DEPTH, true>(wrow, row, sexp, P.layout, P.I, brow, xok, ntv, KS > 1 ? warp : 0, KS,
-                                                q, pol, xring[warp], acc);
+            mma_any<FMT, 1, NT, G2_DEPTH, true, A_PERM<FMT>>(wrow, row, sexp, P.layout, P.I, brow, xok, ntv,
+                                                             KS > 1 ? warp : 0, KS, q, pol, xring[warp], acc);
         }
         if (KS > 1) {
             if (warp > 0) {
