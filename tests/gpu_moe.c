@@ -459,6 +459,43 @@ static void moe_case(const mcase *c, uint64_t seed) {
                     cudaFree(dws2);
                 }
             }
+            /* top_k 1 (GEMM2 writes out itself, no combine): ids outside [0, E) are skipped by the CUDA kernels
+             * (the CPU refuses them), so their tokens' rows must come out zero, and every other row bitwise as
+             * above (each token's output depends on its own expert only) */
+            if (c->k == 1 && M >= 2) {
+                int32_t *ids2 = (int32_t *)malloc((size_t)np * 4);
+                int32_t *dids2 = NULL;
+                int ok = 0;
+                if (ids2) {
+                    for (int64_t t = 0; t < M; t++) ids2[t] = t % 4 == 1 ? -1 : t % 4 == 3 ? (int32_t)c->E : ids[t];
+                    dids2 = (int32_t *)dup_to_device(ids2, (size_t)np * 4);
+                }
+                if (dids2) {
+                    cudaMemsetAsync(dout, 0xff, (size_t)(M * L) * 2, g_stream);
+                    cudaMemsetAsync(dof, 0xff, (size_t)(M * L) * 4, g_stream);
+                    const k3_status s4 = k3_moe_run(pg, M, dx, dids2, dwts, &md.dw, dout, dof, dws, wsg, g_stream);
+                    if (s4 == K3_STATUS_SUCCESS && cuda_ok(cudaStreamSynchronize(g_stream), "skipped-ids sync")) {
+                        cudaMemcpy(out_g2, dout, (size_t)(M * L) * 2, cudaMemcpyDeviceToHost);
+                        cudaMemcpy(f_g2, dof, (size_t)(M * L) * 4, cudaMemcpyDeviceToHost);
+                        ok = 1;
+                        for (int64_t t = 0; t < M && ok; t++) {
+                            const size_t o = (size_t)(t * L);
+                            if (t % 2 == 1) {
+                                for (int64_t i = 0; i < L && ok; i++)
+                                    ok = out_g2[o + i] == 0 && f_g2[o + i] == 0.0f && !signbit(f_g2[o + i]);
+                            } else {
+                                ok = memcmp(out_g2 + o, out_g + o, (size_t)L * 2) == 0 &&
+                                     memcmp(f_g2 + o, f_g + o, (size_t)L * 4) == 0;
+                            }
+                        }
+                    }
+                }
+                CHECK(ok, "%s: top-k 1 with skipped ids: their rows must be +0, the others bitwise unchanged", c->tag);
+                printf("%s moe %-12s top-k 1, ids outside [0, E) on odd tokens: zero rows, the others bitwise\n",
+                       ok ? "PASS" : "FAIL", c->tag);
+                cudaFree(dids2);
+                free(ids2);
+            }
             /* timing (without out_f32) */
             cudaEvent_t e0, e1;
             cudaEventCreate(&e0);

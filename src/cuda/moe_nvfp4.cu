@@ -21,7 +21,9 @@
  *              a block per 16 rows, its 4 warps splitting K (8 warps in 256-thread blocks where the grid is at
  *              most 2 blocks per SM: EP16 M 1); out_pair = weight * ((a . W2^T) * scale_2) in fp32 ->
  *              pair_out[token * top_k + slot, L]
- *   combine    out = bf16(sum over slots in order): deterministic, no float atomics.
+ *   combine    out = bf16(sum over slots in order): deterministic, no float atomics. At top_k 1 (cp.async GEMM2)
+ *              there is one slot per token and GEMM2 writes out itself (bf16(0 + out_pair), the same bits): no
+ *              combine launch; GEMM1 zeroes the rows of tokens whose id is outside [0, E), as the combine did.
  * Weights as the MMA's M dimension (16-row tiles), the expert's tokens as N (8 per MMA, NT MMAs per pass):
  * every weight byte is loaded once per pass, and a pass covers 8 * NT tokens of an expert (NT from m), so at
  * decode sizes each touched expert's weights are streamed exactly once per call.
@@ -703,6 +705,9 @@ struct moe_params {
     const uint16_t *xq;                      /* W4A4: [np, L] grouped, q * sf */
     uint16_t *a;                             /* [np, I] grouped */
     float *pair_out;                         /* [np, L] by pair index */
+    int32_t direct;                          /* shape_of direct: GEMM2 writes out (and out_f32), not pair_out */
+    uint16_t *out;                           /* [m, L] (direct) */
+    float *out_f32;                          /* [m, L] or NULL (direct) */
     const uint8_t *w13, *w13s, *w2, *w2s;
     size_t w13_eb, w13_sb, w2_eb, w2_sb;
     const float *w13_s2, *w2_s2, *w13_in, *w2_in;
@@ -859,6 +864,20 @@ constexpr size_t g1_dyn_bytes() { return (size_t)G1_WARPS * as_warp_uint4<SETS, 
  * session 13); NT 2 keeps 3 (162 registers). */
 constexpr int g1_min_blocks(bool async, int nt) { return async && nt == 1 ? 4 : G1_MIN_BLOCKS; }
 
+/* Direct output (top_k 1): the tokens whose id is outside [0, E) reach no GEMM2 block, so their rows of out get
+ * the combine's zeros here, spread over GEMM1's blocks (GEMM2 writes only after GEMM1 has completed). */
+__device__ __forceinline__ void zero_skipped_tokens(const moe_params &P) {
+    const int64_t nb = (int64_t)gridDim.x * gridDim.y, b = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
+    for (int64_t t = b; t < P.np; t += nb) {
+        const int32_t e = __ldg(P.ids + t);
+        if (e >= 0 && e < P.ne) continue;
+        for (int64_t c = threadIdx.x; c < P.L; c += blockDim.x) {
+            P.out[t * P.L + c] = 0;
+            if (P.out_f32) P.out_f32[t * P.L + c] = 0.0f;
+        }
+    }
+}
+
 /* GEMM2's activations (GEMM1's output `a`, FP4 formats) are stored pair-permuted: in each 8-element group,
  * element e at position e < 4 ? 2e : 2e - 7, so the 32-bit words of a 16-byte load are the B fragments of the FP4
  * chunk map's pairs (p + i, p + i + 4) as they stand (mma_fp4_tile XP): GEMM2 saves the 16 byte permutations per
@@ -913,6 +932,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
      * no-op) the caller's topk_ids; wait before letting GEMM2 start */
     k3_pdl_wait();
     k3_pdl_launch();
+    if (P.direct) zero_skipped_tokens(P);
     const int slot = blockIdx.x;
     int32_t fid[2] = {-1, -1}, e;
     if (slot_leaves<FOLD, G1_WARPS * 32>(P, slot, bm, fs, fid, e)) return; /* block-uniform */
@@ -1073,11 +1093,12 @@ constexpr int g2_min_blocks(bool async, int nt, int ks) {
  * the kernel template: g2_min_blocks. */
 constexpr int G2_DENSE_SPLIT = 7, G2_DENSE_K1 = 8;
 
-template <int FMT, int NT, int KS, bool ASYNC, bool FOLD, int MINB = 0>
+template <int FMT, int NT, int KS, bool ASYNC, bool FOLD, int MINB = 0, bool DIRECT = false>
 __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_blocks(ASYNC, NT, KS))
     k3_moe_gemm2_kernel(const moe_params P) {
     static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
     static_assert(KS != G2_WIDE_KS || (ASYNC && NT == 1), "the wide split: NVFP4 cp.async at NT 1 only");
+    static_assert(!DIRECT || ASYNC, "direct output: the NVFP4 cp.async instances only");
     constexpr int NW = g2_warps<KS>();
     constexpr int RED = NT * 4 * 32;
     __shared__ float red_s[ASYNC || KS == 1 ? 1 : (KS - 1) * RED];
@@ -1184,7 +1205,15 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
                     else pair = __ldcg(P.list + p0 + n);
                     const float dot =
                         __fmul_rn(__fmul_rn(__fmul_rn(acc[0][nt][c], acc_scale<FMT>()), inv_gs), alpha);
-                    P.pair_out[(int64_t)pair * P.L + r0 + g + 8 * (c >> 1)] = __fmul_rn(__ldg(P.wts + pair), dot);
+                    const float v = __fmul_rn(__ldg(P.wts + pair), dot);
+                    const int64_t o = (int64_t)pair * P.L + r0 + g + 8 * (c >> 1);
+                    if constexpr (DIRECT) { /* top_k 1: pair = token; the combine's sum of one term, 0 + v */
+                        const float sum = __fadd_rn(0.0f, v);
+                        P.out[o] = k3_f32_to_bf16_bits(sum);
+                        if (P.out_f32) P.out_f32[o] = sum;
+                    } else {
+                        P.pair_out[o] = v;
+                    }
                 }
         }
         if (KS > 1) __syncthreads(); /* red is reused by the next pass */
@@ -1286,13 +1315,18 @@ cudaError_t launch_g1_async(dim3 grid, bool fold, bool pair, const moe_params &P
     if (pair) return cudaErrorInvalidValue;
     return launch_g1_async_p<GATED, NT, false>(grid, fold, P, s);
 }
+template <int NT, int KS, int MINB, bool DIRECT>
+cudaError_t launch_g2_async_d(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
+    const dim3 block(g2_warps<KS>() * 32);
+    return fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true, MINB, DIRECT>, grid, block,
+                                g2_dyn_bytes<KS>() + fold_dyn_bytes(), s, P)
+                : k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false, MINB, DIRECT>, grid, block,
+                                g2_dyn_bytes<KS>(), s, P);
+}
 template <int NT, int KS, int MINB = 0>
 cudaError_t launch_g2_async(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
-    const dim3 block(g2_warps<KS>() * 32);
-    return fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true, MINB>, grid, block,
-                                g2_dyn_bytes<KS>() + fold_dyn_bytes(), s, P)
-                : k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false, MINB>, grid, block,
-                                g2_dyn_bytes<KS>(), s, P);
+    return P.direct ? launch_g2_async_d<NT, KS, MINB, true>(grid, fold, P, s)
+                    : launch_g2_async_d<NT, KS, MINB, false>(grid, fold, P, s);
 }
 /* The dense NT 1 instances (shape_of): KS 1 only past two waves, where the fold never applies (its grids are
  * at most FOLD_WAVES waves), so that instance exists unfolded only. */
@@ -1300,8 +1334,11 @@ template <int KS>
 cudaError_t launch_g2_dense(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
     if constexpr (KS == 1)
         return fold ? cudaErrorInvalidValue
-                    : k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false, G2_DENSE_K1>, grid,
-                                    dim3(g2_warps<1>() * 32), g2_dyn_bytes<1>(), s, P);
+               : P.direct
+                   ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false, G2_DENSE_K1, true>, grid,
+                                   dim3(g2_warps<1>() * 32), g2_dyn_bytes<1>(), s, P)
+                   : k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false, G2_DENSE_K1>, grid,
+                                   dim3(g2_warps<1>() * 32), g2_dyn_bytes<1>(), s, P);
     else
         return launch_g2_async<1, KS, G2_DENSE_SPLIT>(grid, fold, P, s);
 }
@@ -1329,7 +1366,7 @@ cudaError_t launch_gemm2_nt(int nt, bool async, bool fold, bool dense, dim3 grid
         if (async && nt == 1) return launch_g2_async<1, KS>(grid, fold, P, s);
         if (async && nt == 2) return launch_g2_async<2, KS>(grid, fold, P, s);
     }
-    if (fold || dense) return cudaErrorInvalidValue;
+    if (fold || dense || P.direct) return cudaErrorInvalidValue; /* shape_of: cp.async instances only */
     const dim3 block(G2_WARPS * 32);
     if (nt == 1) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 1, KS, false, false>, grid, block, 0, s, P);
     if (nt == 2) return k3_launch_pdl(k3_moe_gemm2_kernel<FMT, 2, KS, false, false>, grid, block, 0, s, P);
@@ -1345,6 +1382,7 @@ struct launch_shape {
     bool pair;          /* GEMM1 blocks of 8 outputs, gate and up rows in one tile (k3_moe_gemm1_kernel PAIR) */
     bool wide;          /* GEMM2 split-K over G2_WIDE_KS warps (256-thread blocks) */
     bool g2_dense;      /* GEMM2 at NT 1 in its denser instance (G2_DENSE_SPLIT / G2_DENSE_K1 blocks per SM) */
+    bool direct;        /* top_k 1 with the cp.async GEMM2: it writes out itself, no combine kernel */
 };
 
 /* GEMM1 and (with_g2) GEMM2 of one call. The cp.async ring, the fold, paired tiles and the wide split exist only
@@ -1376,12 +1414,18 @@ cudaError_t allow_g1(void) {
                             : allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, false>,
                                          ring + fold_dyn_bytes());
 }
+template <int NT, int KS, int MINB = 0, bool DIRECT = false>
+cudaError_t allow_g2_d(void) {
+    const cudaError_t e =
+        allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false, MINB, DIRECT>, g2_dyn_bytes<KS>());
+    return e != cudaSuccess ? e
+                            : allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true, MINB, DIRECT>,
+                                         g2_dyn_bytes<KS>() + fold_dyn_bytes());
+}
 template <int NT, int KS, int MINB = 0>
 cudaError_t allow_g2(void) {
-    const cudaError_t e = allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false, MINB>, g2_dyn_bytes<KS>());
-    return e != cudaSuccess ? e
-                            : allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true, MINB>,
-                                         g2_dyn_bytes<KS>() + fold_dyn_bytes());
+    const cudaError_t e = allow_g2_d<NT, KS, MINB, false>();
+    return e != cudaSuccess ? e : allow_g2_d<NT, KS, MINB, true>();
 }
 cudaError_t allow_async_smem(void) {
     cudaError_t e = allow_g1<true, 1>();
@@ -1394,6 +1438,8 @@ cudaError_t allow_async_smem(void) {
     if (e == cudaSuccess) e = allow_g2<1, G2_WARPS, G2_DENSE_SPLIT>();
     if (e == cudaSuccess)
         e = allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false, G2_DENSE_K1>, g2_dyn_bytes<1>());
+    if (e == cudaSuccess)
+        e = allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false, G2_DENSE_K1, true>, g2_dyn_bytes<1>());
     if (e == cudaSuccess) e = allow_g2<2, G2_WARPS>();
     if (e == cudaSuccess) e = allow_g2<1, G2_WIDE_KS>();
     return e;
@@ -1454,6 +1500,9 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
      * blocks) 1 us slower. */
     sh.g2_dense = sh.as2 && sh.nt == 1 && !sh.wide && blocks2 > (sh.g2_split ? 1 : 2) * sms * per2 &&
                   (sh.g2_split || !sh.fold);
+    /* top_k 1: one slot per token, so the combine is a conversion that GEMM2 can do in its epilogue (EP16 M 1-8
+     * -0.6..-1.0 us, session 18); only the cp.async GEMM2 has that instance (decode sizes) */
+    sh.direct = d->top_k == 1 && sh.as2;
     return sh;
 }
 
@@ -1547,6 +1596,7 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
     P.xq = P.w4a4 ? (const uint16_t *)(base + L.xq) : nullptr;
     P.a = (uint16_t *)(base + L.a);
     P.pair_out = (float *)(base + L.pair_out);
+    P.out = (uint16_t *)out, P.out_f32 = out_f32;
     P.w13 = (const uint8_t *)w->w13, P.w13s = (const uint8_t *)w->w13_scale;
     P.w2 = (const uint8_t *)w->w2, P.w2s = (const uint8_t *)w->w2_scale;
     P.w13_eb = p->w13_expert_bytes, P.w13_sb = p->w13_scale_bytes;
@@ -1559,6 +1609,7 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
      * reference: with the fold it is not part of the call. */
     const launch_shape sh = shape_of(p, ctx->arch.sm_count, m, w, no_fold, no_pair);
     P.np = np;
+    P.direct = sh.direct;
     if (!sh.fold || stages <= K3_CUDA_MOE_STAGE_DISPATCH)
         K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, (int32_t *)(base + L.offs),
                                     (int32_t *)(base + L.cur), (int32_t *)(base + L.active),
@@ -1576,7 +1627,7 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
                                                      : launch_fmt<FMT_BF16>(sh, g2, P, s);
     if (err != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe expert GEMMs failed: %s", cudaGetErrorString(err));
-    if (stages < K3_CUDA_MOE_STAGE_ALL) return K3_STATUS_SUCCESS;
+    if (stages < K3_CUDA_MOE_STAGE_ALL || P.direct) return K3_STATUS_SUCCESS;
     const int64_t total = m * d->hidden;
     err = k3_launch_pdl(k3_moe_combine_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, P, m,
                         (uint16_t *)out, out_f32);
