@@ -1315,32 +1315,26 @@ cudaError_t launch_g1_async(dim3 grid, bool fold, bool pair, const moe_params &P
     if (pair) return cudaErrorInvalidValue;
     return launch_g1_async_p<GATED, NT, false>(grid, fold, P, s);
 }
-template <int NT, int KS, int MINB, bool DIRECT>
-cudaError_t launch_g2_async_d(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
-    const dim3 block(g2_warps<KS>() * 32);
-    return fold ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true, MINB, DIRECT>, grid, block,
-                                g2_dyn_bytes<KS>() + fold_dyn_bytes(), s, P)
-                : k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false, MINB, DIRECT>, grid, block,
-                                g2_dyn_bytes<KS>(), s, P);
+/* One cp.async GEMM2 instance: its ring, plus the routing state when it folds. */
+template <int NT, int KS, int MINB, bool FOLD, bool DIRECT>
+constexpr auto g2_async_kernel = k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, FOLD, MINB, DIRECT>;
+template <int NT, int KS, int MINB, bool FOLD>
+cudaError_t launch_g2_one(dim3 grid, const moe_params &P, cudaStream_t s) {
+    const size_t smem = g2_dyn_bytes<KS>() + (FOLD ? fold_dyn_bytes() : 0);
+    return P.direct ? k3_launch_pdl(g2_async_kernel<NT, KS, MINB, FOLD, true>, grid, dim3(g2_warps<KS>() * 32), smem, s, P)
+                    : k3_launch_pdl(g2_async_kernel<NT, KS, MINB, FOLD, false>, grid, dim3(g2_warps<KS>() * 32), smem,
+                                    s, P);
 }
 template <int NT, int KS, int MINB = 0>
 cudaError_t launch_g2_async(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
-    return P.direct ? launch_g2_async_d<NT, KS, MINB, true>(grid, fold, P, s)
-                    : launch_g2_async_d<NT, KS, MINB, false>(grid, fold, P, s);
+    return fold ? launch_g2_one<NT, KS, MINB, true>(grid, P, s) : launch_g2_one<NT, KS, MINB, false>(grid, P, s);
 }
 /* The dense NT 1 instances (shape_of): KS 1 only past two waves, where the fold never applies (its grids are
  * at most FOLD_WAVES waves), so that instance exists unfolded only. */
 template <int KS>
 cudaError_t launch_g2_dense(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
-    if constexpr (KS == 1)
-        return fold ? cudaErrorInvalidValue
-               : P.direct
-                   ? k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false, G2_DENSE_K1, true>, grid,
-                                   dim3(g2_warps<1>() * 32), g2_dyn_bytes<1>(), s, P)
-                   : k3_launch_pdl(k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false, G2_DENSE_K1>, grid,
-                                   dim3(g2_warps<1>() * 32), g2_dyn_bytes<1>(), s, P);
-    else
-        return launch_g2_async<1, KS, G2_DENSE_SPLIT>(grid, fold, P, s);
+    if constexpr (KS == 1) return fold ? cudaErrorInvalidValue : launch_g2_one<1, 1, G2_DENSE_K1, false>(grid, P, s);
+    else return launch_g2_async<1, KS, G2_DENSE_SPLIT>(grid, fold, P, s);
 }
 
 /* fold: shape_of folds only where both GEMMs take the cp.async ring, so the other instances never fold. */
@@ -1362,7 +1356,6 @@ cudaError_t launch_gemm2_nt(int nt, bool async, bool fold, bool dense, dim3 grid
                             cudaStream_t s) {
     if constexpr (FMT == FMT_NVFP4) {
         if (async && nt == 1 && dense) return launch_g2_dense<KS>(grid, fold, P, s);
-        if (dense) return cudaErrorInvalidValue;
         if (async && nt == 1) return launch_g2_async<1, KS>(grid, fold, P, s);
         if (async && nt == 2) return launch_g2_async<2, KS>(grid, fold, P, s);
     }
@@ -1414,18 +1407,16 @@ cudaError_t allow_g1(void) {
                             : allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, false>,
                                          ring + fold_dyn_bytes());
 }
-template <int NT, int KS, int MINB = 0, bool DIRECT = false>
-cudaError_t allow_g2_d(void) {
-    const cudaError_t e =
-        allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, false, MINB, DIRECT>, g2_dyn_bytes<KS>());
-    return e != cudaSuccess ? e
-                            : allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, true, MINB, DIRECT>,
-                                         g2_dyn_bytes<KS>() + fold_dyn_bytes());
+template <int NT, int KS, int MINB, bool FOLD>
+cudaError_t allow_g2_one(void) {
+    const size_t smem = g2_dyn_bytes<KS>() + (FOLD ? fold_dyn_bytes() : 0);
+    const cudaError_t e = allow_smem(g2_async_kernel<NT, KS, MINB, FOLD, false>, smem);
+    return e != cudaSuccess ? e : allow_smem(g2_async_kernel<NT, KS, MINB, FOLD, true>, smem);
 }
 template <int NT, int KS, int MINB = 0>
 cudaError_t allow_g2(void) {
-    const cudaError_t e = allow_g2_d<NT, KS, MINB, false>();
-    return e != cudaSuccess ? e : allow_g2_d<NT, KS, MINB, true>();
+    const cudaError_t e = allow_g2_one<NT, KS, MINB, false>();
+    return e != cudaSuccess ? e : allow_g2_one<NT, KS, MINB, true>();
 }
 cudaError_t allow_async_smem(void) {
     cudaError_t e = allow_g1<true, 1>();
@@ -1436,10 +1427,7 @@ cudaError_t allow_async_smem(void) {
     if (e == cudaSuccess) e = allow_g2<2, 1>();
     if (e == cudaSuccess) e = allow_g2<1, G2_WARPS>();
     if (e == cudaSuccess) e = allow_g2<1, G2_WARPS, G2_DENSE_SPLIT>();
-    if (e == cudaSuccess)
-        e = allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false, G2_DENSE_K1>, g2_dyn_bytes<1>());
-    if (e == cudaSuccess)
-        e = allow_smem(k3_moe_gemm2_kernel<FMT_NVFP4, 1, 1, true, false, G2_DENSE_K1, true>, g2_dyn_bytes<1>());
+    if (e == cudaSuccess) e = allow_g2_one<1, 1, G2_DENSE_K1, false>(); /* unfolded only (launch_g2_dense) */
     if (e == cudaSuccess) e = allow_g2<2, G2_WARPS>();
     if (e == cudaSuccess) e = allow_g2<1, G2_WIDE_KS>();
     return e;
