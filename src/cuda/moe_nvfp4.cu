@@ -566,13 +566,14 @@ __device__ __forceinline__ uint4 ld_x16(const uint8_t *p) {
     asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
+/* Padding lanes (no token) load nothing: their registers keep the zeros the caller set once per pass (clearing
+ * them per chunk cost 8 register clears per chunk; loading the last token's row into them instead cost 4x the L1
+ * wavefronts of a one-token tile, EP16 M 8 +1.5 us: session 18). */
 template <int NT>
 __device__ __forceinline__ void nv_load_x(const uint8_t *const (&xp)[NT], uint32_t xok, int ntv, uint32_t k,
                                           uint32_t xstep, uint4 (&xv)[NT][4]) {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) xv[nt][j] = make_uint4(0u, 0u, 0u, 0u);
         if ((nt == 0 || nt < ntv) && (xok >> nt & 1u)) {
             const uint8_t *p = at_step(xp[nt], k, xstep);
 #pragma unroll
@@ -629,13 +630,17 @@ __device__ __forceinline__ void mma_range_nv_async(const nv_feed<SETS> &f, const
 #pragma unroll
     for (int i = 0; i < S - 1; i++)
         if (i < n) nv_prefetch_x<NT>(xp, xok, ntv, i, xstep);
+    uint4 xv[NT][4]; /* padding lanes: zeros for the whole pass (nv_load_x) */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) xv[nt][j] = make_uint4(0u, 0u, 0u, 0u);
     for (int i0 = 0; i0 < n; i0 += S) {
 #pragma unroll
         for (int d = 0; d < S; d++) {
             if (i0 + d >= n) break; /* warp-uniform */
             /* this chunk's activations first (L1 hits, or L2), then refill the stage consumed one chunk ago with
              * chunk i0 + d + S - 1 */
-            uint4 xv[NT][4];
             nv_load_x<NT>(xp, xok, ntv, i0 + d, xstep, xv);
             uint4 *refill = ring + ((d + S - 1) % S) * SU;
             const uint32_t ka = i0 + d + S - 1;
