@@ -865,8 +865,9 @@ __device__ __forceinline__ bool slot_leaves(const moe_params &P, int slot, uint3
 template <int SETS>
 constexpr size_t g1_dyn_bytes() { return (size_t)G1_WARPS * as_warp_uint4<SETS, G1_STAGES>() * 16; }
 /* Blocks per SM the register budget is sized for: the cp.async kernel at NT 1 (no activation ring: 30 KB of
- * shared memory per block) fits 4 at 128 registers, no spills in the loop (5, at 96 registers, was slower:
- * session 13); NT 2 keeps 3 (162 registers). */
+ * shared memory per block) fits 4 at 128 registers, no spills in the loop; NT 2 keeps 3 (162 registers). Denser
+ * instances were slower or no faster even where they took a grid to one wave (5 at 96 registers: session 13 and
+ * EP16 M 3 in session 18; 6 at 80, paired or not: session 18): the loops already keep the integer pipe half busy. */
 constexpr int g1_min_blocks(bool async, int nt) { return async && nt == 1 ? 4 : G1_MIN_BLOCKS; }
 
 /* Direct output (top_k 1): the tokens whose id is outside [0, E) reach no GEMM2 block, so their rows of out get
