@@ -18,7 +18,7 @@
 #define MB_BASE_MAX_M 16  /* the baseline's linear plans take <= 32 tokens per expert: measured for M <= 16 */
 
 static void moe_bench_help(void) {
-    printf("usage: k3 bench moe [--config tp8|ep16|both] [--m LIST] [--top-k K] [--reps R] [--stages] [--json]\n\n"
+    printf("usage: k3 bench moe [--config tp8|ep16|both] [--m LIST] [--top-k K] [--reps R] [--hot] [--stages] [--json]\n\n"
            "Times the GPU routed experts (NVFP4 weights, linear scales, SiTU 4/25, W4A16) per call, for each M:\n"
            "  tp8   896 experts, L = 3584, I = 384, top-k 16 (default)\n"
            "  ep16  56 local experts, L = 3584, I = 3072, top-k 1 (the average local share of a top-16 token at\n"
@@ -31,6 +31,8 @@ static void moe_bench_help(void) {
            "speedup over the baseline >= 2.5x at M <= 16. Every row also gives TFLOP/s (2 x M x top-k x 3 x I x L\n"
            "flops): the measure at prefill sizes (M > %d: no bandwidth bar, no CPU check above M = %d).\n"
            "  --m LIST    token counts (default 1,2,4,8,16,32,64; 1..%d, at most %d values; e.g. 512,4096)\n"
+           "  --hot       skewed routing: every token's lowest-ranked choice becomes expert 0 (unless it chose it\n"
+           "              already), so expert 0 gets all M tokens: the worst case of the kernels' tokens per pass\n"
            "  --stages    also time the pipeline cut after each stage (graph replay, median): the router alone,\n"
            "              dispatch, + GEMM1 (with the activation), + GEMM2 (weighted pair outputs), + combine (the\n"
            "              whole call); the differences are each stage's share of the call\n"
@@ -78,12 +80,17 @@ typedef struct moe_bench {
     size_t rws_bytes;
 } moe_bench;
 
-static uint64_t mb_rng = 0x6d6f6542u;
-static uint64_t mb_next(void) {
-    mb_rng = mb_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return mb_rng;
+/* The inputs come from fixed seeds: one stream per configuration for the weights and the router's gate, and one per
+ * token row for x and the router input, so a token's routing does not depend on the --m list or --config. */
+#define MB_SEED 0x6d6f6542u
+static uint64_t mb_next(uint64_t *rng) {
+    *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+    return *rng;
 }
-static float mb_uniform(void) { return (float)((mb_next() >> 40) * (2.0 / 16777216.0) - 1.0); }
+static float mb_uniform(uint64_t *rng) { return (float)((mb_next(rng) >> 40) * (2.0 / 16777216.0) - 1.0); }
+static uint64_t mb_row_seed(uint64_t salt, int64_t row) {
+    return MB_SEED ^ salt ^ (0x9e3779b97f4a7c15ull * (uint64_t)(row + 1));
+}
 
 static k3_status mb_report(moe_bench *b, k3_status st, const char *what) {
     if (st != K3_STATUS_SUCCESS)
@@ -131,17 +138,17 @@ static k3_status call_base(void *u, int32_t c, void *s, char *err, size_t err_si
     return K3_STATUS_SUCCESS;
 }
 
-static void fill_bytes(uint8_t *p, size_t n) {
+static void fill_bytes(uint64_t *rng, uint8_t *p, size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const uint64_t v = mb_next();
+        const uint64_t v = mb_next(rng);
         memcpy(p + i, &v, 8);
     }
-    for (; i < n; i++) p[i] = (uint8_t)(mb_next() >> 56);
+    for (; i < n; i++) p[i] = (uint8_t)(mb_next(rng) >> 56);
 }
 
 static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const int64_t *ms, int nm, int64_t reps,
-                        int json, int stages, int *first_row) {
+                        int json, int stages, int hot, int *first_row) {
     const int64_t L = 3584;
     int64_t max_m = 1;
     for (int i = 0; i < nm; i++) max_m = ms[i] > max_m ? ms[i] : max_m;
@@ -190,18 +197,22 @@ static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const
         goto done;
     }
     /* random FP4 codes, e4m3 scales 0.25 .. 2, global scales keeping the dot products O(1) */
-    fill_bytes(h13, b.w13_b * E);
-    fill_bytes(h2, b.w2_b * E);
-    for (size_t i = 0; i < b.w13s_b * E; i++) h13s[i] = (uint8_t)(0x28 + mb_next() % 25);
-    for (size_t i = 0; i < b.w2s_b * E; i++) h2s[i] = (uint8_t)(0x28 + mb_next() % 25);
+    uint64_t rng = MB_SEED;
+    fill_bytes(&rng, h13, b.w13_b * E);
+    fill_bytes(&rng, h2, b.w2_b * E);
+    for (size_t i = 0; i < b.w13s_b * E; i++) h13s[i] = (uint8_t)(0x28 + mb_next(&rng) % 25);
+    for (size_t i = 0; i < b.w2s_b * E; i++) h2s[i] = (uint8_t)(0x28 + mb_next(&rng) % 25);
     for (int32_t e = 0; e < E; e++) {
-        hs13[e] = (0.7f + 0.3f * mb_uniform()) / sqrtf((float)L);
-        hs2[e] = (0.7f + 0.3f * mb_uniform()) / sqrtf((float)I);
-        hbias[e] = 0.02f * mb_uniform();
+        hs13[e] = (0.7f + 0.3f * mb_uniform(&rng)) / sqrtf((float)L);
+        hs2[e] = (0.7f + 0.3f * mb_uniform(&rng)) / sqrtf((float)I);
+        hbias[e] = 0.02f * mb_uniform(&rng);
     }
-    for (int64_t i = 0; i < max_m * L; i++) hx[i] = k3_bf16_from_f32(mb_uniform());
-    for (int64_t i = 0; i < max_m * MB_H; i++) hxr[i] = k3_bf16_from_f32(mb_uniform());
-    for (int64_t i = 0; i < (int64_t)E * MB_H; i++) hgate[i] = k3_bf16_from_f32(0.05f * mb_uniform());
+    for (int64_t i = 0; i < (int64_t)E * MB_H; i++) hgate[i] = k3_bf16_from_f32(0.05f * mb_uniform(&rng));
+    for (int64_t t = 0; t < max_m; t++) {
+        uint64_t rx = mb_row_seed(0x78, t), rr = mb_row_seed(0x72, t);
+        for (int64_t c = 0; c < L; c++) hx[t * L + c] = k3_bf16_from_f32(mb_uniform(&rx));
+        for (int64_t c = 0; c < MB_H; c++) hxr[t * MB_H + c] = k3_bf16_from_f32(mb_uniform(&rr));
+    }
     if (cudaMalloc((void **)&dsc, (size_t)E * 8) != cudaSuccess ||
         cudaMemcpy(dsc, hs13, (size_t)E * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemcpy(dsc + E, hs2, (size_t)E * 4, cudaMemcpyHostToDevice) != cudaSuccess)
@@ -296,6 +307,17 @@ static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const
             cudaMemcpy(hwts, b.wts, (size_t)(b.m * k) * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
             fprintf(stderr, "k3 bench moe: routing failed %s\n", err);
             goto done;
+        }
+        if (hot) { /* a token's ids stay distinct: 0 replaces its last choice only when it is absent */
+            for (int64_t t = 0; t < b.m; t++) {
+                int has0 = 0;
+                for (int32_t j = 0; j < k; j++) has0 |= hids[t * k + j] == 0;
+                if (!has0) hids[t * k + k - 1] = 0;
+            }
+            if (cudaMemcpy(b.ids, hids, (size_t)(b.m * k) * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
+                fprintf(stderr, "k3 bench moe: copying the skewed routing failed\n");
+                goto done;
+            }
         }
         memset(b.cnt, 0, (size_t)E * 4);
         for (int64_t j = 0; j < b.m * k; j++) b.cnt[hids[j]]++;
@@ -404,7 +426,7 @@ done:
 
 int k3_bench_moe(int argc, char **argv) {
     int64_t ms[MB_MAX_LIST] = {1, 2, 4, 8, 16, 32, 64};
-    int nm = 7, json = 0, stages = 0;
+    int nm = 7, json = 0, stages = 0, hot = 0;
     int64_t reps = 11, topk = 0;
     const char *config = "both";
     if (k3_cli_wants_help(argc, argv)) {
@@ -415,6 +437,7 @@ int k3_bench_moe(int argc, char **argv) {
         const char *v;
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--stages")) stages = 1;
+        else if (!strcmp(argv[i], "--hot")) hot = 1;
         else if (!strcmp(argv[i], "--m")) {
             if (!(v = k3_cli_value(argc, argv, &i, "--m")) || !(nm = k3_cli_parse_list(v, "--m", ms, MB_MAX_LIST)))
                 return K3_EXIT_USAGE;
@@ -451,11 +474,11 @@ int k3_bench_moe(int argc, char **argv) {
     int rc = K3_EXIT_OK, first = 1;
     if (json) printf("{\"rows\": [");
     if (strcmp(config, "ep16")) {
-        const int r = bench_config("tp8", 896, topk ? (int32_t)topk : 16, 384, ms, nm, reps, json, stages, &first);
+        const int r = bench_config("tp8", 896, topk ? (int32_t)topk : 16, 384, ms, nm, reps, json, stages, hot, &first);
         rc = r != K3_EXIT_OK ? r : rc;
     }
     if (strcmp(config, "tp8")) {
-        const int r = bench_config("ep16", 56, topk ? (int32_t)topk : 1, 3072, ms, nm, reps, json, stages, &first);
+        const int r = bench_config("ep16", 56, topk ? (int32_t)topk : 1, 3072, ms, nm, reps, json, stages, hot, &first);
         rc = r != K3_EXIT_OK ? r : rc;
     }
     if (json) printf("], \"ok\": %s}\n", rc == K3_EXIT_OK ? "true" : "false");
