@@ -854,7 +854,7 @@ static const mcase k_moe_cases[] = {
     /* the EP16 shape of `k3 bench moe` (one expert per token at I 3072: 1 and 4 experts), a TP8-like small case
      * (many slots, whole 128-wide chunks, NT 1) and duplicate ids (one expert gets M * k pairs: 2-3 passes through
      * GEMM1's 4-warp split-K epilogue, the block barrier between passes) with linear and swizzled scales, W4A16
-     * and W4A4, NT 1 and 2 (session 14) */
+     * and W4A4 (NT 1: the cp.async kernels take 8 tokens per pass through m 64 since session 19) */
     {"k3-ep16-k1", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 56, 1, 3584, 3072, 1, ROUTE_RANDOM, 1},
     {"k3-ep16-k1", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 56, 1, 3584, 3072, 4, ROUTE_RANDOM, 0},
     {"many-slots", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 896, 16, 256, 128, 8, ROUTE_RANDOM, 0},
@@ -863,8 +863,8 @@ static const mcase k_moe_cases[] = {
     {"dup-ids", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 1, K3_MOE_W4A4, K3_ACT_SITU, 8, 3, 256, 256, 12, ROUTE_DUP, 1},
     /* the dispatch folded into the GEMMs (W4A16, m * top_k <= 256, grids of about a wave; session 14b), captured
      * then replayed with new routing: duplicate ids (24 pairs on one expert: 3 passes) replayed with random ones,
-     * exactly 256 pairs (two ids per thread, the last chunk full) over E 56 (folded) and E 896 (1,024 GEMM1 blocks
-     * at NT 2: past the fold's grid bound, the dispatch kernel), and 264 pairs (past the fold: the dispatch kernel) */
+     * exactly 256 pairs (two ids per thread, the last chunk full) over E 56 and E 896 (1,024 GEMM1 blocks at NT 1:
+     * folded, as the E 56 case), and 264 pairs (past the fold: the dispatch kernel) */
     {"fold-graph", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A16, K3_ACT_SITU, 8, 4, 384, 128, 6, ROUTE_DUP, 1},
     {"fold-edge", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 56, 16, 128, 64, 16, ROUTE_RANDOM, 1},
     {"fold-edge", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 896, 16, 128, 64, 16, ROUTE_RANDOM, 1},
@@ -883,6 +883,12 @@ static const mcase k_moe_cases[] = {
     {"dense-g2", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A16, K3_ACT_SITU, 56, 8, 256, 1024, 8, ROUTE_RANDOM, 1},
     {"dense-g2", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 16, 2, 768, 1024, 8, ROUTE_RANDOM, 0},
     {"dense-g2", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 896, 16, 1024, 64, 8, ROUTE_RANDOM, 0},
+    /* tokens per pass (session 19): the cp.async kernels at NT 2 past m 64 (split-K GEMM2, W4A4, swizzled separate
+     * scales, graph replay); the register-ring kernels at NT 4 past m 16, where the cp.async ring cannot run (MXFP4,
+     * and NVFP4 with L 224: linear scale words not 4-byte aligned) */
+    {"nt2", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A4, K3_ACT_SITU, 56, 8, 128, 1152, 80, ROUTE_RANDOM, 1},
+    {"nt4", K3_WEIGHT_MXFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 56, 8, 224, 96, 40, ROUTE_RANDOM, 0},
+    {"nt4", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 1, K3_MOE_W4A16, K3_ACT_SITU, 56, 8, 224, 96, 40, ROUTE_RANDOM, 1},
 };
 
 #define N_MOE_CASES ((int)(sizeof k_moe_cases / sizeof k_moe_cases[0]))
@@ -922,7 +928,7 @@ static int run_group(int gi, int quick) {
     } else if (gi < N_GROUPS - 1) {
         const int first = (gi - 2) * MOE_PER_GROUP;
         for (int i = first; i < first + MOE_PER_GROUP && i < N_MOE_CASES; i++) {
-            if (quick && (k_moe_cases[i].L > 512 || k_moe_cases[i].M > 64)) continue;
+            if (quick && (k_moe_cases[i].L > 512 || k_moe_cases[i].M > 80)) continue;
             moe_case(&k_moe_cases[i], SEED + 300 + (uint64_t)i);
         }
     } else {

@@ -1452,14 +1452,32 @@ bool async_ok(int32_t layout, int64_t cols, const void *scales) {
  * (blocks per SM as their launch bounds). Host-only and independent of the routing (graph capturable). */
 constexpr int FOLD_WAVES = 2;
 
+/* Tokens per pass of the cp.async ring kernels (session 19, H200, `k3 bench moe`, graph replay, random routing unless
+ * `--hot`, which gives one expert every token). At decode the touched experts have 1-2 tokens each, so a wider tile
+ * only costs registers (GEMM1 NT 2: 162, 3 blocks per SM; NT 1: 122, 4):
+ *   - NT 1 instead of NT 2 at m 12 / 16: TP8 182.8 / 236.7 -> 148.3 / 188.7 us, EP16 88.5 / 110.6 -> 80.1 / 92.3;
+ *     instead of the register ring's NT 4 at m 24 - 64: 2.3-2.4x faster.
+ *   - Hot, NT 1 pays extra passes: TP8 is still faster everywhere, but EP16 (one expert touched) went 34.6 / 39.4 ->
+ *     51.7 / 55.3 us at m 12 / 16 (against NT 2) and 140 / 169 -> 152 / 200 at m 48 / 64 (against NT 4).
+ *   - Past m 64, NT 1 is still 10-20% faster than NT 2 up to m 256 (random), but 1.6x slower hot on EP16; so NT 2.
+ *   - NT 2 beat the register ring's NT 4 at every m measured, 96 to 4096, random and hot (m 4096: TP8 13.05 -> 7.63
+ *     ms, EP16 6.01 -> 3.50 ms). The NT 4 kernels stay for what the cp.async ring cannot take (MXFP4, BF16, and
+ *     NVFP4 scales whose words are not aligned). */
+constexpr int64_t NT1_MAX_M = 64;
+
 launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k3_moe_weights *w, bool no_fold,
                       bool no_pair) {
     const k3_moe_desc *d = &p->d;
     const int32_t np = (int32_t)(m * d->top_k);
     const int32_t slots = np < d->num_experts ? np : d->num_experts;
     launch_shape sh;
-    /* tokens per pass: an expert gets at most m pairs when a token's ids are distinct; more take extra passes */
-    sh.nt = m <= 8 ? 1 : (m <= 16 ? 2 : 4);
+    /* NVFP4 with aligned scale words: the cp.async ring (NT <= 2) is possible */
+    const bool nv_ok = d->format == K3_WEIGHT_NVFP4 && async_ok((int32_t)d->scale_layout, d->hidden, w->w13_scale) &&
+                       async_ok((int32_t)d->scale_layout, d->inter, w->w2_scale);
+    /* token tiles per pass (8 tokens each); an expert with more tokens takes more passes. The register-ring kernels
+     * cover every expert's tokens in one pass up to m 16 (a token's ids being distinct); the cp.async ring runs
+     * NT 1 through m NT1_MAX_M and NT 2 past it (measured: NT1_MAX_M). */
+    sh.nt = nv_ok ? (m <= NT1_MAX_M ? 1 : 2) : (m <= 8 ? 1 : (m <= 16 ? 2 : 4));
     sh.gated = d->act.kind != K3_ACT_RELU2_NO_MUL;
     sh.g1 = dim3((unsigned)slots, (unsigned)(d->inter / 16));
     /* GEMM2 splits K across the block's warps when K has at least 2 chunks of 128 per warp (EP16: I = 3072):
