@@ -189,6 +189,7 @@ static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, uint64_t se
     int32_t *offs = (int32_t *)malloc((size_t)(E + 1) * 4), *act = (int32_t *)malloc((size_t)E * 4);
     int32_t *g_list = (int32_t *)malloc((size_t)np * 4), *g_offs = (int32_t *)malloc((size_t)(E + 1) * 4);
     int32_t *g_act = (int32_t *)malloc((size_t)E * 4), *cur = (int32_t *)malloc((size_t)E * 4);
+    int32_t *aoff = (int32_t *)malloc((size_t)(E + 1) * 4), *g_aoff = (int32_t *)malloc((size_t)(E + 1) * 4);
     for (int32_t i = 0; i < np; i++)
         ids[i] = skew ? (int32_t)(k3t_next(&rng) % 3u) * (E / 3) : (int32_t)(k3t_next(&rng) % (uint64_t)E);
     /* host counting sort: the expected grouping */
@@ -197,16 +198,19 @@ static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, uint64_t se
     for (int32_t e = 0; e < E; e++) offs[e + 1] += offs[e];
     int32_t nact = 0;
     for (int32_t e = 0; e < E; e++)
-        if (offs[e + 1] > offs[e]) act[nact++] = e;
+        if (offs[e + 1] > offs[e]) aoff[nact] = offs[e], act[nact++] = e;
+    aoff[nact] = offs[E];
     memcpy(cur, offs, (size_t)E * 4);
     for (int32_t i = 0; i < np; i++) list[cur[ids[i]]++] = i;
 
     int32_t *dids = (int32_t *)dup_to_device(ids, (size_t)np * 4);
     int32_t *d_offs = (int32_t *)dalloc((size_t)(E + 1) * 4), *d_cur = (int32_t *)dalloc((size_t)E * 4);
     int32_t *d_act = (int32_t *)dalloc((size_t)E * 4), *d_n = (int32_t *)dalloc(4), *d_list = (int32_t *)dalloc((size_t)np * 4);
+    int32_t *d_aoff = (int32_t *)dalloc((size_t)(E + 1) * 4);
     cudaMemsetAsync(d_list, 0xff, (size_t)np * 4, g_stream);
+    cudaMemsetAsync(d_aoff, 0xff, (size_t)(E + 1) * 4, g_stream);
     const double t0 = now_s();
-    const k3_status st = k3_cuda_moe_dispatch(g_gpu, dids, np, E, d_offs, d_cur, d_act, d_n, d_list, g_stream);
+    const k3_status st = k3_cuda_moe_dispatch(g_gpu, dids, np, E, d_offs, d_cur, d_act, d_aoff, d_n, d_list, g_stream);
     cuda_ok(cudaStreamSynchronize(g_stream), "dispatch sync");
     const double dt = now_s() - t0;
     int32_t g_n = -1;
@@ -214,16 +218,20 @@ static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, uint64_t se
     cudaMemcpy(g_act, d_act, (size_t)E * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(&g_n, d_n, 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(g_list, d_list, (size_t)np * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g_aoff, d_aoff, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost);
     const int ok_offs = memcmp(offs, g_offs, (size_t)(E + 1) * 4) == 0;
-    const int ok_act = g_n == nact && memcmp(act, g_act, (size_t)nact * 4) == 0;
+    const int ok_act = g_n == nact && memcmp(act, g_act, (size_t)nact * 4) == 0 &&
+                       memcmp(aoff, g_aoff, (size_t)(nact + 1) * 4) == 0;
     const int ok_list = memcmp(list, g_list, (size_t)np * 4) == 0;
     const int pass = st == K3_STATUS_SUCCESS && ok_offs && ok_act && ok_list;
-    printf("%s dispatch m=%d k=%d E=%d skew=%d: offsets %s, active %s (%d vs %d), list %s (%.1f us incl. sync)\n",
+    printf("%s dispatch m=%d k=%d E=%d skew=%d: offsets %s, active and their offsets %s (%d vs %d), list %s (%.1f us incl. "
+           "sync)\n",
            pass ? "PASS" : "FAIL", m, k, E, skew, ok_offs ? "equal" : "DIFFER", ok_act ? "equal" : "DIFFER", g_n, nact,
            ok_list ? "equal" : "DIFFER", dt * 1e6);
     CHECK(pass, "dispatch m=%d k=%d E=%d", m, k, E);
     cudaFree(dids), cudaFree(d_offs), cudaFree(d_cur), cudaFree(d_act), cudaFree(d_n), cudaFree(d_list);
-    free(ids), free(list), free(offs), free(act), free(g_list), free(g_offs), free(g_act), free(cur);
+    cudaFree(d_aoff);
+    free(ids), free(list), free(offs), free(act), free(g_list), free(g_offs), free(g_act), free(cur), free(aoff), free(g_aoff);
 }
 
 /* ======================================================================= experts ====================== */

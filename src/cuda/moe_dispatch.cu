@@ -2,6 +2,8 @@
  * MoE dispatch on the device, without a host sync: one block of 1024 threads turns topk_ids [np] into
  *   offs [E + 1]   exclusive prefix sums of the per-expert counts (offs[E] = valid pairs),
  *   active [E]     the touched experts in ascending id order, *n_active of them,
+ *   act_off [E+1]  offs of each active expert, and act_off[*n_active] = offs[E]: a GEMM block reads its slot's
+ *                  expert, first pair and pair count in one round trip (act_off[a + 1] - act_off[a]),
  *   list [np]      pair indices (token * top_k + slot) grouped by expert, ascending within an expert
  *                  (the CPU reference's counting-sort order).
  * Integer atomics only (counts), so the result is deterministic. The stable placement walks the pairs in
@@ -24,8 +26,8 @@ static_assert(DT == 32 * 32, "the scan of warp totals is one warp wide");
 
 __global__ void __launch_bounds__(DT)
     k3_moe_dispatch_kernel(const int32_t *__restrict__ ids, int32_t np, int32_t ne, int32_t *__restrict__ offs,
-                           int32_t *cur, int32_t *__restrict__ active, int32_t *__restrict__ n_active,
-                           int32_t *__restrict__ list) {
+                           int32_t *cur, int32_t *__restrict__ active, int32_t *__restrict__ act_off,
+                           int32_t *__restrict__ n_active, int32_t *__restrict__ list) {
     __shared__ unsigned long long wsum[DT / 32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     /* the next MoE kernel (launched with PDL) may bring its blocks up now: it waits for this one to finish.
@@ -76,12 +78,13 @@ __global__ void __launch_bounds__(DT)
         const int32_t c = cur[e];
         offs[e] = off;
         cur[e] = off; /* becomes the placement cursor */
-        if (c > 0) active[act++] = e;
+        if (c > 0) act_off[act] = off, active[act++] = e;
         off += c;
     }
     if (tid == DT - 1) {
         offs[ne] = (int32_t)(total >> 32);
         *n_active = (int32_t)(total & 0xffffffffull);
+        act_off[total & 0xffffffffull] = (int32_t)(total >> 32);
     }
     __syncthreads();
 
@@ -113,10 +116,10 @@ __global__ void __launch_bounds__(DT)
 } // namespace
 
 extern "C" k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32_t np, int32_t num_experts,
-                                          int32_t *offs, int32_t *cur, int32_t *active, int32_t *n_active,
-                                          int32_t *list, void *stream) {
-    k3_moe_dispatch_kernel<<<1, DT, 0, (cudaStream_t)stream>>>(ids, np, num_experts, offs, cur, active, n_active,
-                                                               list);
+                                          int32_t *offs, int32_t *cur, int32_t *active, int32_t *act_off,
+                                          int32_t *n_active, int32_t *list, void *stream) {
+    k3_moe_dispatch_kernel<<<1, DT, 0, (cudaStream_t)stream>>>(ids, np, num_experts, offs, cur, active, act_off,
+                                                               n_active, list);
     K3_CUDA_LAUNCH_CHECK(ctx, "moe dispatch kernel");
     return K3_STATUS_SUCCESS;
 }

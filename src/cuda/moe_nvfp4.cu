@@ -705,7 +705,7 @@ struct moe_params {
     const uint16_t *x;                       /* [m, L] */
     const int32_t *ids;                      /* [m, top_k] */
     const float *wts;                        /* [m, top_k] */
-    const int32_t *offs, *active, *n_active, *list;
+    const int32_t *offs, *active, *act_off, *n_active, *list;
     int32_t np;                              /* pairs (m * top_k) */
     const uint16_t *xq;                      /* W4A4: [np, L] grouped, q * sf */
     uint16_t *a;                             /* [np, I] grouped */
@@ -844,11 +844,12 @@ __device__ __forceinline__ void fold_list(int32_t e, fold_smem &fs, const int32_
 }
 
 /* Block-wide: e = the expert of this block's slot (fold_find, or the dispatch's active list); true when the slot is
- * past the touched experts and the block leaves (block-uniform, before any barrier of the caller). Both loads of
- * the dispatch path go out together (slot < E always: the grid has min(E, pairs) slots). */
+ * past the touched experts and the block leaves (block-uniform, before any barrier of the caller). The dispatch
+ * path also gives the slot's first pair p0 and pair count (the fold: fold_list, later); its four loads go out
+ * together (slot < E always: the grid has min(E, pairs) slots; act_off has E + 1 entries). */
 template <bool FOLD, int NTH>
 __device__ __forceinline__ bool slot_leaves(const moe_params &P, int slot, uint32_t *bm, fold_smem &fs,
-                                            int32_t (&fid)[2], int32_t &e) {
+                                            int32_t (&fid)[2], int32_t &e, int32_t &p0, int32_t &cnt) {
     if constexpr (FOLD) {
         if (fold_find<NTH>(P, slot, bm, fs, fid) <= slot) return true;
         e = fs.e;
@@ -856,6 +857,8 @@ __device__ __forceinline__ bool slot_leaves(const moe_params &P, int slot, uint3
     } else {
         const int32_t n_act = __ldcg(P.n_active);
         e = __ldcg(P.active + slot);
+        p0 = __ldcg(P.act_off + slot);
+        cnt = __ldcg(P.act_off + slot + 1) - p0;
         return slot >= n_act;
     }
 }
@@ -940,8 +943,8 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
     k3_pdl_launch();
     if (P.direct) zero_skipped_tokens(P);
     const int slot = blockIdx.x;
-    int32_t fid[2] = {-1, -1}, e;
-    if (slot_leaves<FOLD, G1_WARPS * 32>(P, slot, bm, fs, fid, e)) return; /* block-uniform */
+    int32_t fid[2] = {-1, -1}, e, p0 = 0, cnt = 0;
+    if (slot_leaves<FOLD, G1_WARPS * 32>(P, slot, bm, fs, fid, e, p0, cnt)) return; /* block-uniform */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int64_t i0 = (int64_t)blockIdx.y * OUTS;
     const uint64_t pol = k3_policy_evict_first();
@@ -973,13 +976,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
         nv_feed_init<SETS>(f, wrow, row, sexp, P.layout, P.L, kc0, kcs, kn, q);
         nv_fill<SETS, G1_STAGES>(ring, f, lane);
     }
-    int32_t p0, cnt; /* FOLD: while the ring fills (shared memory and registers only) */
-    if constexpr (FOLD) {
-        fold_list<G1_WARPS * 32>(e, fs, fid, p0, cnt);
-    } else {
-        p0 = __ldcg(P.offs + e);
-        cnt = __ldcg(P.offs + e + 1) - p0;
-    }
+    if constexpr (FOLD) fold_list<G1_WARPS * 32>(e, fs, fid, p0, cnt); /* while the ring fills: smem, registers */
     float alpha[2] = {1.0f, 1.0f}, inv_gs = 1.0f, gs2 = 1.0f;
     if (FMT == FMT_NVFP4) {
         alpha[0] = P.sep ? __ldg(P.w13_s2 + 2 * e) : __ldg(P.w13_s2 + e);
@@ -1119,16 +1116,12 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     k3_pdl_launch();
     const int slot = blockIdx.x;
     int32_t e, p0 = 0, cnt = 0, fid[2] = {-1, -1};
-    if (slot_leaves<FOLD, NW * 32>(P, slot, bm, fs, fid, e)) return; /* block-uniform */
+    if (slot_leaves<FOLD, NW * 32>(P, slot, bm, fs, fid, e, p0, cnt)) return; /* block-uniform */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
     const int64_t r0 = KS > 1 ? (int64_t)blockIdx.y * 16 : ((int64_t)blockIdx.y * G2_WARPS + warp) * 16;
     /* KS = 1: warp-uniform, KS > 1: block-uniform. Fold: an idle warp leaves only after fold_list (block barriers) */
     const bool idle = r0 >= P.L;
     if (idle && !FOLD) return;
-    if constexpr (!FOLD) {
-        p0 = __ldcg(P.offs + e);
-        cnt = __ldcg(P.offs + e + 1) - p0;
-    }
     const uint64_t pol = k3_policy_evict_first();
     const uint8_t *wexp = P.w2 + (size_t)e * P.w2_eb;
     const uint8_t *sexp = FMT == FMT_BF16 ? nullptr : P.w2s + (size_t)e * P.w2_sb;
@@ -1255,7 +1248,10 @@ __global__ void __launch_bounds__(128) k3_moe_quant_x_kernel(const moe_params P)
     }
 }
 
-/* out[t, c] = bf16(sum over slots j in order of pair_out[t * top_k + j, c]); ids outside [0, E) add nothing. */
+/* out[t, c] = bf16(sum over slots j in order of pair_out[t * top_k + j, c]); ids outside [0, E) add nothing.
+ * The loads of up to COMBINE_BATCH slots go out before their adds (a loop over slots with a data-dependent skip
+ * waited for each load in turn). */
+constexpr int COMBINE_BATCH = 16;
 __global__ void k3_moe_combine_kernel(const moe_params P, int64_t m, uint16_t *__restrict__ out,
                                       float *__restrict__ out_f32) {
     k3_pdl_wait();
@@ -1263,9 +1259,19 @@ __global__ void k3_moe_combine_kernel(const moe_params P, int64_t m, uint16_t *_
     if (idx >= m * P.L) return;
     const int64_t t = idx / P.L, c = idx % P.L;
     float s = 0.0f;
-    for (int j = 0; j < P.top_k; j++) {
-        const int32_t e = __ldg(P.ids + t * P.top_k + j);
-        if (e >= 0 && e < P.ne) s = __fadd_rn(s, __ldcg(P.pair_out + (t * P.top_k + j) * P.L + c));
+    for (int j0 = 0; j0 < P.top_k; j0 += COMBINE_BATCH) {
+        float v[COMBINE_BATCH];
+        uint32_t ok = 0u; /* bit u: slot j0 + u has an id in [0, E) */
+#pragma unroll
+        for (int u = 0; u < COMBINE_BATCH; u++) {
+            const int j = j0 + u;
+            const int32_t e = j < P.top_k ? __ldg(P.ids + t * P.top_k + j) : -1;
+            ok |= (uint32_t)(e >= 0 && e < P.ne) << u;
+            v[u] = ok >> u & 1u ? __ldcg(P.pair_out + (t * P.top_k + j) * P.L + c) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < COMBINE_BATCH; u++) /* a skipped slot adds nothing (not even +0: a -0 sum stays -0) */
+            if (ok >> u & 1u) s = __fadd_rn(s, v[u]);
     }
     out[idx] = k3_f32_to_bf16_bits(s);
     if (out_f32) out_f32[idx] = s;
@@ -1275,7 +1281,7 @@ size_t align_up(size_t v) { return (v + (ALIGN - 1)) & ~(size_t)(ALIGN - 1); }
 
 /* The carve-up of the device workspace (offsets from its 256-byte aligned start). */
 struct ws_layout {
-    size_t offs, cur, active, n_active, list, xq, a, pair_out, total;
+    size_t offs, cur, active, act_off, n_active, list, xq, a, pair_out, total;
 };
 
 ws_layout layout_of(const k3_cuda_moe *p) {
@@ -1291,6 +1297,9 @@ ws_layout layout_of(const k3_cuda_moe *p) {
     s.xq = o, o += d->mode == K3_MOE_W4A4 ? align_up(np * (size_t)d->hidden * 2) : 0;
     s.a = o, o += align_up(np * (size_t)d->inter * 2);
     s.pair_out = o, o += align_up(np * (size_t)d->hidden * 4);
+    /* last: inserted before n_active it shifted a and pair_out by 3.75 KB, and TP8 m 2-4 ran 1.3-2.7 us slower
+     * (session 19, same call, bitwise the same work): the buffers' placement matters at that size */
+    s.act_off = o, o += align_up((e + 1) * 4);
     s.total = o;
     return s;
 }
@@ -1604,6 +1613,7 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
     P.act = d->act;
     P.x = (const uint16_t *)x, P.ids = topk_ids, P.wts = topk_weights;
     P.offs = (const int32_t *)(base + L.offs), P.active = (const int32_t *)(base + L.active);
+    P.act_off = (const int32_t *)(base + L.act_off);
     P.n_active = (const int32_t *)(base + L.n_active), P.list = (const int32_t *)(base + L.list);
     P.xq = P.w4a4 ? (const uint16_t *)(base + L.xq) : nullptr;
     P.a = (uint16_t *)(base + L.a);
@@ -1625,7 +1635,8 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
     if (!sh.fold || stages <= K3_CUDA_MOE_STAGE_DISPATCH)
         K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, (int32_t *)(base + L.offs),
                                     (int32_t *)(base + L.cur), (int32_t *)(base + L.active),
-                                    (int32_t *)(base + L.n_active), (int32_t *)(base + L.list), stream));
+                                    (int32_t *)(base + L.act_off), (int32_t *)(base + L.n_active),
+                                    (int32_t *)(base + L.list), stream));
     if (stages <= K3_CUDA_MOE_STAGE_DISPATCH) return K3_STATUS_SUCCESS;
     if (P.w4a4) {
         const cudaError_t qe = k3_launch_pdl(k3_moe_quant_x_kernel, dim3((unsigned)np), dim3(128), 0, s, P);
