@@ -182,14 +182,15 @@ static void router_case(const rcase *c, uint64_t seed) {
 
 /* ======================================================================= dispatch ===================== */
 
-static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, uint64_t seed) {
+/* tpu: tokens per unit (the GEMMs' tokens per pass: 8 or 16; other values exercise the cut) */
+static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, int32_t tpu, uint64_t seed) {
     k3t_rng rng = {seed};
-    const int32_t np = m * k;
+    const int32_t np = m * k, nu = (np < E ? np : E) + np / tpu; /* the units' bound (k3_cuda_moe_dispatch) */
     int32_t *ids = (int32_t *)malloc((size_t)np * 4), *list = (int32_t *)malloc((size_t)np * 4);
-    int32_t *offs = (int32_t *)malloc((size_t)(E + 1) * 4), *act = (int32_t *)malloc((size_t)E * 4);
+    int32_t *offs = (int32_t *)malloc((size_t)(E + 1) * 4), *act = (int32_t *)malloc((size_t)nu * 4);
     int32_t *g_list = (int32_t *)malloc((size_t)np * 4), *g_offs = (int32_t *)malloc((size_t)(E + 1) * 4);
-    int32_t *g_act = (int32_t *)malloc((size_t)E * 4), *cur = (int32_t *)malloc((size_t)E * 4);
-    int32_t *aoff = (int32_t *)malloc((size_t)(E + 1) * 4), *g_aoff = (int32_t *)malloc((size_t)(E + 1) * 4);
+    int32_t *g_act = (int32_t *)malloc((size_t)nu * 4), *cur = (int32_t *)malloc((size_t)E * 4);
+    int32_t *aoff = (int32_t *)malloc((size_t)(nu + 1) * 4), *g_aoff = (int32_t *)malloc((size_t)(nu + 1) * 4);
     for (int32_t i = 0; i < np; i++)
         ids[i] = skew ? (int32_t)(k3t_next(&rng) % 3u) * (E / 3) : (int32_t)(k3t_next(&rng) % (uint64_t)E);
     /* host counting sort: the expected grouping */
@@ -197,36 +198,35 @@ static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, uint64_t se
     for (int32_t i = 0; i < np; i++) offs[ids[i] + 1]++;
     for (int32_t e = 0; e < E; e++) offs[e + 1] += offs[e];
     int32_t nact = 0;
-    for (int32_t e = 0; e < E; e++)
-        if (offs[e + 1] > offs[e]) aoff[nact] = offs[e], act[nact++] = e;
+    for (int32_t e = 0; e < E; e++) /* units: each expert's pairs in runs of at most tpu */
+        for (int32_t p = offs[e]; p < offs[e + 1]; p += tpu) aoff[nact] = p, act[nact++] = e;
     aoff[nact] = offs[E];
     memcpy(cur, offs, (size_t)E * 4);
     for (int32_t i = 0; i < np; i++) list[cur[ids[i]]++] = i;
 
     int32_t *dids = (int32_t *)dup_to_device(ids, (size_t)np * 4);
     int32_t *d_offs = (int32_t *)dalloc((size_t)(E + 1) * 4), *d_cur = (int32_t *)dalloc((size_t)E * 4);
-    int32_t *d_act = (int32_t *)dalloc((size_t)E * 4), *d_n = (int32_t *)dalloc(4), *d_list = (int32_t *)dalloc((size_t)np * 4);
-    int32_t *d_aoff = (int32_t *)dalloc((size_t)(E + 1) * 4);
+    int32_t *d_act = (int32_t *)dalloc((size_t)nu * 4), *d_n = (int32_t *)dalloc(4), *d_list = (int32_t *)dalloc((size_t)np * 4);
+    int32_t *d_aoff = (int32_t *)dalloc((size_t)(nu + 1) * 4);
     cudaMemsetAsync(d_list, 0xff, (size_t)np * 4, g_stream);
-    cudaMemsetAsync(d_aoff, 0xff, (size_t)(E + 1) * 4, g_stream);
+    cudaMemsetAsync(d_aoff, 0xff, (size_t)(nu + 1) * 4, g_stream);
     const double t0 = now_s();
-    const k3_status st = k3_cuda_moe_dispatch(g_gpu, dids, np, E, d_offs, d_cur, d_act, d_aoff, d_n, d_list, g_stream);
+    const k3_status st = k3_cuda_moe_dispatch(g_gpu, dids, np, E, tpu, d_offs, d_cur, d_act, d_aoff, d_n, d_list, g_stream);
     cuda_ok(cudaStreamSynchronize(g_stream), "dispatch sync");
     const double dt = now_s() - t0;
     int32_t g_n = -1;
     cudaMemcpy(g_offs, d_offs, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost);
-    cudaMemcpy(g_act, d_act, (size_t)E * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g_act, d_act, (size_t)nu * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(&g_n, d_n, 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(g_list, d_list, (size_t)np * 4, cudaMemcpyDeviceToHost);
-    cudaMemcpy(g_aoff, d_aoff, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g_aoff, d_aoff, (size_t)(nu + 1) * 4, cudaMemcpyDeviceToHost);
     const int ok_offs = memcmp(offs, g_offs, (size_t)(E + 1) * 4) == 0;
     const int ok_act = g_n == nact && memcmp(act, g_act, (size_t)nact * 4) == 0 &&
                        memcmp(aoff, g_aoff, (size_t)(nact + 1) * 4) == 0;
     const int ok_list = memcmp(list, g_list, (size_t)np * 4) == 0;
     const int pass = st == K3_STATUS_SUCCESS && ok_offs && ok_act && ok_list;
-    printf("%s dispatch m=%d k=%d E=%d skew=%d: offsets %s, active and their offsets %s (%d vs %d), list %s (%.1f us incl. "
-           "sync)\n",
-           pass ? "PASS" : "FAIL", m, k, E, skew, ok_offs ? "equal" : "DIFFER", ok_act ? "equal" : "DIFFER", g_n, nact,
+    printf("%s dispatch m=%d k=%d E=%d skew=%d tpu=%d: offsets %s, units %s (%d vs %d), list %s (%.1f us incl. sync)\n",
+           pass ? "PASS" : "FAIL", m, k, E, skew, tpu, ok_offs ? "equal" : "DIFFER", ok_act ? "equal" : "DIFFER", g_n, nact,
            ok_list ? "equal" : "DIFFER", dt * 1e6);
     CHECK(pass, "dispatch m=%d k=%d E=%d", m, k, E);
     cudaFree(dids), cudaFree(d_offs), cudaFree(d_cur), cudaFree(d_act), cudaFree(d_n), cudaFree(d_list);
@@ -927,12 +927,20 @@ static int run_group(int gi, int quick) {
         for (size_t i = 0; i < sizeof k_router_cases / sizeof k_router_cases[0]; i++)
             router_case(&k_router_cases[i], SEED + 100 + i);
     } else if (gi == 1) {
-        dispatch_case(1, 16, 896, 0, SEED + 200);
-        dispatch_case(16, 16, 896, 0, SEED + 201);
-        dispatch_case(3, 8, 56, 0, SEED + 202);
-        dispatch_case(512, 8, 56, 1, SEED + 203);
-        dispatch_case(4096, 16, 896, 0, SEED + 204);
-        dispatch_case(4096, 1, 8, 1, SEED + 205);
+        dispatch_case(1, 16, 896, 0, 8, SEED + 200);
+        dispatch_case(16, 16, 896, 0, 8, SEED + 201);
+        dispatch_case(3, 8, 56, 0, 1, SEED + 202);
+        dispatch_case(512, 8, 56, 1, 16, SEED + 203);
+        dispatch_case(4096, 16, 896, 0, 16, SEED + 204);
+        dispatch_case(4096, 1, 8, 1, 5, SEED + 205);
+        {
+            int32_t dummy[2];
+            const k3_status st = k3_cuda_moe_dispatch(g_gpu, dummy, 0, 8, 0, dummy, dummy, dummy, dummy, dummy, dummy,
+                                                      g_stream);
+            CHECK(st == K3_STATUS_INVALID_ARGUMENT, "dispatch: tokens_per_unit 0 must be refused (got %d)", (int)st);
+            printf("%s dispatch tokens_per_unit 0 refused: %s\n", st == K3_STATUS_INVALID_ARGUMENT ? "PASS" : "FAIL",
+                   k3_ctx_last_error(g_gpu));
+        }
     } else if (gi < N_GROUPS - 1) {
         const int first = (gi - 2) * MOE_PER_GROUP;
         for (int i = first; i < first + MOE_PER_GROUP && i < N_MOE_CASES; i++) {

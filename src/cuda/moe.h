@@ -65,13 +65,15 @@ k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, c
                                  void *out, float *out_f32, void *ws, void *stream, int32_t stages);
 
 /* The dispatch step alone (exposed for tests and the benchmark): from ids [np] in [0, E), writes
- * offs [E + 1] (prefix offsets of the per-expert counts), active [E] (touched experts, ascending) with their
- * count in *n_active, act_off [E + 1] (offs of each active expert, then offs[E] at index *n_active), and list [np]
- * (pair indices grouped by expert, ascending pair index within an expert).
+ * offs [E + 1] (prefix offsets of the per-expert counts); the units: each touched expert's pairs cut into runs of
+ * at most tokens_per_unit, in ascending expert id then pair order, *n_active of them, active [u] = the unit's
+ * expert and act_off [u] = its first pair, act_off[*n_active] = offs[E] (both arrays hold at least
+ * min(E, np) + np / tokens_per_unit + 1 entries); and list [np] (pair indices grouped by expert, ascending pair
+ * index within an expert).
  * cur [E] is scratch. One block; bounded loops; no host knowledge of the ids. */
-k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32_t np, int32_t num_experts, int32_t *offs,
-                               int32_t *cur, int32_t *active, int32_t *act_off, int32_t *n_active, int32_t *list,
-                               void *stream);
+k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32_t np, int32_t num_experts,
+                               int32_t tokens_per_unit, int32_t *offs, int32_t *cur, int32_t *active,
+                               int32_t *act_off, int32_t *n_active, int32_t *list, void *stream);
 
 /* ---- pointer check (src/cuda/moe_ptr_check.cu) ------------------------------------------------------ */
 

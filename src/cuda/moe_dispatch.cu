@@ -1,9 +1,11 @@
 /*
  * MoE dispatch on the device, without a host sync: one block of 1024 threads turns topk_ids [np] into
  *   offs [E + 1]   exclusive prefix sums of the per-expert counts (offs[E] = valid pairs),
- *   active [E]     the touched experts in ascending id order, *n_active of them,
- *   act_off [E+1]  offs of each active expert, and act_off[*n_active] = offs[E]: a GEMM block reads its slot's
- *                  expert, first pair and pair count in one round trip (act_off[a + 1] - act_off[a]),
+ *   units          a touched expert's pairs cut into units of at most `tpu` (the GEMMs' tokens per pass), in
+ *                  ascending expert id, then pair order: active[u] = the unit's expert, act_off[u] = its first
+ *                  pair (act_off[*n_active] = offs[E]), so a GEMM block reads its unit's expert, first pair and
+ *                  count (act_off[u + 1] - act_off[u]) in one round trip; and an expert with more pairs than a
+ *                  pass takes is spread over blocks instead of passes of one block (session 19),
  *   list [np]      pair indices (token * top_k + slot) grouped by expert, ascending within an expert
  *                  (the CPU reference's counting-sort order).
  * Integer atomics only (counts), so the result is deterministic. The stable placement walks the pairs in
@@ -25,9 +27,9 @@ constexpr int DT = 1024;
 static_assert(DT == 32 * 32, "the scan of warp totals is one warp wide");
 
 __global__ void __launch_bounds__(DT)
-    k3_moe_dispatch_kernel(const int32_t *__restrict__ ids, int32_t np, int32_t ne, int32_t *__restrict__ offs,
-                           int32_t *cur, int32_t *__restrict__ active, int32_t *__restrict__ act_off,
-                           int32_t *__restrict__ n_active, int32_t *__restrict__ list) {
+    k3_moe_dispatch_kernel(const int32_t *__restrict__ ids, int32_t np, int32_t ne, int32_t tpu,
+                           int32_t *__restrict__ offs, int32_t *cur, int32_t *__restrict__ active,
+                           int32_t *__restrict__ act_off, int32_t *__restrict__ n_active, int32_t *__restrict__ list) {
     __shared__ unsigned long long wsum[DT / 32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     /* the next MoE kernel (launched with PDL) may bring its blocks up now: it waits for this one to finish.
@@ -43,13 +45,13 @@ __global__ void __launch_bounds__(DT)
     }
     __syncthreads();
 
-    /* 2. one exclusive scan of (count, touched) packed as (hi 32, lo 32) over contiguous per-thread segments */
+    /* 2. one exclusive scan of (count, units) packed as (hi 32, lo 32) over contiguous per-thread segments */
     const int32_t seg = (ne + DT - 1) / DT;
     const int32_t s0 = min(ne, tid * seg), s1 = min(ne, s0 + seg);
     unsigned long long local = 0;
     for (int32_t e = s0; e < s1; e++) {
         const int32_t c = cur[e];
-        local += ((unsigned long long)c << 32) + (c > 0 ? 1ull : 0ull);
+        local += ((unsigned long long)c << 32) + (unsigned long long)((c + tpu - 1) / tpu);
     }
     /* warp-shuffle scan, then one scan of the 32 warp totals: two barriers instead of the twenty of a
      * block-wide Hillis-Steele scan (the dispatch is on the decode critical path) */
@@ -73,12 +75,12 @@ __global__ void __launch_bounds__(DT)
     __syncthreads();
     const unsigned long long total = wsum[DT / 32 - 1];
     unsigned long long run = incl - local + (warp > 0 ? wsum[warp - 1] : 0ull); /* exclusive */
-    int32_t off = (int32_t)(run >> 32), act = (int32_t)(run & 0xffffffffull);
+    int32_t off = (int32_t)(run >> 32), u = (int32_t)(run & 0xffffffffull);
     for (int32_t e = s0; e < s1; e++) {
         const int32_t c = cur[e];
         offs[e] = off;
         cur[e] = off; /* becomes the placement cursor */
-        if (c > 0) act_off[act] = off, active[act++] = e;
+        for (int32_t k = 0; k < c; k += tpu) act_off[u] = off + k, active[u++] = e;
         off += c;
     }
     if (tid == DT - 1) {
@@ -116,10 +118,13 @@ __global__ void __launch_bounds__(DT)
 } // namespace
 
 extern "C" k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32_t np, int32_t num_experts,
-                                          int32_t *offs, int32_t *cur, int32_t *active, int32_t *act_off,
-                                          int32_t *n_active, int32_t *list, void *stream) {
-    k3_moe_dispatch_kernel<<<1, DT, 0, (cudaStream_t)stream>>>(ids, np, num_experts, offs, cur, active, act_off,
-                                                               n_active, list);
+                                          int32_t tokens_per_unit, int32_t *offs, int32_t *cur, int32_t *active,
+                                          int32_t *act_off, int32_t *n_active, int32_t *list, void *stream) {
+    if (tokens_per_unit < 1)
+        return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT, "moe dispatch: tokens_per_unit must be >= 1 (got %d)",
+                       (int)tokens_per_unit);
+    k3_moe_dispatch_kernel<<<1, DT, 0, (cudaStream_t)stream>>>(ids, np, num_experts, tokens_per_unit, offs, cur,
+                                                               active, act_off, n_active, list);
     K3_CUDA_LAUNCH_CHECK(ctx, "moe dispatch kernel");
     return K3_STATUS_SUCCESS;
 }

@@ -5,13 +5,15 @@
  *
  * Launch sequence (all on the caller's stream, no host sync, grids sized for the worst case so the launches
  * need no knowledge of the routing, CUDA-graph capturable):
- *   dispatch   (moe_dispatch.cu) topk_ids -> per-expert offsets, active experts, grouped (token, slot) list;
+ *   dispatch   (moe_dispatch.cu) topk_ids -> per-expert offsets, units (an expert's pairs in runs of one pass,
+ *              8 * NT), grouped (token, slot) list;
  *              at decode sizes (W4A16 on the NVFP4 cp.async kernels, m * top_k <= FOLD_NP, grids of <= 2 waves:
  *              shape_of) not launched: GEMM1 and GEMM2 derive the same from topk_ids per block (fold_find,
  *              fold_list), and GEMM1 is then the call's first kernel
  *   [W4A4]     x quantized per (expert, token) pair with the expert's input scale -> xq[pair] (q * sf, exact
  *              in BF16; the 1 / gs factor is applied to the GEMM1 accumulator instead)
- *   GEMM1      grid (min(E, m * top_k) expert slots, I / 16 row tiles); slots past the active count exit.
+ *   GEMM1      grid (units, I / 16 row tiles): at most min(E, m * top_k) + m * top_k / (8 * NT) units (the fold:
+ *              min(E, m * top_k) slots, one per touched expert); slots past the count exit.
  *              A block owns 16 gate rows AND the matching 16 up rows, so the activation runs in the epilogue:
  *              h = bf16(acc * scale_2), act in fp32, one rounding (BF16, or the W4A4 NVFP4 requantization of
  *              the 16-wide block this tile is) -> a[pair, I]. Its 4 warps split K, summed in a fixed order.
@@ -26,7 +28,8 @@
  *              combine launch; GEMM1 zeroes the rows of tokens whose id is outside [0, E), as the combine did.
  * Weights as the MMA's M dimension (16-row tiles), the expert's tokens as N (8 per MMA, NT MMAs per pass):
  * every weight byte is loaded once per pass, and a pass covers 8 * NT tokens of an expert (NT from m), so at
- * decode sizes each touched expert's weights are streamed exactly once per call.
+ * decode sizes each touched expert's weights are streamed once per call, or once per unit for an expert with
+ * more tokens than a pass takes (its units run side by side; the later reads mostly hit L2).
  *
  * Fragment mapping (as in gemm_mma.cu): lane (g = lane / 4, q = lane % 4) holds A[g][2q, 2q+1, 2q+8, 2q+9]
  * (and row g + 8) and B[same k][token g]. Logical k (2q, 2q+1 | 2q+8, 2q+9) of step s maps to the physical
@@ -843,10 +846,10 @@ __device__ __forceinline__ void fold_list(int32_t e, fold_smem &fs, const int32_
     __syncthreads();
 }
 
-/* Block-wide: e = the expert of this block's slot (fold_find, or the dispatch's active list); true when the slot is
- * past the touched experts and the block leaves (block-uniform, before any barrier of the caller). The dispatch
- * path also gives the slot's first pair p0 and pair count (the fold: fold_list, later); its four loads go out
- * together (slot < E always: the grid has min(E, pairs) slots; act_off has E + 1 entries). */
+/* Block-wide: e = the expert of this block's slot (fold_find: a touched expert; the dispatch path: a unit); true
+ * when the slot is past them and the block leaves (block-uniform, before any barrier of the caller). The dispatch
+ * path also gives the unit's first pair p0 and pair count (the fold: fold_list, later); its four loads go out
+ * together (act_off holds an entry past the grid's last slot: layout_of). */
 template <bool FOLD, int NTH>
 __device__ __forceinline__ bool slot_leaves(const moe_params &P, int slot, uint32_t *bm, fold_smem &fs,
                                             int32_t (&fid)[2], int32_t &e, int32_t &p0, int32_t &cnt) {
@@ -1278,6 +1281,9 @@ __global__ void k3_moe_combine_kernel(const moe_params P, int64_t m, uint16_t *_
 }
 
 size_t align_up(size_t v) { return (v + (ALIGN - 1)) & ~(size_t)(ALIGN - 1); }
+/* a and pair_out start on 64 KB boundaries of the device address space (the workspace base is aligned so too) */
+constexpr size_t ALIGN_BUF = 65536;
+size_t align_buf(size_t v) { return (v + (ALIGN_BUF - 1)) & ~(size_t)(ALIGN_BUF - 1); }
 
 /* The carve-up of the device workspace (offsets from its 256-byte aligned start). */
 struct ws_layout {
@@ -1291,15 +1297,19 @@ ws_layout layout_of(const k3_cuda_moe *p) {
     size_t o = 0;
     s.offs = o, o += align_up((e + 1) * 4);
     s.cur = o, o += align_up(e * 4);
-    s.active = o, o += align_up(e * 4);
     s.n_active = o, o += align_up(4);
     s.list = o, o += align_up(np * 4);
     s.xq = o, o += d->mode == K3_MOE_W4A4 ? align_up(np * (size_t)d->hidden * 2) : 0;
+    o = align_buf(o);
     s.a = o, o += align_up(np * (size_t)d->inter * 2);
+    o = align_buf(o);
     s.pair_out = o, o += align_up(np * (size_t)d->hidden * 4);
-    /* last: inserted before n_active it shifted a and pair_out by 3.75 KB, and TP8 m 2-4 ran 1.3-2.7 us slower
-     * (session 19, same call, bitwise the same work): the buffers' placement matters at that size */
-    s.act_off = o, o += align_up((e + 1) * 4);
+    /* the dispatch's units (at most min(E, pairs) + pairs / 8: units take 8 or more pairs), last: inserted before
+     * n_active, act_off shifted a and pair_out by 3.75 KB, and TP8 m 2-4 ran 1.3-2.7 us slower (session 19, same
+     * call, bitwise the same work): the buffers' placement matters at that size */
+    const size_t units = (e < np ? e : np) + np / 8;
+    s.active = o, o += align_up(units * 4);
+    s.act_off = o, o += align_up((units + 1) * 4);
     s.total = o;
     return s;
 }
@@ -1391,6 +1401,7 @@ struct launch_shape {
     bool wide;          /* GEMM2 split-K over G2_WIDE_KS warps (256-thread blocks) */
     bool g2_dense;      /* GEMM2 at NT 1 in its denser instance (G2_DENSE_SPLIT / G2_DENSE_K1 blocks per SM) */
     bool direct;        /* top_k 1 with the cp.async GEMM2: it writes out itself, no combine kernel */
+    int32_t tpu;        /* the dispatch's tokens per unit (its pairs per unit) */
 };
 
 /* GEMM1 and (with_g2) GEMM2 of one call. The cp.async ring, the fold, paired tiles and the wide split exist only
@@ -1524,6 +1535,17 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
     /* top_k 1: one slot per token, so the combine is a conversion that GEMM2 can do in its epilogue (EP16 M 1-8
      * -0.6..-1.0 us, session 18); only the cp.async GEMM2 has that instance (decode sizes) */
     sh.direct = d->top_k == 1 && sh.as2;
+    /* The dispatch path: one block row per unit, an expert's pairs in runs of one pass (8 * NT), so an expert with
+     * more tokens than a pass takes is spread over blocks, not passes of one block (session 19: EP16 with one
+     * expert touched, m 12 / 16 / 64: 51.9 / 55.6 / 201.8 -> 32.2 / 35.0 / 82.5 us). That costs the grid
+     * pairs / (8 * NT) more slots (blocks that exit at once: TP8 m 64 +2%), so only where m > 8 * NT, i.e. where
+     * distinct ids can give an expert more than a pass; below, a unit is a whole expert (duplicate ids: passes).
+     * The fold keeps one slot per touched expert and its passes (small grids only). */
+    sh.tpu = m > 8 * sh.nt ? 8 * sh.nt : (np > 0 ? np : 1);
+    if (!sh.fold) {
+        const unsigned units = (unsigned)(slots + np / sh.tpu);
+        sh.g1.x = units, sh.g2.x = units;
+    }
     return sh;
 }
 
@@ -1572,7 +1594,7 @@ extern "C" k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_m
     return K3_STATUS_SUCCESS;
 }
 
-extern "C" size_t k3_cuda_moe_ws_bytes(const k3_cuda_moe *p) { return layout_of(p).total + ALIGN; }
+extern "C" size_t k3_cuda_moe_ws_bytes(const k3_cuda_moe *p) { return layout_of(p).total + ALIGN_BUF; }
 
 extern "C" k3_status k3_cuda_moe_run(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const void *x,
                                      const int32_t *topk_ids, const float *topk_weights, const k3_moe_weights *w,
@@ -1590,7 +1612,7 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
     const bool no_fold = (stages & K3_CUDA_MOE_NO_FOLD) != 0, no_pair = (stages & K3_CUDA_MOE_NO_PAIR) != 0;
     stages &= ~(int32_t)(K3_CUDA_MOE_NO_FOLD | K3_CUDA_MOE_NO_PAIR);
     const ws_layout L = layout_of(p);
-    uint8_t *base = (uint8_t *)(((uintptr_t)ws + (ALIGN - 1)) & ~(uintptr_t)(ALIGN - 1));
+    uint8_t *base = (uint8_t *)(((uintptr_t)ws + (ALIGN_BUF - 1)) & ~(uintptr_t)(ALIGN_BUF - 1));
     const int32_t np = (int32_t)(m * d->top_k);
 
     /* 16-byte loads: the weight bases (every expert's slice and row is then aligned, L and I being multiples
@@ -1633,7 +1655,7 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
     P.np = np;
     P.direct = sh.direct;
     if (!sh.fold || stages <= K3_CUDA_MOE_STAGE_DISPATCH)
-        K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, (int32_t *)(base + L.offs),
+        K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, sh.tpu, (int32_t *)(base + L.offs),
                                     (int32_t *)(base + L.cur), (int32_t *)(base + L.active),
                                     (int32_t *)(base + L.act_off), (int32_t *)(base + L.n_active),
                                     (int32_t *)(base + L.list), stream));
