@@ -18,7 +18,8 @@
 #define MB_BASE_MAX_M 16  /* the baseline's linear plans take <= 32 tokens per expert: measured for M <= 16 */
 
 static void moe_bench_help(void) {
-    printf("usage: k3 bench moe [--config tp8|ep16|both] [--m LIST] [--top-k K] [--reps R] [--hot] [--stages] [--json]\n\n"
+    printf("usage: k3 bench moe [--config tp8|ep16|both] [--m LIST] [--top-k K] [--reps R] [--hot] [--stages]\n"
+           "                   [--json]\n\n"
            "Times the GPU routed experts (NVFP4 weights, linear scales, SiTU 4/25, W4A16) per call, for each M:\n"
            "  tp8   896 experts, L = 3584, I = 384, top-k 16 (default)\n"
            "  ep16  56 local experts, L = 3584, I = 3072, top-k 1 (the average local share of a top-16 token at\n"
@@ -290,10 +291,11 @@ static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const
     k3_moe_workspace_size(cpu_plan, &cws_b);
     if (!(cws = malloc(cws_b))) goto done;
     if (!json)
-        printf("k3 bench moe %s on %s: E=%d top-k=%d L=%lld I=%lld, NVFP4 SiTU W4A16, %d weight copies (%.0f MB "
-               "FP4, %.0f MB BF16 baseline), %lld replays, median us per call\n"
+        printf("k3 bench moe %s on %s: E=%d top-k=%d L=%lld I=%lld, NVFP4 SiTU W4A16, %s routing, %d weight copies "
+               "(%.0f MB FP4, %.0f MB BF16 baseline), %lld replays, median us per call\n"
                "%4s %8s %9s %10s %8s %8s %8s %11s %8s %10s %s\n",
-               name, arch.device_name, (int)E, (int)k, (long long)L, (long long)I, (int)b.copies,
+               name, arch.device_name, (int)E, (int)k, (long long)L, (long long)I, hot ? "hot" : "router",
+               (int)b.copies,
                b.copies * all_fp4 / 1e6, b.copies * (double)(3 * I * L) * 2 * E / 1e6, (long long)reps, "M",
                "experts", "MB", "moe us", "TB/s", "%ceil", "TFLOP/s", "bf16-lt us", "speedup", "check", "bars");
     int all_ok = 1;
@@ -360,10 +362,11 @@ static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const
         const int bar_bw = b.m < 4 || b.m > MB_DECODE_MAX_M || pct >= need, bar_sp = !base || t_base / t_moe >= 2.5;
         all_ok = all_ok && correct && bar_bw && bar_sp;
         if (json)
-            printf("%s{\"config\": \"%s\", \"m\": %lld, \"experts_touched\": %d, \"bytes\": %.0f, \"moe_us\": %.3f, "
-                   "\"pct_ceiling\": %.2f, \"tflops\": %.3f, \"tokens_per_s\": %.0f, \"bf16_cublaslt_us\": %.3f, "
-                   "\"speedup\": %.3f, \"rel_l2\": %.3e, \"correct\": %s",
-                   *first_row ? "" : ", ", name, (long long)b.m, (int)b.n_touched, bytes, t_moe, pct, tflops,
+            printf("%s{\"config\": \"%s\", \"routing\": \"%s\", \"m\": %lld, \"experts_touched\": %d, \"bytes\": %.0f, "
+                   "\"moe_us\": %.3f, \"pct_ceiling\": %.2f, \"tflops\": %.3f, \"tokens_per_s\": %.0f, "
+                   "\"bf16_cublaslt_us\": %.3f, \"speedup\": %.3f, \"rel_l2\": %.3e, \"correct\": %s",
+                   *first_row ? "" : ", ", name, hot ? "hot" : "router", (long long)b.m, (int)b.n_touched, bytes,
+                   t_moe, pct, tflops,
                    (double)b.m / (t_moe * 1e-6), base ? t_base : -1.0, base ? t_base / t_moe : -1.0, rel,
                    correct ? "true" : "false");
         else
