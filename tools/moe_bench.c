@@ -13,13 +13,14 @@
 #define MB_CEILING 4.37e12 /* HBM read ceiling of the H200 (BENCHMARKS.md) */
 #define MB_MAX_M 4096     /* prefill sizes: throughput only */
 #define MB_MAX_LIST 16
+#define MB_MAX_WS_OFFSET (64 << 20) /* --ws-offset: placement studies */
 #define MB_DECODE_MAX_M 64 /* up to here the read-ceiling bar applies (M >= 4); above, TFLOP/s is the measure */
 #define MB_CHECK_MAX_M 16  /* the CPU reference check (its time grows with M) */
 #define MB_BASE_MAX_M 16  /* the baseline's linear plans take <= 32 tokens per expert: measured for M <= 16 */
 
 static void moe_bench_help(void) {
     printf("usage: k3 bench moe [--config tp8|ep16|both] [--m LIST] [--top-k K] [--reps R] [--hot] [--stages]\n"
-           "                   [--json]\n\n"
+           "                   [--ws-offset N] [--json]\n\n"
            "Times the GPU routed experts (NVFP4 weights, linear scales, SiTU 4/25, W4A16) per call, for each M:\n"
            "  tp8   896 experts, L = 3584, I = 384, top-k 16 (default)\n"
            "  ep16  56 local experts, L = 3584, I = 3072, top-k 1 (the average local share of a top-16 token at\n"
@@ -34,9 +35,14 @@ static void moe_bench_help(void) {
            "  --m LIST    token counts (default 1,2,4,8,16,32,64; 1..%d, at most %d values; e.g. 512,4096)\n"
            "  --hot       skewed routing: every token's lowest-ranked choice becomes expert 0 (unless it chose it\n"
            "              already), so expert 0 gets all M tokens: the worst case of the kernels' tokens per pass\n"
+           "  --ws-offset N\n"
+           "              the MoE workspace starts N bytes (a multiple of 256) into its allocation, for placement\n"
+           "              studies (the library puts its a and pair_out buffers on 64 KB boundaries inside it)\n"
            "  --stages    also time the pipeline cut after each stage (graph replay, median): the router alone,\n"
            "              dispatch, + GEMM1 (with the activation), + GEMM2 (weighted pair outputs), + combine (the\n"
            "              whole call); the differences are each stage's share of the call\n"
+           "  --reps R    graph replays per point (7..1000; the median is reported)\n"
+           "  --json      one JSON object: a row per (config, M) with the columns above\n"
            "exit status: 0 measured and correct, 1 failure or an incorrect result, 2 usage\n",
            MB_DECODE_MAX_M, MB_CHECK_MAX_M, MB_MAX_M, MB_MAX_LIST);
 }
@@ -67,6 +73,7 @@ typedef struct moe_bench {
     int32_t *ids;
     float *wts;
     void *ws, *lws;
+    uint8_t *ws_alloc; /* ws = ws_alloc + --ws-offset */
     size_t ws_bytes, lws_bytes;
     k3_moe_plan *plan;
     k3_linear_plan *lt1, *lt2;
@@ -149,7 +156,7 @@ static void fill_bytes(uint64_t *rng, uint8_t *p, size_t n) {
 }
 
 static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const int64_t *ms, int nm, int64_t reps,
-                        int json, int stages, int hot, int *first_row) {
+                        int json, int stages, int hot, int64_t ws_offset, int *first_row) {
     const int64_t L = 3584;
     int64_t max_m = 1;
     for (int i = 0; i < nm; i++) max_m = ms[i] > max_m ? ms[i] : max_m;
@@ -272,7 +279,8 @@ static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const
         cudaMalloc((void **)&b.o1, (size_t)(32 * L) * 2) != cudaSuccess ||
         cudaMalloc((void **)&b.ids, (size_t)(max_m * k) * 4) != cudaSuccess ||
         cudaMalloc((void **)&b.wts, (size_t)(max_m * k) * 4) != cudaSuccess ||
-        cudaMalloc(&b.ws, b.ws_bytes) != cudaSuccess || (b.lws_bytes && cudaMalloc(&b.lws, b.lws_bytes) != cudaSuccess) ||
+        cudaMalloc((void **)&b.ws_alloc, b.ws_bytes + (size_t)ws_offset) != cudaSuccess ||
+        (b.lws_bytes && cudaMalloc(&b.lws, b.lws_bytes) != cudaSuccess) ||
         cudaMalloc(&rws, rws_b ? rws_b : 16) != cudaSuccess ||
         cudaMalloc((void **)&dxr, (size_t)max_m * MB_H * 2) != cudaSuccess ||
         cudaMalloc((void **)&dgate, (size_t)E * MB_H * 2) != cudaSuccess ||
@@ -286,18 +294,20 @@ static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const
         goto done;
     }
     b.rp = rp, b.dxr = dxr, b.dgate = dgate, b.dbias = dbias, b.rws = rws, b.rws_bytes = rws_b;
+    b.ws = b.ws_alloc + ws_offset;
     if (mb_report(&b, k3_moe_plan_create(cpu, &b.d, &cpu_plan), "cpu moe plan")) goto done;
     size_t cws_b = 0;
     k3_moe_workspace_size(cpu_plan, &cws_b);
     if (!(cws = malloc(cws_b))) goto done;
     if (!json)
         printf("k3 bench moe %s on %s: E=%d top-k=%d L=%lld I=%lld, NVFP4 SiTU W4A16, %s routing, %d weight copies "
-               "(%.0f MB FP4, %.0f MB BF16 baseline), %lld replays, median us per call\n"
+               "(%.0f MB FP4, %.0f MB BF16 baseline), %lld replays, median us per call, workspace offset %lld\n"
                "%4s %8s %9s %10s %8s %8s %8s %11s %8s %10s %s\n",
                name, arch.device_name, (int)E, (int)k, (long long)L, (long long)I, hot ? "hot" : "router",
                (int)b.copies,
-               b.copies * all_fp4 / 1e6, b.copies * (double)(3 * I * L) * 2 * E / 1e6, (long long)reps, "M",
-               "experts", "MB", "moe us", "TB/s", "%ceil", "TFLOP/s", "bf16-lt us", "speedup", "check", "bars");
+               b.copies * all_fp4 / 1e6, b.copies * (double)(3 * I * L) * 2 * E / 1e6, (long long)reps,
+               (long long)ws_offset, "M", "experts", "MB", "moe us", "TB/s", "%ceil", "TFLOP/s", "bf16-lt us",
+               "speedup", "check", "bars");
     int all_ok = 1;
     for (int i = 0; i < nm; i++) {
         b.m = ms[i];
@@ -418,7 +428,7 @@ done:
     for (int32_t c = 0; b.bw13 && c < b.copies; c++) cudaFree(b.bw13[c]);
     for (int32_t c = 0; b.bw2 && c < b.copies; c++) cudaFree(b.bw2[c]);
     cudaFree(dsc), cudaFree(b.x), cudaFree(b.out), cudaFree(b.h1), cudaFree(b.o1), cudaFree(b.ids), cudaFree(b.wts);
-    cudaFree(b.ws), cudaFree(b.lws), cudaFree(rws), cudaFree(dxr), cudaFree(dgate), cudaFree(dbias);
+    cudaFree(b.ws_alloc), cudaFree(b.lws), cudaFree(rws), cudaFree(dxr), cudaFree(dgate), cudaFree(dbias);
     free(b.w), free(b.bw13), free(b.bw2), free(b.touched), free(b.cnt), free(h13), free(h2), free(h13s), free(h2s);
     free(hs13), free(hs2), free(hx), free(hxr), free(hgate), free(hbias), free(hids), free(hwts), free(hout);
     free(href), free(cws);
@@ -430,7 +440,7 @@ done:
 int k3_bench_moe(int argc, char **argv) {
     int64_t ms[MB_MAX_LIST] = {1, 2, 4, 8, 16, 32, 64};
     int nm = 7, json = 0, stages = 0, hot = 0;
-    int64_t reps = 11, topk = 0;
+    int64_t reps = 11, topk = 0, ws_offset = 0;
     const char *config = "both";
     if (k3_cli_wants_help(argc, argv)) {
         moe_bench_help();
@@ -449,6 +459,9 @@ int k3_bench_moe(int argc, char **argv) {
                 return K3_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--top-k")) {
             if (!(v = k3_cli_value(argc, argv, &i, "--top-k")) || !k3_cli_parse_i64(v, "--top-k", &topk))
+                return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--ws-offset")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--ws-offset")) || !k3_cli_parse_i64(v, "--ws-offset", &ws_offset))
                 return K3_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--config")) {
             if (!(config = k3_cli_value(argc, argv, &i, "--config"))) return K3_EXIT_USAGE;
@@ -470,6 +483,10 @@ int k3_bench_moe(int argc, char **argv) {
         fprintf(stderr, "k3 bench moe: --reps must be in 7..1000 (BENCHMARKS.md: the median of >= 7 replays)\n");
         return K3_EXIT_USAGE;
     }
+    if (ws_offset < 0 || ws_offset > MB_MAX_WS_OFFSET || ws_offset % 256 != 0) {
+        fprintf(stderr, "k3 bench moe: --ws-offset must be a multiple of 256 in 0..%d\n", MB_MAX_WS_OFFSET);
+        return K3_EXIT_USAGE;
+    }
     if (topk != 0 && (topk < 1 || topk > 16)) {
         fprintf(stderr, "k3 bench moe: --top-k must be in 1..16\n");
         return K3_EXIT_USAGE;
@@ -477,11 +494,11 @@ int k3_bench_moe(int argc, char **argv) {
     int rc = K3_EXIT_OK, first = 1;
     if (json) printf("{\"rows\": [");
     if (strcmp(config, "ep16")) {
-        const int r = bench_config("tp8", 896, topk ? (int32_t)topk : 16, 384, ms, nm, reps, json, stages, hot, &first);
+        const int r = bench_config("tp8", 896, topk ? (int32_t)topk : 16, 384, ms, nm, reps, json, stages, hot, ws_offset, &first);
         rc = r != K3_EXIT_OK ? r : rc;
     }
     if (strcmp(config, "tp8")) {
-        const int r = bench_config("ep16", 56, topk ? (int32_t)topk : 1, 3072, ms, nm, reps, json, stages, hot, &first);
+        const int r = bench_config("ep16", 56, topk ? (int32_t)topk : 1, 3072, ms, nm, reps, json, stages, hot, ws_offset, &first);
         rc = r != K3_EXIT_OK ? r : rc;
     }
     if (json) printf("], \"ok\": %s}\n", rc == K3_EXIT_OK ? "true" : "false");
