@@ -1538,7 +1538,7 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
     /* The dispatch path: one block row per unit, an expert's pairs in runs of one pass (8 * NT), so an expert with
      * more tokens than a pass takes is spread over blocks, not passes of one block (session 19: EP16 with one
      * expert touched, m 12 / 16 / 64: 51.9 / 55.6 / 201.8 -> 32.2 / 35.0 / 82.5 us). That costs the grid
-     * pairs / (8 * NT) more slots (blocks that exit at once: TP8 m 64 +2%), so only where m > 8 * NT, i.e. where
+     * pairs / (8 * NT) more slots (blocks that exit at once: TP8 m 64 +2-3%), so only where m > 8 * NT, i.e. where
      * distinct ids can give an expert more than a pass; below, a unit is a whole expert (duplicate ids: passes).
      * The fold keeps one slot per touched expert and its passes (small grids only). */
     sh.tpu = m > 8 * sh.nt ? 8 * sh.nt : (np > 0 ? np : 1);
