@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# k3 plan / k3 bench gemm / k3 tune from the command line: table selection per simulated architecture, JSON,
-# table files (good, malformed, key mismatch), exit codes; bench and tune without a GPU say so and exit 1.
+# k3 plan / k3 bench gemm / k3 bench moe / k3 tune from the command line: table selection per simulated
+# architecture, JSON, table files (good, malformed, key mismatch), exit codes (usage errors 2 in every build);
+# bench and tune without a GPU say so and exit 1.
 # usage: bash tests/cli_plan.sh path/to/k3
 set -u
 NAME=cli_plan
@@ -56,6 +57,17 @@ expect 2 "bench reps" -- "$K3" bench gemm --reps 3
 expect 2 "bench json+csv" -- "$K3" bench gemm --json --csv
 expect 2 "bench bad m" -- "$K3" bench gemm --m 0
 expect 2 "bench bad shapes" -- "$K3" bench gemm --shapes 1536
+expect 0 "bench moe help" -- "$K3" bench moe --help
+contains "$T/out" "--hot" "bench moe help: skewed routing"
+contains "$T/out" "--ws-offset N" "bench moe help: workspace offset"
+expect 2 "bench moe reps" -- "$K3" bench moe --reps 3
+contains "$T/err" "--reps must be in 7..1000" "bench moe reps message"
+expect 2 "bench moe ws offset" -- "$K3" bench moe --ws-offset 100
+contains "$T/err" "multiple of 256" "bench moe ws offset message"
+expect 2 "bench moe config" -- "$K3" bench moe --config tp4
+expect 2 "bench moe m" -- "$K3" bench moe --m 0
+expect 2 "bench moe top-k" -- "$K3" bench moe --top-k 17
+expect 2 "bench moe unknown option" -- "$K3" bench moe --frobnicate
 expect 0 "tune help" -- "$K3" tune --help
 expect 2 "tune bad m" -- "$K3" tune --m 40
 expect 2 "tune bad shapes file" -- "$K3" tune --shapes "$T/no_such_file"
@@ -64,6 +76,8 @@ if ! "$K3" info --json 2>/dev/null | grep -q '"backend": "cuda"'; then
     contains "$T/err" "needs a CUDA GPU" "bench says why"
     expect 1 "tune without a GPU" -- "$K3" tune --shapes 1536,128 --m 1
     contains "$T/err" "needs a CUDA GPU" "tune says why"
+    expect 1 "bench moe without a GPU" -- "$K3" bench moe --config tp8 --m 1 --reps 7
+    if grep -aqF "no CUDA backend" "$T/err"; then ok; else contains "$T/err" "cannot create a cuda context" "bench moe says why"; fi
 fi
 
 finish

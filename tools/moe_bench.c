@@ -47,12 +47,77 @@ static void moe_bench_help(void) {
            MB_DECODE_MAX_M, MB_CHECK_MAX_M, MB_MAX_M, MB_MAX_LIST);
 }
 
+/* The options of `k3 bench moe`, parsed and checked the same way in every build (usage errors: exit 2). */
+typedef struct mb_opts {
+    int64_t ms[MB_MAX_LIST];
+    int nm, json, stages, hot;
+    int64_t reps, topk, ws_offset;
+    const char *config;
+} mb_opts;
+
+static int mb_parse(int argc, char **argv, mb_opts *o) {
+    static const int64_t def_ms[] = {1, 2, 4, 8, 16, 32, 64};
+    memset(o, 0, sizeof *o);
+    memcpy(o->ms, def_ms, sizeof def_ms);
+    o->nm = (int)(sizeof def_ms / sizeof def_ms[0]), o->reps = 11, o->config = "both";
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (!strcmp(argv[i], "--json")) o->json = 1;
+        else if (!strcmp(argv[i], "--stages")) o->stages = 1;
+        else if (!strcmp(argv[i], "--hot")) o->hot = 1;
+        else if (!strcmp(argv[i], "--m")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--m")) || !(o->nm = k3_cli_parse_list(v, "--m", o->ms, MB_MAX_LIST)))
+                return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--reps")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--reps")) || !k3_cli_parse_i64(v, "--reps", &o->reps))
+                return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--top-k")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--top-k")) || !k3_cli_parse_i64(v, "--top-k", &o->topk))
+                return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--ws-offset")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--ws-offset")) ||
+                !k3_cli_parse_i64(v, "--ws-offset", &o->ws_offset))
+                return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--config")) {
+            if (!(o->config = k3_cli_value(argc, argv, &i, "--config"))) return K3_EXIT_USAGE;
+        } else {
+            fprintf(stderr, "k3 bench moe: unknown option '%s' (see k3 bench moe --help)\n", argv[i]);
+            return K3_EXIT_USAGE;
+        }
+    }
+    if (strcmp(o->config, "tp8") && strcmp(o->config, "ep16") && strcmp(o->config, "both")) {
+        fprintf(stderr, "k3 bench moe: --config must be tp8, ep16 or both (got '%s')\n", o->config);
+        return K3_EXIT_USAGE;
+    }
+    for (int i = 0; i < o->nm; i++)
+        if (o->ms[i] < 1 || o->ms[i] > MB_MAX_M) {
+            fprintf(stderr, "k3 bench moe: --m values must be in 1..%d\n", MB_MAX_M);
+            return K3_EXIT_USAGE;
+        }
+    if (o->reps < 7 || o->reps > 1000) {
+        fprintf(stderr, "k3 bench moe: --reps must be in 7..1000 (BENCHMARKS.md: the median of >= 7 replays)\n");
+        return K3_EXIT_USAGE;
+    }
+    if (o->ws_offset < 0 || o->ws_offset > MB_MAX_WS_OFFSET || o->ws_offset % 256 != 0) {
+        fprintf(stderr, "k3 bench moe: --ws-offset must be a multiple of 256 in 0..%d\n", MB_MAX_WS_OFFSET);
+        return K3_EXIT_USAGE;
+    }
+    if (o->topk != 0 && (o->topk < 1 || o->topk > 16)) {
+        fprintf(stderr, "k3 bench moe: --top-k must be in 1..16\n");
+        return K3_EXIT_USAGE;
+    }
+    return K3_EXIT_OK;
+}
+
 #ifndef K3_HAVE_CUDA
 int k3_bench_moe(int argc, char **argv) {
     if (k3_cli_wants_help(argc, argv)) {
         moe_bench_help();
         return K3_EXIT_OK;
     }
+    mb_opts o;
+    const int pr = mb_parse(argc, argv, &o);
+    if (pr != K3_EXIT_OK) return pr;
     fprintf(stderr, "k3 bench moe: this build has no CUDA backend\n");
     return K3_EXIT_FAIL;
 }
@@ -438,70 +503,26 @@ done:
 }
 
 int k3_bench_moe(int argc, char **argv) {
-    int64_t ms[MB_MAX_LIST] = {1, 2, 4, 8, 16, 32, 64};
-    int nm = 7, json = 0, stages = 0, hot = 0;
-    int64_t reps = 11, topk = 0, ws_offset = 0;
-    const char *config = "both";
     if (k3_cli_wants_help(argc, argv)) {
         moe_bench_help();
         return K3_EXIT_OK;
     }
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--stages")) stages = 1;
-        else if (!strcmp(argv[i], "--hot")) hot = 1;
-        else if (!strcmp(argv[i], "--m")) {
-            if (!(v = k3_cli_value(argc, argv, &i, "--m")) || !(nm = k3_cli_parse_list(v, "--m", ms, MB_MAX_LIST)))
-                return K3_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--reps")) {
-            if (!(v = k3_cli_value(argc, argv, &i, "--reps")) || !k3_cli_parse_i64(v, "--reps", &reps))
-                return K3_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--top-k")) {
-            if (!(v = k3_cli_value(argc, argv, &i, "--top-k")) || !k3_cli_parse_i64(v, "--top-k", &topk))
-                return K3_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--ws-offset")) {
-            if (!(v = k3_cli_value(argc, argv, &i, "--ws-offset")) || !k3_cli_parse_i64(v, "--ws-offset", &ws_offset))
-                return K3_EXIT_USAGE;
-        } else if (!strcmp(argv[i], "--config")) {
-            if (!(config = k3_cli_value(argc, argv, &i, "--config"))) return K3_EXIT_USAGE;
-        } else {
-            fprintf(stderr, "k3 bench moe: unknown option '%s' (see k3 bench moe --help)\n", argv[i]);
-            return K3_EXIT_USAGE;
-        }
-    }
-    if (strcmp(config, "tp8") && strcmp(config, "ep16") && strcmp(config, "both")) {
-        fprintf(stderr, "k3 bench moe: --config must be tp8, ep16 or both (got '%s')\n", config);
-        return K3_EXIT_USAGE;
-    }
-    for (int i = 0; i < nm; i++)
-        if (ms[i] < 1 || ms[i] > MB_MAX_M) {
-            fprintf(stderr, "k3 bench moe: --m values must be in 1..%d\n", MB_MAX_M);
-            return K3_EXIT_USAGE;
-        }
-    if (reps < 7 || reps > 1000) {
-        fprintf(stderr, "k3 bench moe: --reps must be in 7..1000 (BENCHMARKS.md: the median of >= 7 replays)\n");
-        return K3_EXIT_USAGE;
-    }
-    if (ws_offset < 0 || ws_offset > MB_MAX_WS_OFFSET || ws_offset % 256 != 0) {
-        fprintf(stderr, "k3 bench moe: --ws-offset must be a multiple of 256 in 0..%d\n", MB_MAX_WS_OFFSET);
-        return K3_EXIT_USAGE;
-    }
-    if (topk != 0 && (topk < 1 || topk > 16)) {
-        fprintf(stderr, "k3 bench moe: --top-k must be in 1..16\n");
-        return K3_EXIT_USAGE;
-    }
+    mb_opts o;
+    const int pr = mb_parse(argc, argv, &o);
+    if (pr != K3_EXIT_OK) return pr;
     int rc = K3_EXIT_OK, first = 1;
-    if (json) printf("{\"rows\": [");
-    if (strcmp(config, "ep16")) {
-        const int r = bench_config("tp8", 896, topk ? (int32_t)topk : 16, 384, ms, nm, reps, json, stages, hot, ws_offset, &first);
+    if (o.json) printf("{\"rows\": [");
+    if (strcmp(o.config, "ep16")) {
+        const int r = bench_config("tp8", 896, o.topk ? (int32_t)o.topk : 16, 384, o.ms, o.nm, o.reps, o.json,
+                                   o.stages, o.hot, o.ws_offset, &first);
         rc = r != K3_EXIT_OK ? r : rc;
     }
-    if (strcmp(config, "tp8")) {
-        const int r = bench_config("ep16", 56, topk ? (int32_t)topk : 1, 3072, ms, nm, reps, json, stages, hot, ws_offset, &first);
+    if (strcmp(o.config, "tp8")) {
+        const int r = bench_config("ep16", 56, o.topk ? (int32_t)o.topk : 1, 3072, o.ms, o.nm, o.reps, o.json,
+                                   o.stages, o.hot, o.ws_offset, &first);
         rc = r != K3_EXIT_OK ? r : rc;
     }
-    if (json) printf("], \"ok\": %s}\n", rc == K3_EXIT_OK ? "true" : "false");
+    if (o.json) printf("], \"ok\": %s}\n", rc == K3_EXIT_OK ? "true" : "false");
     return rc;
 }
 #endif
