@@ -12,8 +12,9 @@
  *              fold_list), and GEMM1 is then the call's first kernel
  *   [W4A4]     x quantized per (expert, token) pair with the expert's input scale -> xq[pair] (q * sf, exact
  *              in BF16; the 1 / gs factor is applied to the GEMM1 accumulator instead)
- *   GEMM1      grid (units, I / 16 row tiles): at most min(E, m * top_k) + m * top_k / (8 * NT) units (the fold:
- *              min(E, m * top_k) slots, one per touched expert); slots past the count exit.
+ *   GEMM1      grid (units, I / 16 row tiles): max_units (min(E, m * top_k), plus m * top_k / (8 * NT) where m
+ *              exceeds a pass; the fold: min(E, m * top_k) slots, one per touched expert); slots past the count
+ *              exit.
  *              A block owns 16 gate rows AND the matching 16 up rows, so the activation runs in the epilogue:
  *              h = bf16(acc * scale_2), act in fp32, one rounding (BF16, or the W4A4 NVFP4 requantization of
  *              the 16-wide block this tile is) -> a[pair, I]. Its 4 warps split K, summed in a fixed order.
@@ -1285,7 +1286,12 @@ size_t align_up(size_t v) { return (v + (ALIGN - 1)) & ~(size_t)(ALIGN - 1); }
 constexpr size_t ALIGN_BUF = 65536;
 size_t align_buf(size_t v) { return (v + (ALIGN_BUF - 1)) & ~(size_t)(ALIGN_BUF - 1); }
 
-/* The carve-up of the device workspace (offsets from its 256-byte aligned start). */
+/* The dispatch path's block rows (units) for `np` pairs in runs of at most `tpu` (k3_cuda_moe_dispatch): one per
+ * touched expert, plus at most np / tpu more. The workspace is sized for the smallest tpu (8), shape_of's grids
+ * for the call's. */
+int64_t max_units(int64_t e, int64_t np, int64_t tpu) { return (e < np ? e : np) + np / tpu; }
+
+/* The carve-up of the device workspace (offsets from its ALIGN_BUF-aligned start). */
 struct ws_layout {
     size_t offs, cur, active, act_off, n_active, list, xq, a, pair_out, total;
 };
@@ -1304,10 +1310,9 @@ ws_layout layout_of(const k3_cuda_moe *p) {
     s.a = o, o += align_up(np * (size_t)d->inter * 2);
     o = align_buf(o);
     s.pair_out = o, o += align_up(np * (size_t)d->hidden * 4);
-    /* the dispatch's units (at most min(E, pairs) + pairs / 8: units take 8 or more pairs), last: inserted before
-     * n_active, act_off shifted a and pair_out by 3.75 KB, and TP8 m 2-4 ran 1.3-2.7 us slower (session 19, same
-     * call, bitwise the same work): the buffers' placement matters at that size */
-    const size_t units = (e < np ? e : np) + np / 8;
+    /* the dispatch's units, last: inserted before n_active, act_off shifted a and pair_out by 3.75 KB, and TP8 m
+     * 2-4 ran 1.3-2.7 us slower (session 19, same call, bitwise the same work): the buffers' placement matters */
+    const size_t units = (size_t)max_units((int64_t)e, (int64_t)np, 8);
     s.active = o, o += align_up(units * 4);
     s.act_off = o, o += align_up((units + 1) * 4);
     s.total = o;
@@ -1491,9 +1496,11 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
     const int32_t np = (int32_t)(m * d->top_k);
     const int32_t slots = np < d->num_experts ? np : d->num_experts;
     launch_shape sh;
-    /* NVFP4 with aligned scale words: the cp.async ring (NT <= 2) is possible */
-    const bool nv_ok = d->format == K3_WEIGHT_NVFP4 && async_ok((int32_t)d->scale_layout, d->hidden, w->w13_scale) &&
-                       async_ok((int32_t)d->scale_layout, d->inter, w->w2_scale);
+    /* NVFP4 with aligned scale words (per GEMM): the cp.async ring (NT <= 2) is possible */
+    const bool nv = d->format == K3_WEIGHT_NVFP4;
+    const bool al1 = nv && async_ok((int32_t)d->scale_layout, d->hidden, w->w13_scale);
+    const bool al2 = nv && async_ok((int32_t)d->scale_layout, d->inter, w->w2_scale);
+    const bool nv_ok = al1 && al2;
     /* token tiles per pass (8 tokens each); an expert with more tokens takes more passes. The register-ring kernels
      * cover every expert's tokens in one pass up to m 16 (a token's ids being distinct); the cp.async ring runs
      * NT 1 through m NT1_MAX_M and NT 2 past it (measured: NT1_MAX_M). */
@@ -1506,9 +1513,8 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
     sh.g2 = dim3((unsigned)slots,
                  (unsigned)(sh.g2_split ? d->hidden / 16 : (d->hidden / 16 + G2_WARPS - 1) / G2_WARPS));
     /* NVFP4 at decode sizes (NT <= 2): the cp.async ring where the scale words are aligned */
-    const bool nv = d->format == K3_WEIGHT_NVFP4 && sh.nt <= 2;
-    sh.as1 = nv && async_ok((int32_t)d->scale_layout, d->hidden, w->w13_scale);
-    sh.as2 = nv && async_ok((int32_t)d->scale_layout, d->inter, w->w2_scale);
+    sh.as1 = al1 && sh.nt <= 2;
+    sh.as2 = al2 && sh.nt <= 2;
     const int64_t sms = sm_count > 0 ? sm_count : 132;
     const int64_t per1 = g1_min_blocks(sh.as1, sh.nt);
     const int64_t per2 = g2_min_blocks(sh.as2, sh.nt, sh.g2_split ? G2_WARPS : 1);
@@ -1542,10 +1548,7 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
      * distinct ids can give an expert more than a pass; below, a unit is a whole expert (duplicate ids: passes).
      * The fold keeps one slot per touched expert and its passes (small grids only). */
     sh.tpu = m > 8 * sh.nt ? 8 * sh.nt : (np > 0 ? np : 1);
-    if (!sh.fold) {
-        const unsigned units = (unsigned)(slots + np / sh.tpu);
-        sh.g1.x = units, sh.g2.x = units;
-    }
+    if (!sh.fold) sh.g1.x = sh.g2.x = (unsigned)max_units(d->num_experts, np, sh.tpu);
     return sh;
 }
 
