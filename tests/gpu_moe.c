@@ -191,8 +191,10 @@ static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, int32_t tpu
     int32_t *g_list = (int32_t *)malloc((size_t)np * 4), *g_offs = (int32_t *)malloc((size_t)(E + 1) * 4);
     int32_t *g_act = (int32_t *)malloc((size_t)nu * 4), *cur = (int32_t *)malloc((size_t)E * 4);
     int32_t *aoff = (int32_t *)malloc((size_t)(nu + 1) * 4), *g_aoff = (int32_t *)malloc((size_t)(nu + 1) * 4);
+    float *wts = (float *)malloc((size_t)np * 4), *g_wsort = (float *)malloc((size_t)np * 4);
     for (int32_t i = 0; i < np; i++)
         ids[i] = skew ? (int32_t)(k3t_next(&rng) % 3u) * (E / 3) : (int32_t)(k3t_next(&rng) % (uint64_t)E);
+    for (int32_t i = 0; i < np; i++) wts[i] = (float)(k3t_next(&rng) % 1000003u) * 1e-6f + 1e-3f; /* distinct */
     /* host counting sort: the expected grouping */
     memset(offs, 0, (size_t)(E + 1) * 4);
     for (int32_t i = 0; i < np; i++) offs[ids[i] + 1]++;
@@ -208,10 +210,13 @@ static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, int32_t tpu
     int32_t *d_offs = (int32_t *)dalloc((size_t)(E + 1) * 4), *d_cur = (int32_t *)dalloc((size_t)E * 4);
     int32_t *d_act = (int32_t *)dalloc((size_t)nu * 4), *d_n = (int32_t *)dalloc(4), *d_list = (int32_t *)dalloc((size_t)np * 4);
     int32_t *d_aoff = (int32_t *)dalloc((size_t)(nu + 1) * 4);
+    float *d_wts = (float *)dup_to_device(wts, (size_t)np * 4), *d_wsort = (float *)dalloc((size_t)np * 4);
+    cudaMemsetAsync(d_wsort, 0xff, (size_t)np * 4, g_stream); /* NaN: every entry must be written */
     cudaMemsetAsync(d_list, 0xff, (size_t)np * 4, g_stream);
     cudaMemsetAsync(d_aoff, 0xff, (size_t)(nu + 1) * 4, g_stream);
     const double t0 = now_s();
-    const k3_status st = k3_cuda_moe_dispatch(g_gpu, dids, np, E, tpu, d_offs, d_cur, d_act, d_aoff, d_n, d_list, g_stream);
+    const k3_status st = k3_cuda_moe_dispatch(g_gpu, dids, np, E, tpu, d_offs, d_cur, d_act, d_aoff, d_n, d_list, d_wts,
+                                              d_wsort, g_stream);
     cuda_ok(cudaStreamSynchronize(g_stream), "dispatch sync");
     const double dt = now_s() - t0;
     int32_t g_n = -1;
@@ -220,17 +225,22 @@ static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, int32_t tpu
     cudaMemcpy(&g_n, d_n, 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(g_list, d_list, (size_t)np * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(g_aoff, d_aoff, (size_t)(nu + 1) * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g_wsort, d_wsort, (size_t)np * 4, cudaMemcpyDeviceToHost);
     const int ok_offs = memcmp(offs, g_offs, (size_t)(E + 1) * 4) == 0;
     const int ok_act = g_n == nact && memcmp(act, g_act, (size_t)nact * 4) == 0 &&
                        memcmp(aoff, g_aoff, (size_t)(nact + 1) * 4) == 0;
     const int ok_list = memcmp(list, g_list, (size_t)np * 4) == 0;
-    const int pass = st == K3_STATUS_SUCCESS && ok_offs && ok_act && ok_list;
-    printf("%s dispatch m=%d k=%d E=%d skew=%d tpu=%d: offsets %s, units %s (%d vs %d), list %s (%.1f us incl. sync)\n",
+    int ok_wsort = 1; /* the routing weight of each grouped pair, copied bit for bit */
+    for (int32_t p = 0; p < np; p++) ok_wsort &= memcmp(&g_wsort[p], &wts[list[p]], 4) == 0;
+    const int pass = st == K3_STATUS_SUCCESS && ok_offs && ok_act && ok_list && ok_wsort;
+    printf("%s dispatch m=%d k=%d E=%d skew=%d tpu=%d: offsets %s, units %s (%d vs %d), list %s, weights %s (%.1f us "
+           "incl. sync)\n",
            pass ? "PASS" : "FAIL", m, k, E, skew, tpu, ok_offs ? "equal" : "DIFFER", ok_act ? "equal" : "DIFFER", g_n, nact,
-           ok_list ? "equal" : "DIFFER", dt * 1e6);
+           ok_list ? "equal" : "DIFFER", ok_wsort ? "equal" : "DIFFER", dt * 1e6);
     CHECK(pass, "dispatch m=%d k=%d E=%d", m, k, E);
     cudaFree(dids), cudaFree(d_offs), cudaFree(d_cur), cudaFree(d_act), cudaFree(d_n), cudaFree(d_list);
-    cudaFree(d_aoff);
+    cudaFree(d_aoff), cudaFree(d_wts), cudaFree(d_wsort);
+    free(wts), free(g_wsort);
     free(ids), free(list), free(offs), free(act), free(g_list), free(g_offs), free(g_act), free(cur), free(aoff), free(g_aoff);
 }
 
@@ -936,9 +946,15 @@ static int run_group(int gi, int quick) {
         {
             int32_t dummy[2];
             const k3_status st = k3_cuda_moe_dispatch(g_gpu, dummy, 0, 8, 0, dummy, dummy, dummy, dummy, dummy, dummy,
-                                                      g_stream);
+                                                      NULL, NULL, g_stream);
             CHECK(st == K3_STATUS_INVALID_ARGUMENT, "dispatch: tokens_per_unit 0 must be refused (got %d)", (int)st);
             printf("%s dispatch tokens_per_unit 0 refused: %s\n", st == K3_STATUS_INVALID_ARGUMENT ? "PASS" : "FAIL",
+                   k3_ctx_last_error(g_gpu));
+            float wdummy[2];
+            const k3_status s2 = k3_cuda_moe_dispatch(g_gpu, dummy, 0, 8, 8, dummy, dummy, dummy, dummy, dummy, dummy,
+                                                      wdummy, NULL, g_stream);
+            CHECK(s2 == K3_STATUS_INVALID_ARGUMENT, "dispatch: wts without wsort must be refused (got %d)", (int)s2);
+            printf("%s dispatch wts without wsort refused: %s\n", s2 == K3_STATUS_INVALID_ARGUMENT ? "PASS" : "FAIL",
                    k3_ctx_last_error(g_gpu));
         }
     } else if (gi < N_GROUPS - 1) {

@@ -69,11 +69,13 @@ k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, c
  * at most tokens_per_unit, in ascending expert id then pair order, *n_active of them, active [u] = the unit's
  * expert and act_off [u] = its first pair, act_off[*n_active] = offs[E] (both arrays hold at least
  * min(E, np) + np / tokens_per_unit + 1 entries); and list [np] (pair indices grouped by expert, ascending pair
- * index within an expert).
+ * index within an expert); with wts [np] given, also wsort [np] = wts [list [p]] (the routing weight of each grouped
+ * pair: GEMM2 reads it without a round trip through list). wts and wsort: both or neither (NULL).
  * cur [E] is scratch. One block; bounded loops; no host knowledge of the ids. */
 k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32_t np, int32_t num_experts,
                                int32_t tokens_per_unit, int32_t *offs, int32_t *cur, int32_t *active,
-                               int32_t *act_off, int32_t *n_active, int32_t *list, void *stream);
+                               int32_t *act_off, int32_t *n_active, int32_t *list, const float *wts, float *wsort,
+                               void *stream);
 
 /* ---- pointer check (src/cuda/moe_ptr_check.cu) ------------------------------------------------------ */
 

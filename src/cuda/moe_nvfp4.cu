@@ -710,6 +710,7 @@ struct moe_params {
     const int32_t *ids;                      /* [m, top_k] */
     const float *wts;                        /* [m, top_k] */
     const int32_t *offs, *active, *act_off, *n_active, *list;
+    const float *wsort;                      /* [np] wts[list[p]] (the dispatch path) */
     int32_t np;                              /* pairs (m * top_k) */
     const uint16_t *xq;                      /* W4A4: [np, L] grouped, q * sf */
     uint16_t *a;                             /* [np, I] grouped */
@@ -1088,6 +1089,16 @@ template <int KS>
 constexpr int g2_warps() { return KS > G2_WARPS ? KS : G2_WARPS; }
 template <int KS>
 constexpr size_t g2_dyn_bytes() { return (size_t)g2_warps<KS>() * as_warp_uint4<1, G2_STAGES>() * 16; }
+/* The dispatch path's epilogue lookups of a pass (its pair indices, then their routing weights: two dependent round
+ * trips after the main loop) go to shared memory with the ring's first chunk instead: 8 (pair, weight) per warp
+ * after the rings. NT 1 only (at NT 2 the split-K instance then spilled 28 bytes); where the fold routes, the pair
+ * indices are in fold_smem already. */
+template <int NT, bool FOLD>
+constexpr bool g2_epi() { return NT == 1 && !FOLD; }
+template <int NT, int KS>
+constexpr size_t g2_epi_bytes() { return g2_epi<NT, false>() ? (size_t)g2_warps<KS>() * 8 * 8 : 0; }
+template <int NT, int KS, bool FOLD>
+constexpr size_t g2_smem_bytes() { return g2_dyn_bytes<KS>() + (FOLD ? fold_dyn_bytes() : g2_epi_bytes<NT, KS>()); }
 /* Blocks per SM of the cp.async GEMM2 (a block's ring: 20 KB): KS 1 at NT 1 (TP8: 3 chunks per warp, the
  * block's life is mostly its fixed latency) 6 (74 registers); NT 2 (spills in the loop at 80 registers) and
  * split-K (EP16) 5. Measured in session 13 against 4, 5 and 6 for all. The wide split: 2 (its grids are
@@ -1140,11 +1151,21 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     float alpha = FMT == FMT_NVFP4 ? __ldg(P.w2_s2 + e) : 1.0f;
     const float inv_gs = P.w4a4 ? 1.0f / (1.0f / __ldg(P.w2_in + e)) : 1.0f;
     uint4 *const ring = k3_moe_dyn + warp * as_warp_uint4<1, G2_STAGES>();
+    /* ASYNC and g2_epi: this warp's first-pass (pair, weight) copies (g2_epi_bytes); the warps that store outputs
+     * ask for them with their ring's first chunk (list and wsort are the dispatch's: two kernels back, complete) */
+    constexpr bool EPI = ASYNC && g2_epi<NT, FOLD>();
+    int32_t *const epi_pair = reinterpret_cast<int32_t *>(k3_moe_dyn + g2_dyn_bytes<KS>() / 16) + warp * 16;
+    float *const epi_wt = reinterpret_cast<float *>(epi_pair + 8);
     nv_feed<1> f;
     int kc0 = 0, kcs = 1, kn = 0;
     if constexpr (ASYNC) {
         /* the weights stream while GEMM1 drains; its output a is read only after the wait */
         if (!idle) {
+            if constexpr (EPI)
+                if ((KS == 1 || warp == 0) && lane < 8 && lane < cnt) {
+                    k3_cp_async4(epi_pair + lane, P.list + p0 + lane);
+                    k3_cp_async4(epi_wt + lane, P.wsort + p0 + lane);
+                }
             k_split(P.I, KS > 1 ? warp : 0, KS, kc0, kcs, kn);
             nv_feed_init<1>(f, wrow, row, sexp, P.layout, P.I, kc0, kcs, kn, q);
             nv_fill<1, G2_STAGES>(ring, f, lane);
@@ -1197,6 +1218,7 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
             }
         }
         if (KS == 1 || warp == 0) {
+            if constexpr (EPI) __syncwarp(); /* the lanes' epi copies landed (the loop's last wait) */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -1204,11 +1226,18 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
                     const int n = pass + nt * 8 + 2 * q + (c & 1);
                     if (n >= cnt) continue;
                     int32_t pair;
-                    if constexpr (FOLD) pair = (int32_t)fs.list[n];
-                    else pair = __ldcg(P.list + p0 + n);
+                    float wt;
+                    if constexpr (FOLD) {
+                        pair = (int32_t)fs.list[n];
+                        wt = __ldg(P.wts + pair);
+                    } else if (EPI && pass == 0) {
+                        pair = epi_pair[n], wt = epi_wt[n];
+                    } else {
+                        pair = __ldcg(P.list + p0 + n), wt = __ldcg(P.wsort + p0 + n);
+                    }
                     const float dot =
                         __fmul_rn(__fmul_rn(__fmul_rn(acc[0][nt][c], acc_scale<FMT>()), inv_gs), alpha);
-                    const float v = __fmul_rn(__ldg(P.wts + pair), dot);
+                    const float v = __fmul_rn(wt, dot);
                     const int64_t o = (int64_t)pair * P.L + r0 + g + 8 * (c >> 1);
                     if constexpr (DIRECT) { /* top_k 1: pair = token; the combine's sum of one term, 0 + v */
                         const float sum = __fadd_rn(0.0f, v);
@@ -1293,7 +1322,7 @@ int64_t max_units(int64_t e, int64_t np, int64_t tpu) { return (e < np ? e : np)
 
 /* The carve-up of the device workspace (offsets from its ALIGN_BUF-aligned start). */
 struct ws_layout {
-    size_t offs, cur, active, act_off, n_active, list, xq, a, pair_out, total;
+    size_t offs, cur, active, act_off, n_active, list, wsort, xq, a, pair_out, total;
 };
 
 ws_layout layout_of(const k3_cuda_moe *p) {
@@ -1315,6 +1344,7 @@ ws_layout layout_of(const k3_cuda_moe *p) {
     const size_t units = (size_t)max_units((int64_t)e, (int64_t)np, 8);
     s.active = o, o += align_up(units * 4);
     s.act_off = o, o += align_up((units + 1) * 4);
+    s.wsort = o, o += align_up(np * 4);
     s.total = o;
     return s;
 }
@@ -1350,7 +1380,7 @@ template <int NT, int KS, int MINB, bool FOLD, bool DIRECT>
 constexpr auto g2_async_kernel = k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, FOLD, MINB, DIRECT>;
 template <int NT, int KS, int MINB, bool FOLD>
 cudaError_t launch_g2_one(dim3 grid, const moe_params &P, cudaStream_t s) {
-    const size_t smem = g2_dyn_bytes<KS>() + (FOLD ? fold_dyn_bytes() : 0);
+    const size_t smem = g2_smem_bytes<NT, KS, FOLD>();
     return P.direct ? k3_launch_pdl(g2_async_kernel<NT, KS, MINB, FOLD, true>, grid, dim3(g2_warps<KS>() * 32), smem, s, P)
                     : k3_launch_pdl(g2_async_kernel<NT, KS, MINB, FOLD, false>, grid, dim3(g2_warps<KS>() * 32), smem,
                                     s, P);
@@ -1440,7 +1470,7 @@ cudaError_t allow_g1(void) {
 }
 template <int NT, int KS, int MINB, bool FOLD>
 cudaError_t allow_g2_one(void) {
-    const size_t smem = g2_dyn_bytes<KS>() + (FOLD ? fold_dyn_bytes() : 0);
+    const size_t smem = g2_smem_bytes<NT, KS, FOLD>();
     const cudaError_t e = allow_smem(g2_async_kernel<NT, KS, MINB, FOLD, false>, smem);
     return e != cudaSuccess ? e : allow_smem(g2_async_kernel<NT, KS, MINB, FOLD, true>, smem);
 }
@@ -1640,6 +1670,7 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
     P.offs = (const int32_t *)(base + L.offs), P.active = (const int32_t *)(base + L.active);
     P.act_off = (const int32_t *)(base + L.act_off);
     P.n_active = (const int32_t *)(base + L.n_active), P.list = (const int32_t *)(base + L.list);
+    P.wsort = (const float *)(base + L.wsort);
     P.xq = P.w4a4 ? (const uint16_t *)(base + L.xq) : nullptr;
     P.a = (uint16_t *)(base + L.a);
     P.pair_out = (float *)(base + L.pair_out);
@@ -1661,7 +1692,7 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
         K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, sh.tpu, (int32_t *)(base + L.offs),
                                     (int32_t *)(base + L.cur), (int32_t *)(base + L.active),
                                     (int32_t *)(base + L.act_off), (int32_t *)(base + L.n_active),
-                                    (int32_t *)(base + L.list), stream));
+                                    (int32_t *)(base + L.list), topk_weights, (float *)(base + L.wsort), stream));
     if (stages <= K3_CUDA_MOE_STAGE_DISPATCH) return K3_STATUS_SUCCESS;
     if (P.w4a4) {
         const cudaError_t qe = k3_launch_pdl(k3_moe_quant_x_kernel, dim3((unsigned)np), dim3(128), 0, s, P);
