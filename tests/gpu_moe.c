@@ -943,6 +943,7 @@ static int run_group(int gi, int quick) {
         dispatch_case(512, 8, 56, 1, 16, SEED + 203);
         dispatch_case(4096, 16, 896, 0, 16, SEED + 204);
         dispatch_case(4096, 1, 8, 1, 5, SEED + 205);
+        dispatch_case(16, 8, 9000, 0, 8, SEED + 206); /* past 8192 experts: the counters in cur [E] */
         {
             int32_t dummy[2];
             const k3_status st = k3_cuda_moe_dispatch(g_gpu, dummy, 0, 8, 0, dummy, dummy, dummy, dummy, dummy, dummy,

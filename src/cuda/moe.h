@@ -71,7 +71,8 @@ k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, c
  * min(E, np) + np / tokens_per_unit + 1 entries); and list [np] (pair indices grouped by expert, ascending pair
  * index within an expert); with wts [np] given, also wsort [np] = wts [list [p]] (the routing weight of each grouped
  * pair: GEMM2 reads it without a round trip through list). wts and wsort: both or neither (NULL).
- * cur [E] is scratch. One block; bounded loops; no host knowledge of the ids. */
+ * cur [E] is scratch (used past 8192 experts; fewer fit in shared memory). One block; bounded loops; no host
+ * knowledge of the ids. */
 k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32_t np, int32_t num_experts,
                                int32_t tokens_per_unit, int32_t *offs, int32_t *cur, int32_t *active,
                                int32_t *act_off, int32_t *n_active, int32_t *list, const float *wts, float *wsort,

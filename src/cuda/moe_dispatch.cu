@@ -8,9 +8,10 @@
  *                  pass takes is spread over blocks instead of passes of one block (session 19),
  *   list [np]      pair indices (token * top_k + slot) grouped by expert, ascending within an expert
  *                  (the CPU reference's counting-sort order).
- * Integer atomics only (counts), so the result is deterministic. The stable placement walks the pairs in
- * chunks of 1024; inside a chunk, warps take their turn in order (a __syncthreads per warp that has pairs), and
- * within a warp __match_any_sync ranks the lanes that share an expert. Every loop is bounded by np or E, so
+ * Integer atomics only (counts), so the result is deterministic. The counters sit in shared memory up to
+ * DISPATCH_SMEM_E experts, in cur [E] past that. The stable placement walks the pairs in chunks of 1024;
+ * inside a chunk, warps take their turn in order (a __syncthreads per warp that has pairs), and within a warp
+ * __match_any_sync ranks the lanes that share an expert. Every loop is bounded by np or E, so
  * decode sizes (np <= a few thousand: a few chunks) and prefill sizes (np = 4096 * 16: 64 chunks) both work.
  * Ids outside [0, E) are left out of every list.
  */
@@ -25,6 +26,10 @@ namespace {
 
 constexpr int DT = 1024;
 static_assert(DT == 32 * 32, "the scan of warp totals is one warp wide");
+/* The per-expert counters and placement cursors live in shared memory up to this many experts (32 KB), else in the
+ * caller's cur [E]. Why: in global memory every step that touches them (the counting atomics, the scan's reads, and
+ * each warp's turn in the placement, one after another) waited for an L2 round trip. */
+constexpr int32_t DISPATCH_SMEM_E = 8192;
 
 __global__ void __launch_bounds__(DT)
     k3_moe_dispatch_kernel(const int32_t *__restrict__ ids, int32_t np, int32_t ne, int32_t tpu,
@@ -32,17 +37,19 @@ __global__ void __launch_bounds__(DT)
                            int32_t *__restrict__ act_off, int32_t *__restrict__ n_active, int32_t *__restrict__ list,
                            const float *__restrict__ wts, float *__restrict__ wsort) {
     __shared__ unsigned long long wsum[DT / 32];
+    extern __shared__ int32_t cnt_s[]; /* ne entries when ne <= DISPATCH_SMEM_E (the launch sizes it) */
+    int32_t *const cnt = ne <= DISPATCH_SMEM_E ? cnt_s : cur;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     /* the next MoE kernel (launched with PDL) may bring its blocks up now: it waits for this one to finish.
      * This kernel itself is launched plainly (fully ordered after whatever the caller ran before). */
     k3_pdl_launch();
 
-    /* 1. counts (in cur) */
-    for (int32_t e = tid; e < ne; e += DT) cur[e] = 0;
+    /* 1. counts (in cnt) */
+    for (int32_t e = tid; e < ne; e += DT) cnt[e] = 0;
     __syncthreads();
     for (int32_t i = tid; i < np; i += DT) {
         const int32_t e = ids[i];
-        if (e >= 0 && e < ne) atomicAdd(&cur[e], 1);
+        if (e >= 0 && e < ne) atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
 
@@ -51,7 +58,7 @@ __global__ void __launch_bounds__(DT)
     const int32_t s0 = min(ne, tid * seg), s1 = min(ne, s0 + seg);
     unsigned long long local = 0;
     for (int32_t e = s0; e < s1; e++) {
-        const int32_t c = cur[e];
+        const int32_t c = cnt[e];
         local += ((unsigned long long)c << 32) + (unsigned long long)((c + tpu - 1) / tpu);
     }
     /* warp-shuffle scan, then one scan of the 32 warp totals: two barriers instead of the twenty of a
@@ -78,9 +85,9 @@ __global__ void __launch_bounds__(DT)
     unsigned long long run = incl - local + (warp > 0 ? wsum[warp - 1] : 0ull); /* exclusive */
     int32_t off = (int32_t)(run >> 32), u = (int32_t)(run & 0xffffffffull);
     for (int32_t e = s0; e < s1; e++) {
-        const int32_t c = cur[e];
+        const int32_t c = cnt[e];
         offs[e] = off;
-        cur[e] = off; /* becomes the placement cursor */
+        cnt[e] = off; /* becomes the placement cursor */
         for (int32_t k = 0; k < c; k += tpu) act_off[u] = off + k, active[u++] = e;
         off += c;
     }
@@ -108,8 +115,8 @@ __global__ void __launch_bounds__(DT)
             if (warp == w) {
                 int32_t b = 0;
                 if (valid && lane == leader) {
-                    b = cur[e];
-                    cur[e] = b + __popc(peers);
+                    b = cnt[e];
+                    cnt[e] = b + __popc(peers);
                 }
                 b = __shfl_sync(0xffffffffu, b, leader);
                 if (valid) {
@@ -133,8 +140,9 @@ extern "C" k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32
                        (int)tokens_per_unit);
     if ((wts == NULL) != (wsort == NULL))
         return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT, "moe dispatch: wts and wsort must both be given or both be NULL");
-    k3_moe_dispatch_kernel<<<1, DT, 0, (cudaStream_t)stream>>>(ids, np, num_experts, tokens_per_unit, offs, cur,
-                                                               active, act_off, n_active, list, wts, wsort);
+    const size_t smem = num_experts <= DISPATCH_SMEM_E ? (size_t)num_experts * 4 : 0;
+    k3_moe_dispatch_kernel<<<1, DT, smem, (cudaStream_t)stream>>>(ids, np, num_experts, tokens_per_unit, offs, cur,
+                                                                  active, act_off, n_active, list, wts, wsort);
     K3_CUDA_LAUNCH_CHECK(ctx, "moe dispatch kernel");
     return K3_STATUS_SUCCESS;
 }
