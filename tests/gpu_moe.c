@@ -194,7 +194,8 @@ static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, int32_t tpu
     float *wts = (float *)malloc((size_t)np * 4), *g_wsort = (float *)malloc((size_t)np * 4);
     for (int32_t i = 0; i < np; i++)
         ids[i] = skew ? (int32_t)(k3t_next(&rng) % 3u) * (E / 3) : (int32_t)(k3t_next(&rng) % (uint64_t)E);
-    for (int32_t i = 0; i < np; i++) wts[i] = (float)(k3t_next(&rng) % 1000003u) * 1e-6f + 1e-3f; /* distinct */
+    /* weights almost surely distinct, so a gather from the wrong pair shows */
+    for (int32_t i = 0; i < np; i++) wts[i] = (float)(k3t_next(&rng) % 1000003u) * 1e-6f + 1e-3f;
     /* host counting sort: the expected grouping */
     memset(offs, 0, (size_t)(E + 1) * 4);
     for (int32_t i = 0; i < np; i++) offs[ids[i] + 1]++;
