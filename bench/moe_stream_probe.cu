@@ -1,19 +1,16 @@
-// A diagnostic probe (not part of the library or its build): how fast the MoE GEMM1 weight-access pattern streams
-// on its own, with a dependent FFMA chain per chunk standing in for the decode and MMA. Session 20, call s20c
-// (bench/NOTES-moe.md session 20, section 2; numbers in bench/RESULTS.md).
+// Diagnostic probes (not part of the library or its build) for the MoE GEMMs' weight streams, session 20, call s20c
+// (bench/NOTES-moe.md session 20, section 2; numbers in bench/RESULTS.md):
+//   stream  the GEMM1 weight-access pattern alone (four lane maps, ring depths 2-5, grid sizes), with a dependent
+//           FFMA chain per chunk standing in for the decode and MMA;
+//   tile    one tile per block against persistent blocks whose cp.async ring runs on across tiles.
 // Build and run: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o moe_stream_probe moe_stream_probe.cu
-// Session 20 diagnostic (not library code): DRAM throughput of the MoE GEMM1 weight-access pattern alone.
-// Each block: 32 rows (16 "gate" rows at r0.., 16 "up" rows at HALF + r0..), 4 warps, a 3-stage cp.async ring per
-// warp, optional per-chunk compute (a dependent FFMA chain) to emulate the decode + MMA time.
-// pattern 0: as the library (lane g,q: row g / g+8, 16 B at chunk*64 + 16q; warps take chunks w, w+4, ...)
-// pattern 1: same rows, but warps take contiguous chunk ranges
-// pattern 2: each cp.async instruction reads 512 contiguous bytes (one row's 8 chunks): lane l -> 16 B at 16 l
-//            of row (g-set) ; per "chunk" a warp covers 4 rows x 512 B; warps interleave rows
-// pattern 3: a block's 16 gate rows (and 16 up rows) as one contiguous span, warps stream it in 2 KB pieces
+//                ./moe_stream_probe [stream|tile]
+//  (Restructured after the s20c run into one file with a shared ring walk; this exact file was not run on a GPU.)
 #include <cstdio>
 #include <cstdint>
 #include <vector>
 #include <algorithm>
+#include <cstring>
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s line %d\n", cudaGetErrorString(e), __LINE__); return 1; } } while (0)
 __device__ __forceinline__ void cp16(void *s, const void *g) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(s);
@@ -26,6 +23,39 @@ __device__ __forceinline__ void cp4(void *s, const void *g) {
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void waitg() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 extern __shared__ uint4 dyn[];
+
+/* A warp's walk over its n chunks through an S-stage cp.async ring of `su` uint4 per stage: issue(k) fills stage
+ * k % S, use(k, v) gets this lane's first 16 bytes of chunk k once it has landed. */
+template <int S, typename Issue, typename Use>
+__device__ __forceinline__ void ring_walk(int n, const uint4 *ring, int su, int lane, Issue issue, Use use) {
+    for (int k = 0; k < S - 1; k++) {
+        if (k < n) issue(k);
+        commit();
+    }
+    for (int k = 0; k < n; k++) {
+        if (k + S - 1 < n) issue(k + S - 1);
+        commit();
+        waitg<S - 1>();
+        __syncwarp();
+        const uint4 v = ring[(k % S) * su + lane];
+        __syncwarp();
+        use(k, v);
+    }
+}
+/* The stand-in for a chunk's decode and MMA: a dependent FFMA chain of `spin` steps. */
+__device__ __forceinline__ void chunk_work(uint4 v, int spin, float &x, float &acc) {
+    acc += __uint_as_float((v.x ^ v.y ^ v.z ^ v.w) & 0x3f800000u);
+    for (int i = 0; i < spin; i++) x = fmaf(x, 1.0001f, acc);
+}
+namespace stream {
+// The stream probe: the DRAM throughput of the MoE GEMM1 weight-access pattern alone.
+// Each block: 32 rows (16 "gate" rows at r0.., 16 "up" rows at HALF + r0..), 4 warps, a 3-stage cp.async ring per
+// warp, optional per-chunk compute (a dependent FFMA chain) to emulate the decode + MMA time.
+// pattern 0: as the library (lane g,q: row g / g+8, 16 B at chunk*64 + 16q; warps take chunks w, w+4, ...)
+// pattern 1: same rows, but warps take contiguous chunk ranges
+// pattern 2: each cp.async instruction reads 512 contiguous bytes (one row's 8 chunks): lane l -> 16 B at 16 l
+//            of row (g-set) ; per "chunk" a warp covers 4 rows x 512 B; warps interleave rows
+// pattern 3: a block's 16 gate rows (and 16 up rows) as one contiguous span, warps stream it in 2 KB pieces
 struct P { const uint8_t *w; const uint8_t *sc; int64_t eb, sb; int rows, rb, blocks_per_e, pattern, spin, scales; float *out; };
 // address of (warp w, chunk k, copy i in 0..3) for this lane
 __device__ __forceinline__ const uint8_t *addr(const P &p, const uint8_t *we, int blk, int w, int k, int i, int lane, int nch) {
@@ -59,17 +89,7 @@ __global__ void __launch_bounds__(128, 4) kern(P p) {
         for (int i = 0; i < 4; i++) cp16(st + i * 32 + lane, addr(p, we, blk, w, k, i, lane, nch));
         if (p.scales) for (int i = 0; i < 4; i++) cp4((uint32_t *)(st + 128) + i * 32 + lane, se + (i * 8 + (lane >> 2)) * (p.rb / 8) + (w + 4 * k) * 8 + (lane & 3) * 2 - ((lane & 3) & 1) * 2);
     };
-    for (int k = 0; k < S - 1; k++) { if (k < n) issue(k); commit(); }
-    for (int k = 0; k < n; k++) {
-        if (k + S - 1 < n) issue(k + S - 1);
-        commit();
-        waitg<S - 1>();
-        __syncwarp();
-        uint4 v = ring[(k % S) * 160 + lane];
-        acc += __uint_as_float((v.x ^ v.y ^ v.z ^ v.w) & 0x3f800000u);
-        for (int i = 0; i < p.spin; i++) x = fmaf(x, 1.0001f, acc);
-        __syncwarp();
-    }
+    ring_walk<S>(n, ring, 160, lane, issue, [&](int, uint4 v) { chunk_work(v, p.spin, x, acc); });
     if (x == 12345.f || acc == 12345.f) p.out[0] = x + acc;
 }
 
@@ -96,9 +116,71 @@ int runk(const char *name, int rows, int rb, int blocks, int spin, uint8_t *buf,
            S, spin, us, bytes / us * 1e-6);
     return 0;
 }
-int main() {
+} // namespace stream
+
+namespace tile {
+struct P { const uint8_t *w; int tiles, T, spin, epi; float *out; };
+// tile t occupies 4 * T * CB contiguous bytes; warp w's chunk j of tile t: t*4*T*CB + (j*4 + w)*CB
+template <int CB, int S, int MINB>
+__global__ void __launch_bounds__(128, MINB) kern(P p) {
+    constexpr int V = CB / 512; /* 16-byte copies per lane per chunk */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    uint4 *ring = dyn + w * S * (CB / 16);
+    const int ntile = (p.tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x; /* this block's tiles */
+    const int n = ntile * p.T;                                                          /* its chunks per warp */
+    auto addr = [&](int k) {
+        const int t = blockIdx.x + (k / p.T) * gridDim.x, j = k % p.T;
+        return p.w + ((int64_t)t * 4 * p.T + j * 4 + w) * CB;
+    };
+    auto issue = [&](int k) {
+        uint4 *st = ring + (k % S) * (CB / 16);
+        const uint8_t *g = addr(k);
+        for (int v = 0; v < V; v++) cp16(st + v * 32 + lane, g + (v * 32 + lane) * 16);
+    };
+    float x = lane * 1e-3f, acc = 0.f;
+    ring_walk<S>(n, ring, CB / 16, lane, issue, [&](int k, uint4 v) {
+        chunk_work(v, p.spin, x, acc);
+        if (k % p.T == p.T - 1) { /* the tile's epilogue */
+            for (int i = 0; i < p.epi; i++) x = fmaf(x, 0.9999f, acc);
+            __syncthreads();
+            if (x == 12345.f) p.out[blockIdx.x] = x + acc;
+        }
+    });
+    if (x == 12345.f || acc == 12345.f) p.out[0] = x + acc;
+}
+template <int CB, int S, int MINB>
+int runk(const char *name, int tiles, int T, int grid, int spin, int epi, uint8_t *buf, size_t big, float *out) {
+    const int smem = 4 * S * CB;
+    CK(cudaFuncSetAttribute(kern<CB, S, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const int64_t set = (int64_t)tiles * 4 * T * CB;
+    const int copies = (int)std::min<int64_t>(8, (int64_t)big / set);
+    int occ = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern<CB, S, MINB>, 128, smem));
+    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+    std::vector<float> t;
+    for (int r = 0; r < 14; r++) {
+        P p{buf + (size_t)(r % copies) * set, tiles, T, spin, epi, out};
+        CK(cudaEventRecord(a)); kern<CB, S, MINB><<<grid, 128, smem>>>(p); CK(cudaGetLastError()); CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b)); float ms; cudaEventElapsedTime(&ms, a, b); if (r >= 2) t.push_back(ms * 1000);
+    }
+    std::sort(t.begin(), t.end()); double us = t[t.size() / 2];
+    printf("%-10s CB %4d T %2d S %d occ %d grid %5d spin %3d epi %3d: %8.2f us %6.3f TB/s\n", name, CB, T, S, occ, grid,
+           spin, epi, us, set / us * 1e-6);
+    return 0;
+}
+} // namespace tile
+
+int main(int argc, char **argv) {
+    const bool tile_mode = argc > 1 && strcmp(argv[1], "tile") == 0;
+    if (argc > 1 && !tile_mode && strcmp(argv[1], "stream") != 0) {
+        printf("usage: moe_stream_probe [stream|tile]\n");
+        return 2;
+    }
+
     uint8_t *buf; size_t big = (size_t)1200 << 20; CK(cudaMalloc(&buf, big)); CK(cudaMemset(buf, 0x11, big));
     float *out; CK(cudaMalloc(&out, 4));
+    if (!tile_mode) {
+        using namespace stream;
     /* 1. the access patterns (ring depth 3); the "tp8" rows are 3,584 bytes, twice the real TP8 rows (L 3584) */
     for (int scales : {0, 1})
         for (int pattern = 0; pattern < 4; pattern++)
@@ -115,6 +197,27 @@ int main() {
         runk<3>(c.name, c.rows, c.rb, c.blocks, spin, buf, big, out);
         runk<4>(c.name, c.rows, c.rb, c.blocks, spin, buf, big, out);
         runk<5>(c.name, c.rows, c.rb, c.blocks, spin, buf, big, out);
+    }
+    } else {
+        using namespace tile;
+    for (int spin : {0, 150}) {
+        /* TP8 GEMM2-like: 7224 tiles of 4 warps x 3 chunks x 1 KB (89 MB) */
+        runk<1024, 4, 8>("g2 short", 7224, 3, 7224, spin, 100, buf, big, out);
+        runk<1024, 4, 8>("g2 pers8", 7224, 3, 132 * 8, spin, 100, buf, big, out);
+        runk<1024, 4, 4>("g2 pers4", 7224, 3, 132 * 4, spin, 100, buf, big, out);
+        runk<1024, 8, 4>("g2 pers4", 7224, 3, 132 * 4, spin, 100, buf, big, out);
+    }
+    for (int spin : {0, 300}) {
+        /* TP8 GEMM1-like: 3096 tiles of 4 warps x 14 chunks x 2 KB (355 MB) */
+        runk<2048, 3, 4>("g1 short", 3096, 14, 3096, spin, 200, buf, big, out);
+        runk<2048, 3, 4>("g1 pers4", 3096, 14, 132 * 4, spin, 200, buf, big, out);
+        /* EP16 M4 GEMM1-like: 768 tiles x 7 chunks x 2 KB */
+        runk<2048, 3, 4>("e1 short", 768, 7, 768, spin, 200, buf, big, out);
+        runk<2048, 3, 4>("e1 pers4", 768, 7, 132 * 4, spin, 200, buf, big, out);
+        /* the same bytes as 1536 half tiles */
+        runk<2048, 3, 4>("e1 half", 1536, 4, 1536, spin, 200, buf, big, out);
+        runk<2048, 3, 4>("e1 halfp", 1536, 4, 132 * 4, spin, 200, buf, big, out);
+    }
     }
     return 0;
 }

@@ -245,6 +245,17 @@ static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, int32_t tpu
     free(ids), free(list), free(offs), free(act), free(g_list), free(g_offs), free(g_act), free(cur), free(aoff), free(g_aoff);
 }
 
+/* A bad argument must come back INVALID_ARGUMENT (nothing is launched: the pointers are never read). */
+static void dispatch_refused(int32_t tpu, int with_wts, const char *what) {
+    int32_t dummy[2];
+    float wdummy[2];
+    const k3_status st = k3_cuda_moe_dispatch(g_gpu, dummy, 0, 8, tpu, dummy, dummy, dummy, dummy, dummy, dummy,
+                                              with_wts ? wdummy : NULL, NULL, g_stream);
+    CHECK(st == K3_STATUS_INVALID_ARGUMENT, "dispatch: %s must be refused (got %d)", what, (int)st);
+    printf("%s dispatch %s refused: %s\n", st == K3_STATUS_INVALID_ARGUMENT ? "PASS" : "FAIL", what,
+           k3_ctx_last_error(g_gpu));
+}
+
 /* ======================================================================= experts ====================== */
 
 /* ROUTE_DUP: every slot of a token names the same expert (3 % E): one expert gets M * k pairs, more than one
@@ -945,20 +956,8 @@ static int run_group(int gi, int quick) {
         dispatch_case(4096, 16, 896, 0, 16, SEED + 204);
         dispatch_case(4096, 1, 8, 1, 5, SEED + 205);
         dispatch_case(16, 8, 9000, 0, 8, SEED + 206); /* past 8192 experts: the counters in cur [E] */
-        {
-            int32_t dummy[2];
-            const k3_status st = k3_cuda_moe_dispatch(g_gpu, dummy, 0, 8, 0, dummy, dummy, dummy, dummy, dummy, dummy,
-                                                      NULL, NULL, g_stream);
-            CHECK(st == K3_STATUS_INVALID_ARGUMENT, "dispatch: tokens_per_unit 0 must be refused (got %d)", (int)st);
-            printf("%s dispatch tokens_per_unit 0 refused: %s\n", st == K3_STATUS_INVALID_ARGUMENT ? "PASS" : "FAIL",
-                   k3_ctx_last_error(g_gpu));
-            float wdummy[2];
-            const k3_status s2 = k3_cuda_moe_dispatch(g_gpu, dummy, 0, 8, 8, dummy, dummy, dummy, dummy, dummy, dummy,
-                                                      wdummy, NULL, g_stream);
-            CHECK(s2 == K3_STATUS_INVALID_ARGUMENT, "dispatch: wts without wsort must be refused (got %d)", (int)s2);
-            printf("%s dispatch wts without wsort refused: %s\n", s2 == K3_STATUS_INVALID_ARGUMENT ? "PASS" : "FAIL",
-                   k3_ctx_last_error(g_gpu));
-        }
+        dispatch_refused(0, 0, "tokens_per_unit 0");
+        dispatch_refused(8, 1, "wts without wsort");
     } else if (gi < N_GROUPS - 1) {
         const int first = (gi - 2) * MOE_PER_GROUP;
         for (int i = first; i < first + MOE_PER_GROUP && i < N_MOE_CASES; i++) {
