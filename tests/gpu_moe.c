@@ -247,8 +247,8 @@ static void dispatch_case(int32_t m, int32_t k, int32_t E, int skew, int32_t tpu
 
 /* A bad argument must come back INVALID_ARGUMENT (nothing is launched: the pointers are never read). */
 static void dispatch_refused(int32_t tpu, int with_wts, const char *what) {
-    int32_t dummy[2];
-    float wdummy[2];
+    int32_t dummy[2] = {0, 0};
+    float wdummy[2] = {0.0f, 0.0f};
     const k3_status st = k3_cuda_moe_dispatch(g_gpu, dummy, 0, 8, tpu, dummy, dummy, dummy, dummy, dummy, dummy,
                                               with_wts ? wdummy : NULL, NULL, g_stream);
     CHECK(st == K3_STATUS_INVALID_ARGUMENT, "dispatch: %s must be refused (got %d)", what, (int)st);
