@@ -2,9 +2,10 @@
 // (bench/NOTES-moe.md session 20, section 2; numbers in bench/RESULTS.md):
 //   stream  the GEMM1 weight-access pattern alone (four lane maps, ring depths 2-5, grid sizes), with a dependent
 //           FFMA chain per chunk standing in for the decode and MMA;
-//   tile    one tile per block against persistent blocks whose cp.async ring runs on across tiles.
+//   tile    one tile per block against persistent blocks whose cp.async ring runs on across tiles;
+//   ramp    EP16 M 1 as two kernels (GEMM2 under PDL) against one kernel with a device-wide dependency (call s20k).
 // Build and run: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o moe_stream_probe moe_stream_probe.cu
-//                ./moe_stream_probe [stream|tile]
+//                ./moe_stream_probe [stream|tile|ramp]
 //  (Restructured after the s20c run into one file with a shared ring walk; this exact file was not run on a GPU.)
 #include <cstdio>
 #include <cstdint>
@@ -170,15 +171,147 @@ int runk(const char *name, int tiles, int T, int grid, int spin, int epi, uint8_
 }
 } // namespace tile
 
+
+namespace ramp {
+/* EP16 M 1 shaped: GEMM1 streams 384 blocks x 4 warps x 8 chunks of 1 KB (12.6 MB), GEMM2 5.5 MB. Two kernels as the
+ * library runs them (GEMM2 under PDL fills its ring before griddepcontrol.wait) against one kernel whose blocks load
+ * their GEMM2 share at the start (registers, or an L2 prefetch read back after the dependency), stream GEMM1, meet at
+ * a device-wide counter (every block is resident: the grid is under a wave) and then do the GEMM2 work. */
+constexpr int CB = 1024, N1 = 8, N2 = 3, G1B = 384, G2B = 224, W2U4 = 7; /* 7 uint4 per thread: the same 5.5 MB */
+struct P {
+    const uint8_t *w1, *w2;
+    int spin;
+    float *out;
+    unsigned *counter;
+    unsigned target;
+    int l2;
+};
+__device__ __forceinline__ void g1_part(const P &p, float &x, float &acc) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    uint4 *ring = dyn + w * 3 * (CB / 16);
+    const uint8_t *base = p.w1 + ((size_t)blockIdx.x * 4 + w) * N1 * CB;
+    auto issue = [&](int k) {
+        uint4 *st = ring + (k % 3) * (CB / 16);
+        for (int v = 0; v < CB / 512; v++) cp16(st + v * 32 + lane, base + (size_t)k * CB + (v * 32 + lane) * 16);
+    };
+    ring_walk<3>(N1, ring, CB / 16, lane, issue, [&](int, uint4 v) { chunk_work(v, p.spin, x, acc); });
+}
+__global__ void __launch_bounds__(128) g1(P p) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    float x = threadIdx.x * 1e-3f, acc = 0.f;
+    g1_part(p, x, acc);
+    if (x == 12345.f || acc == 12345.f) p.out[0] = x + acc;
+}
+__global__ void __launch_bounds__(256) g2(P p) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    uint4 *b = dyn + w * N2 * (CB / 16);
+    const uint8_t *base = p.w2 + ((size_t)blockIdx.x * 8 + w) * N2 * CB;
+    for (int k = 0; k < N2; k++)
+        for (int v = 0; v < CB / 512; v++) cp16(b + k * (CB / 16) + v * 32 + lane, base + (size_t)k * CB + (v * 32 + lane) * 16);
+    commit();
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    waitg<0>();
+    __syncwarp();
+    float x = threadIdx.x * 1e-3f, acc = 0.f;
+    for (int k = 0; k < N2; k++) chunk_work(b[k * (CB / 16) + lane], p.spin, x, acc);
+    __syncthreads(); /* the split-K sum */
+    if (x == 12345.f || acc == 12345.f) p.out[0] = x + acc;
+}
+__global__ void __launch_bounds__(128, 4) fused(P p) {
+    const uint4 *w2 = reinterpret_cast<const uint4 *>(p.w2) + ((size_t)blockIdx.x * 128 + threadIdx.x) * W2U4;
+    uint4 r[W2U4];
+    if (p.l2) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(w2));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(w2 + W2U4 - 1));
+    } else {
+        for (int i = 0; i < W2U4; i++) r[i] = __ldcg(w2 + i);
+    }
+    float x = threadIdx.x * 1e-3f, acc = 0.f;
+    g1_part(p, x, acc);
+    __syncthreads();
+    if (threadIdx.x == 0) { /* the device-wide dependency: every block's GEMM1 part is done */
+        __threadfence();
+        atomicAdd(p.counter, 1u);
+        unsigned c;
+        const long long t0 = clock64();
+        do asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(c) : "l"(p.counter));
+        while (c < p.target && clock64() - t0 < 20000000LL); /* ~10 ms: never hang if a block were not resident */
+        if (c < p.target) p.out[1] = 1.0f;
+    }
+    __syncthreads();
+    if (p.l2)
+        for (int i = 0; i < W2U4; i++) r[i] = __ldcg(w2 + i);
+    const int spin2 = p.spin * N2 * G2B * 8 / (G1B * 4); /* the same GEMM2 work per SM as g2's */
+    for (int i = 0; i < W2U4; i++) chunk_work(r[i], spin2 / W2U4, x, acc);
+    if (x == 12345.f || acc == 12345.f) p.out[0] = x + acc;
+}
+int run(uint8_t *buf, size_t big, float *out) {
+    const size_t b1 = (size_t)G1B * 4 * N1 * CB, b2 = (size_t)G2B * 8 * N2 * CB, set = b1 + b2;
+    if (b2 != (size_t)G1B * 128 * W2U4 * 16) { printf("ramp: GEMM2 bytes differ\n"); return 1; }
+    const int copies = (int)std::min<size_t>(8, big / set);
+    int occ = 0, sms = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fused, 128, 4 * 3 * CB));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (occ * sms < G1B) { printf("ramp: %d x %d blocks resident < %d\n", occ, sms, G1B); return 1; }
+    unsigned *counter;
+    CK(cudaMalloc(&counter, 4));
+    CK(cudaMemset(counter, 0, 4));
+    CK(cudaFuncSetAttribute(g2, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * N2 * CB));
+    cudaEvent_t a, b;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    unsigned launches = 0;
+    for (int spin : {0, 150})
+        for (int mode = 0; mode < 3; mode++) { /* 0: two kernels (PDL), 1: one kernel (registers), 2: one kernel (L2) */
+            std::vector<float> t;
+            for (int r = 0; r < 14; r++) {
+                const uint8_t *base = buf + (size_t)(r % copies) * set;
+                P p{base, base + b1, spin, out, counter, 0, mode == 2};
+                CK(cudaEventRecord(a));
+                if (mode == 0) {
+                    g1<<<G1B, 128, 4 * 3 * CB>>>(p);
+                    CK(cudaGetLastError());
+                    cudaLaunchConfig_t cfg = {};
+                    cfg.gridDim = dim3(G2B), cfg.blockDim = dim3(256), cfg.dynamicSmemBytes = 8 * N2 * CB;
+                    cudaLaunchAttribute at[1];
+                    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                    at[0].val.programmaticStreamSerializationAllowed = 1;
+                    cfg.attrs = at, cfg.numAttrs = 1;
+                    CK(cudaLaunchKernelEx(&cfg, g2, p));
+                } else {
+                    p.target = (++launches) * G1B;
+                    fused<<<G1B, 128, 4 * 3 * CB>>>(p);
+                    CK(cudaGetLastError());
+                }
+                CK(cudaEventRecord(b));
+                CK(cudaEventSynchronize(b));
+                float ms;
+                cudaEventElapsedTime(&ms, a, b);
+                if (r >= 2) t.push_back(ms * 1000);
+            }
+            std::sort(t.begin(), t.end());
+            const double us = t[t.size() / 2];
+            printf("ramp %-22s spin %3d: %7.2f us  %6.3f TB/s (%.1f MB)\n",
+                   mode == 0 ? "two kernels (PDL)" : mode == 1 ? "one kernel, W2 in regs" : "one kernel, W2 via L2",
+                   spin, us, set / us * 1e-6, set * 1e-6);
+        }
+    float flag = 0.0f;
+    CK(cudaMemcpy(&flag, out + 1, 4, cudaMemcpyDeviceToHost));
+    if (flag != 0.0f) printf("ramp: a block gave up waiting for the dependency: the one-kernel times are invalid\n");
+    return 0;
+}
+} // namespace ramp
+
 int main(int argc, char **argv) {
     const bool tile_mode = argc > 1 && strcmp(argv[1], "tile") == 0;
-    if (argc > 1 && !tile_mode && strcmp(argv[1], "stream") != 0) {
-        printf("usage: moe_stream_probe [stream|tile]\n");
+    const bool ramp_mode = argc > 1 && strcmp(argv[1], "ramp") == 0;
+    if (argc > 1 && !tile_mode && !ramp_mode && strcmp(argv[1], "stream") != 0) {
+        printf("usage: moe_stream_probe [stream|tile|ramp]\n");
         return 2;
     }
 
     uint8_t *buf; size_t big = (size_t)1200 << 20; CK(cudaMalloc(&buf, big)); CK(cudaMemset(buf, 0x11, big));
-    float *out; CK(cudaMalloc(&out, 4));
+    float *out; CK(cudaMalloc(&out, 1 << 20)); CK(cudaMemset(out, 0, 1 << 20));
+    if (ramp_mode) return ramp::run(buf, big, out);
     if (!tile_mode) {
         using namespace stream;
     /* 1. the access patterns (ring depth 3); the "tp8" rows are 3,584 bytes, twice the real TP8 rows (L 3584) */
