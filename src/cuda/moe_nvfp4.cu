@@ -1095,10 +1095,11 @@ constexpr size_t g2_dyn_bytes() { return (size_t)g2_warps<KS>() * as_warp_uint4<
  * indices are in fold_smem already. */
 template <int NT, bool FOLD>
 constexpr bool g2_epi() { return NT == 1 && !FOLD; }
-template <int NT, int KS>
-constexpr size_t g2_epi_bytes() { return g2_epi<NT, false>() ? (size_t)g2_warps<KS>() * 8 * 8 : 0; }
+/* A cp.async GEMM2 launch's dynamic shared memory: the rings, then the fold's routing state or the epi copies. */
 template <int NT, int KS, bool FOLD>
-constexpr size_t g2_smem_bytes() { return g2_dyn_bytes<KS>() + (FOLD ? fold_dyn_bytes() : g2_epi_bytes<NT, KS>()); }
+constexpr size_t g2_smem_bytes() {
+    return g2_dyn_bytes<KS>() + (FOLD ? fold_dyn_bytes() : 0) + (g2_epi<NT, FOLD>() ? (size_t)g2_warps<KS>() * 64 : 0);
+}
 /* Blocks per SM of the cp.async GEMM2 (a block's ring: 20 KB): KS 1 at NT 1 (TP8: 3 chunks per warp, the
  * block's life is mostly its fixed latency) 6 (74 registers); NT 2 (spills in the loop at 80 registers) and
  * split-K (EP16) 5. Measured in session 13 against 4, 5 and 6 for all. The wide split: 2 (its grids are
@@ -1151,7 +1152,7 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     float alpha = FMT == FMT_NVFP4 ? __ldg(P.w2_s2 + e) : 1.0f;
     const float inv_gs = P.w4a4 ? 1.0f / (1.0f / __ldg(P.w2_in + e)) : 1.0f;
     uint4 *const ring = k3_moe_dyn + warp * as_warp_uint4<1, G2_STAGES>();
-    /* ASYNC and g2_epi: this warp's first-pass (pair, weight) copies (g2_epi_bytes); the warps that store outputs
+    /* ASYNC and g2_epi: this warp's first-pass (pair, weight) copies (g2_smem_bytes); the warps that store outputs
      * ask for them with their ring's first chunk (list and wsort are the dispatch's: two kernels back, complete) */
     constexpr bool EPI = ASYNC && g2_epi<NT, FOLD>();
     int32_t *const epi_pair = reinterpret_cast<int32_t *>(k3_moe_dyn + g2_dyn_bytes<KS>() / 16) + warp * 16;
