@@ -43,6 +43,7 @@
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/act.h"
@@ -1087,8 +1088,8 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
 constexpr int G2_WIDE_KS = 8;
 template <int KS>
 constexpr int g2_warps() { return KS > G2_WARPS ? KS : G2_WARPS; }
-template <int KS>
-constexpr size_t g2_dyn_bytes() { return (size_t)g2_warps<KS>() * as_warp_uint4<1, G2_STAGES>() * 16; }
+template <int KS, int T2 = 1>
+constexpr size_t g2_dyn_bytes() { return (size_t)g2_warps<KS>() * as_warp_uint4<T2, G2_STAGES>() * 16; }
 /* The dispatch path's epilogue lookups of a pass (its pair indices, then their routing weights: two dependent round
  * trips after the main loop) go to shared memory with the ring's first chunk instead: 8 (pair, weight) per warp
  * after the rings. NT 1 only (at NT 2 the split-K instance then spilled 28 bytes); where the fold routes, the pair
@@ -1096,10 +1097,15 @@ constexpr size_t g2_dyn_bytes() { return (size_t)g2_warps<KS>() * as_warp_uint4<
 template <int NT, bool FOLD>
 constexpr bool g2_epi() { return NT == 1 && !FOLD; }
 /* A cp.async GEMM2 launch's dynamic shared memory: the rings, then the fold's routing state or the epi copies. */
-template <int NT, int KS, bool FOLD>
+template <int NT, int KS, bool FOLD, int T2 = 1>
 constexpr size_t g2_smem_bytes() {
-    return g2_dyn_bytes<KS>() + (FOLD ? fold_dyn_bytes() : 0) + (g2_epi<NT, FOLD>() ? (size_t)g2_warps<KS>() * 64 : 0);
+    return g2_dyn_bytes<KS, T2>() + (FOLD ? fold_dyn_bytes() : 0) +
+           (g2_epi<NT, FOLD>() ? (size_t)g2_warps<KS>() * 64 : 0);
 }
+/* Experiment (branch h-moe-g2t2): T2 = 2 row tiles per warp in the KS 1 cp.async GEMM2 (both tiles' chunks in each
+ * ring stage, as GEMM1's gate and up sets), so a block's routing prologue and setup serve twice the bytes. Blocks
+ * per SM: its ring is twice as large (40 KB per block). */
+constexpr int G2_T2_MINB = 5;
 /* Blocks per SM of the cp.async GEMM2 (a block's ring: 20 KB): KS 1 at NT 1 (TP8: 3 chunks per warp, the
  * block's life is mostly its fixed latency) 6 (74 registers); NT 2 (spills in the loop at 80 registers) and
  * split-K (EP16) 5. Measured in session 13 against 4, 5 and 6 for all. The wide split: 2 (its grids are
@@ -1112,9 +1118,11 @@ constexpr int g2_min_blocks(bool async, int nt, int ks) {
  * the kernel template: g2_min_blocks. */
 constexpr int G2_DENSE_SPLIT = 7, G2_DENSE_K1 = 8;
 
-template <int FMT, int NT, int KS, bool ASYNC, bool FOLD, int MINB = 0, bool DIRECT = false>
+template <int FMT, int NT, int KS, bool ASYNC, bool FOLD, int MINB = 0, bool DIRECT = false, int T2 = 1>
 __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_blocks(ASYNC, NT, KS))
     k3_moe_gemm2_kernel(const moe_params P) {
+    static_assert(T2 == 1 || (T2 == 2 && ASYNC && KS == 1 && NT == 1 && !FOLD), "T2: the KS 1 NT 1 cp.async instance");
+    constexpr int SETS = T2;
     static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
     static_assert(KS != G2_WIDE_KS || (ASYNC && NT == 1), "the wide split: NVFP4 cp.async at NT 1 only");
     static_assert(!DIRECT || ASYNC, "direct output: the NVFP4 cp.async instances only");
@@ -1124,7 +1132,7 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     __shared__ uint4 xring[ASYNC ? 1 : G2_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
     /* FOLD: as in GEMM1 */
-    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g2_dyn_bytes<KS>() / 16);
+    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g2_dyn_bytes<KS, T2>() / 16);
     uint32_t *const bm = reinterpret_cast<uint32_t *>(k3_moe_dyn);
     /* PDL: the dispatch lists (two kernels back, complete: see pdl.cuh), or with the fold topk_ids (likewise),
      * are read before the wait, and the weight ring is filled before it too (nv_fill, or mma_any<..., true>);
@@ -1134,7 +1142,7 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     int32_t e, p0 = 0, cnt = 0, fid[2] = {-1, -1};
     if (slot_leaves<FOLD, NW * 32>(P, slot, bm, fs, fid, e, p0, cnt)) return; /* block-uniform */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    const int64_t r0 = KS > 1 ? (int64_t)blockIdx.y * 16 : ((int64_t)blockIdx.y * G2_WARPS + warp) * 16;
+    const int64_t r0 = KS > 1 ? (int64_t)blockIdx.y * 16 : ((int64_t)blockIdx.y * G2_WARPS + warp) * 16 * T2;
     /* KS = 1: warp-uniform, KS > 1: block-uniform. Fold: an idle warp leaves only after fold_list (block barriers) */
     const bool idle = r0 >= P.L;
     if (idle && !FOLD) return;
@@ -1142,22 +1150,24 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     const uint8_t *wexp = P.w2 + (size_t)e * P.w2_eb;
     const uint8_t *sexp = FMT == FMT_BF16 ? nullptr : P.w2s + (size_t)e * P.w2_sb;
     const int64_t row_bytes = FMT == FMT_BF16 ? P.I * 2 : P.I / 2;
-    const uint8_t *wrow[1][2];
-    int64_t row[1][2];
+    const uint8_t *wrow[SETS][2];
+    int64_t row[SETS][2];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        row[0][h] = r0 + g + 8 * h;
-        wrow[0][h] = wexp + row[0][h] * row_bytes;
-    }
+    for (int s = 0; s < SETS; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            row[s][h] = r0 + 16 * s + g + 8 * h; /* T2: L % 32 == 0, so a warp's second tile exists with its first */
+            wrow[s][h] = wexp + row[s][h] * row_bytes;
+        }
     float alpha = FMT == FMT_NVFP4 ? __ldg(P.w2_s2 + e) : 1.0f;
     const float inv_gs = P.w4a4 ? 1.0f / (1.0f / __ldg(P.w2_in + e)) : 1.0f;
-    uint4 *const ring = k3_moe_dyn + warp * as_warp_uint4<1, G2_STAGES>();
+    uint4 *const ring = k3_moe_dyn + warp * as_warp_uint4<SETS, G2_STAGES>();
     /* ASYNC and g2_epi: this warp's first-pass (pair, weight) copies (g2_smem_bytes); the warps that store outputs
      * ask for them with their ring's first chunk (list and wsort are the dispatch's: two kernels back, complete) */
     constexpr bool EPI = ASYNC && g2_epi<NT, FOLD>();
-    int32_t *const epi_pair = reinterpret_cast<int32_t *>(k3_moe_dyn + g2_dyn_bytes<KS>() / 16) + warp * 16;
+    int32_t *const epi_pair = reinterpret_cast<int32_t *>(k3_moe_dyn + g2_dyn_bytes<KS, T2>() / 16) + warp * 16;
     float *const epi_wt = reinterpret_cast<float *>(epi_pair + 8);
-    nv_feed<1> f;
+    nv_feed<SETS> f;
     int kc0 = 0, kcs = 1, kn = 0;
     if constexpr (ASYNC) {
         /* the weights stream while GEMM1 drains; its output a is read only after the wait */
@@ -1168,8 +1178,8 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
                     k3_cp_async4(epi_wt + lane, P.wsort + p0 + lane);
                 }
             k_split(P.I, KS > 1 ? warp : 0, KS, kc0, kcs, kn);
-            nv_feed_init<1>(f, wrow, row, sexp, P.layout, P.I, kc0, kcs, kn, q);
-            nv_fill<1, G2_STAGES>(ring, f, lane);
+            nv_feed_init<SETS>(f, wrow, row, sexp, P.layout, P.I, kc0, kcs, kn, q);
+            nv_fill<SETS, G2_STAGES>(ring, f, lane);
         }
         k3_pdl_wait();
     }
@@ -1179,20 +1189,21 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     }
 
     for (int pass = 0; pass < cnt; pass += NT * 8) {
-        float acc[1][NT][4];
+        float acc[SETS][NT][4];
         const uint16_t *brow[NT];
         uint32_t xok = 0;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < SETS; s++) acc[s][nt][0] = acc[s][nt][1] = acc[s][nt][2] = acc[s][nt][3] = 0.0f;
             xok |= (uint32_t)(pass + nt * 8 + g < cnt) << nt;
             brow[nt] = P.a + (int64_t)(p0 + min(pass + nt * 8 + g, cnt - 1)) * P.I; /* as in GEMM1 */
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
         if constexpr (ASYNC) {
-            if (pass > 0) nv_fill<1, G2_STAGES>(ring, f, lane);
-            mma_range_nv_async<1, NT, G2_STAGES, true>(f, wrow, row, sexp, P.layout, P.I, brow, xok, ntv, kc0, kcs,
-                                                       KS > 1 ? warp : 0, KS, q, ring, acc);
+            if (pass > 0) nv_fill<SETS, G2_STAGES>(ring, f, lane);
+            mma_range_nv_async<SETS, NT, G2_STAGES, true>(f, wrow, row, sexp, P.layout, P.I, brow, xok, ntv, kc0, kcs,
+                                                          KS > 1 ? warp : 0, KS, q, ring, acc);
         } else {
             mma_any<FMT, 1, NT, G2_DEPTH, true, A_PERM<FMT>>(wrow, row, sexp, P.layout, P.I, brow, xok, ntv,
                                                              KS > 1 ? warp : 0, KS, q, pol, xring[warp], acc);
@@ -1236,16 +1247,19 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
                     } else {
                         pair = __ldcg(P.list + p0 + n), wt = __ldcg(P.wsort + p0 + n);
                     }
-                    const float dot =
-                        __fmul_rn(__fmul_rn(__fmul_rn(acc[0][nt][c], acc_scale<FMT>()), inv_gs), alpha);
-                    const float v = __fmul_rn(wt, dot);
-                    const int64_t o = (int64_t)pair * P.L + r0 + g + 8 * (c >> 1);
-                    if constexpr (DIRECT) { /* top_k 1: pair = token; the combine's sum of one term, 0 + v */
-                        const float sum = __fadd_rn(0.0f, v);
-                        P.out[o] = k3_f32_to_bf16_bits(sum);
-                        if (P.out_f32) P.out_f32[o] = sum;
-                    } else {
-                        P.pair_out[o] = v;
+#pragma unroll
+                    for (int st = 0; st < SETS; st++) {
+                        const float dot =
+                            __fmul_rn(__fmul_rn(__fmul_rn(acc[st][nt][c], acc_scale<FMT>()), inv_gs), alpha);
+                        const float v = __fmul_rn(wt, dot);
+                        const int64_t o = (int64_t)pair * P.L + r0 + 16 * st + g + 8 * (c >> 1);
+                        if constexpr (DIRECT) { /* top_k 1: pair = token; the combine's sum of one term, 0 + v */
+                            const float sum = __fadd_rn(0.0f, v);
+                            P.out[o] = k3_f32_to_bf16_bits(sum);
+                            if (P.out_f32) P.out_f32[o] = sum;
+                        } else {
+                            P.pair_out[o] = v;
+                        }
                     }
                 }
         }
@@ -1377,14 +1391,14 @@ cudaError_t launch_g1_async(dim3 grid, bool fold, bool pair, const moe_params &P
     return launch_g1_async_p<GATED, NT, false>(grid, fold, P, s);
 }
 /* One cp.async GEMM2 instance: its ring, plus the routing state when it folds. */
-template <int NT, int KS, int MINB, bool FOLD, bool DIRECT>
-constexpr auto g2_async_kernel = k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, FOLD, MINB, DIRECT>;
-template <int NT, int KS, int MINB, bool FOLD>
+template <int NT, int KS, int MINB, bool FOLD, bool DIRECT, int T2 = 1>
+constexpr auto g2_async_kernel = k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, FOLD, MINB, DIRECT, T2>;
+template <int NT, int KS, int MINB, bool FOLD, int T2 = 1>
 cudaError_t launch_g2_one(dim3 grid, const moe_params &P, cudaStream_t s) {
-    const size_t smem = g2_smem_bytes<NT, KS, FOLD>();
-    return P.direct ? k3_launch_pdl(g2_async_kernel<NT, KS, MINB, FOLD, true>, grid, dim3(g2_warps<KS>() * 32), smem, s, P)
-                    : k3_launch_pdl(g2_async_kernel<NT, KS, MINB, FOLD, false>, grid, dim3(g2_warps<KS>() * 32), smem,
-                                    s, P);
+    const size_t smem = g2_smem_bytes<NT, KS, FOLD, T2>();
+    const dim3 block(g2_warps<KS>() * 32);
+    return P.direct ? k3_launch_pdl(g2_async_kernel<NT, KS, MINB, FOLD, true, T2>, grid, block, smem, s, P)
+                    : k3_launch_pdl(g2_async_kernel<NT, KS, MINB, FOLD, false, T2>, grid, block, smem, s, P);
 }
 template <int NT, int KS, int MINB = 0>
 cudaError_t launch_g2_async(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
@@ -1437,6 +1451,7 @@ struct launch_shape {
     bool wide;          /* GEMM2 split-K over G2_WIDE_KS warps (256-thread blocks) */
     bool g2_dense;      /* GEMM2 at NT 1 in its denser instance (G2_DENSE_SPLIT / G2_DENSE_K1 blocks per SM) */
     bool direct;        /* top_k 1 with the cp.async GEMM2: it writes out itself, no combine kernel */
+    bool g2_t2;         /* experiment (K3X_G2T2): GEMM2 KS 1 with two row tiles per warp */
     int32_t tpu;        /* the dispatch's tokens per unit (its pairs per unit) */
 };
 
@@ -1447,6 +1462,10 @@ cudaError_t launch_fmt(const launch_shape &sh, bool with_g2, const moe_params &P
     cudaError_t err = sh.gated ? launch_gemm1_nt<FMT, true>(sh.nt, sh.as1, sh.fold, sh.pair, sh.g1, P, s)
                                : launch_gemm1_nt<FMT, false>(sh.nt, sh.as1, sh.fold, sh.pair, sh.g1, P, s);
     if (err != cudaSuccess || !with_g2) return err;
+    if (sh.g2_t2) { /* shape_of: NVFP4 cp.async, NT 1, KS 1, unfolded */
+        if constexpr (FMT == FMT_NVFP4) return launch_g2_one<1, 1, G2_T2_MINB, false, 2>(sh.g2, P, s);
+        return cudaErrorInvalidValue;
+    }
     if (sh.wide) { /* shape_of: NVFP4 cp.async, NT 1, split K */
         if constexpr (FMT == FMT_NVFP4)
             if (sh.as2 && sh.nt == 1 && sh.g2_split) return launch_g2_async<1, G2_WIDE_KS>(sh.g2, sh.fold, P, s);
@@ -1469,11 +1488,11 @@ cudaError_t allow_g1(void) {
                             : allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, false>,
                                          ring + fold_dyn_bytes());
 }
-template <int NT, int KS, int MINB, bool FOLD>
+template <int NT, int KS, int MINB, bool FOLD, int T2 = 1>
 cudaError_t allow_g2_one(void) {
-    const size_t smem = g2_smem_bytes<NT, KS, FOLD>();
-    const cudaError_t e = allow_smem(g2_async_kernel<NT, KS, MINB, FOLD, false>, smem);
-    return e != cudaSuccess ? e : allow_smem(g2_async_kernel<NT, KS, MINB, FOLD, true>, smem);
+    const size_t smem = g2_smem_bytes<NT, KS, FOLD, T2>();
+    const cudaError_t e = allow_smem(g2_async_kernel<NT, KS, MINB, FOLD, false, T2>, smem);
+    return e != cudaSuccess ? e : allow_smem(g2_async_kernel<NT, KS, MINB, FOLD, true, T2>, smem);
 }
 template <int NT, int KS, int MINB = 0>
 cudaError_t allow_g2(void) {
@@ -1492,6 +1511,7 @@ cudaError_t allow_async_smem(void) {
     if (e == cudaSuccess) e = allow_g2_one<1, 1, G2_DENSE_K1, false>(); /* unfolded only (launch_g2_dense) */
     if (e == cudaSuccess) e = allow_g2<2, G2_WARPS>();
     if (e == cudaSuccess) e = allow_g2<1, G2_WIDE_KS>();
+    if (e == cudaSuccess) e = allow_g2_one<1, 1, G2_T2_MINB, false, 2>();
     return e;
 }
 
@@ -1580,6 +1600,9 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
      * The fold keeps one slot per touched expert and its passes (small grids only). */
     sh.tpu = m > 8 * sh.nt ? 8 * sh.nt : (np > 0 ? np : 1);
     if (!sh.fold) sh.g1.x = sh.g2.x = (unsigned)max_units(d->num_experts, np, sh.tpu);
+    /* experiment: two row tiles per warp in the unfolded KS 1 NT 1 cp.async GEMM2 (half the block rows) */
+    sh.g2_t2 = getenv("K3X_G2T2") != NULL && !sh.g2_split && sh.as2 && sh.nt == 1 && !sh.fold && !sh.wide;
+    if (sh.g2_t2) sh.g2.y = (unsigned)((d->hidden / 16 + 2 * G2_WARPS - 1) / (2 * G2_WARPS));
     return sh;
 }
 
