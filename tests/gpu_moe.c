@@ -416,7 +416,7 @@ static void moe_case(const mcase *c, uint64_t seed) {
 
     k3_moe_plan *pc = NULL, *pg = NULL;
     double rel = INFINITY, rel_bf = INFINITY, rel_graph = -1.0, us = 0.0, t_cpu = 0.0;
-    int bitwise = 0, graph_ok = -1, same_dispatch = -1, same_unpaired = -1;
+    int bitwise = 0, graph_ok = -1, same_dispatch = -1, same_unpaired = -1, same_one_tile = -1;
     const double tol = c->mode == K3_MOE_W4A4 ? 2e-2 : 1e-2;
     const k3_status sc = made ? k3_moe_plan_create(g_cpu, &md.d, &pc) : K3_STATUS_INTERNAL_ERROR;
     const k3_status sg = made ? k3_moe_plan_create(g_gpu, &md.d, &pg) : K3_STATUS_INTERNAL_ERROR;
@@ -461,13 +461,15 @@ static void moe_case(const mcase *c, uint64_t seed) {
             /* Other launch shapes of the same call must give bitwise the same output: where the GEMMs route
              * themselves (W4A16, np <= 256, small grids: the dispatch folded in, session 14b), the dispatch-kernel path
              * (K3_CUDA_MOE_NO_FOLD); where GEMM1 runs in paired tiles (session 17), its 16-output blocks
-             * (K3_CUDA_MOE_NO_PAIR) */
+             * (K3_CUDA_MOE_NO_PAIR); where GEMM2 runs two row tiles per warp (session 21), one (K3_CUDA_MOE_NO_T2) */
             k3_cuda_moe cm;
             if (k3_cuda_moe_prepare(g_gpu, &cm, &md.d) == K3_STATUS_SUCCESS) {
-                const int32_t alt[2] = {k3_cuda_moe_folds(g_gpu, &cm, M, &md.dw) ? K3_CUDA_MOE_NO_FOLD : 0,
-                                        k3_cuda_moe_pairs(g_gpu, &cm, M, &md.dw) ? K3_CUDA_MOE_NO_PAIR : 0};
-                int *const same[2] = {&same_dispatch, &same_unpaired};
-                for (int a = 0; a < 2; a++) {
+                const int32_t alt[3] = {k3_cuda_moe_folds(g_gpu, &cm, M, &md.dw) ? K3_CUDA_MOE_NO_FOLD : 0,
+                                        k3_cuda_moe_pairs(g_gpu, &cm, M, &md.dw) ? K3_CUDA_MOE_NO_PAIR : 0,
+                                        k3_cuda_moe_g2_tiles(g_gpu, &cm, M, &md.dw) == 2 ? K3_CUDA_MOE_NO_T2 : 0};
+                int *const same[3] = {&same_dispatch, &same_unpaired, &same_one_tile};
+                static const char *const alt_name[3] = {"dispatch-path", "unpaired", "one-tile"};
+                for (int a = 0; a < 3; a++) {
                     if (!alt[a]) continue;
                     void *dws2 = NULL;
                     *same[a] = 0;
@@ -477,8 +479,7 @@ static void moe_case(const mcase *c, uint64_t seed) {
                         cudaMemsetAsync(dof, 0xff, (size_t)(M * L) * 4, g_stream);
                         const k3_status s3 = k3_cuda_moe_run_stages(g_gpu, &cm, M, dx, dids, dwts, &md.dw, dout, dof,
                                                                     dws2, g_stream, K3_CUDA_MOE_STAGE_ALL | alt[a]);
-                        CHECK(s3 == K3_STATUS_SUCCESS, "%s: %s run: %s", c->tag, a == 0 ? "dispatch-path" : "unpaired",
-                              k3_ctx_last_error(g_gpu));
+                        CHECK(s3 == K3_STATUS_SUCCESS, "%s: %s run: %s", c->tag, alt_name[a], k3_ctx_last_error(g_gpu));
                         if (s3 == K3_STATUS_SUCCESS && cuda_ok(cudaStreamSynchronize(g_stream), "alternative-path sync")) {
                             cudaMemcpy(out_g2, dout, (size_t)(M * L) * 2, cudaMemcpyDeviceToHost);
                             cudaMemcpy(f_g2, dof, (size_t)(M * L) * 4, cudaMemcpyDeviceToHost);
@@ -582,7 +583,8 @@ static void moe_case(const mcase *c, uint64_t seed) {
         cudaFree(dx), cudaFree(dids), cudaFree(dwts), cudaFree(dout), cudaFree(dof), cudaFree(dws);
         free(hws);
     }
-    const int pass = rel <= tol && rel_bf <= tol && bitwise && graph_ok != 0 && same_dispatch != 0 && same_unpaired != 0;
+    const int pass = rel <= tol && rel_bf <= tol && bitwise && graph_ok != 0 && same_dispatch != 0 && same_unpaired != 0 &&
+                     same_one_tile != 0;
     if (!pass && isfinite(rel) && rel > tol) { /* where it goes wrong: the worst element and the first bad row */
         int64_t worst = 0, bad_rows = 0;
         double wd = -1.0;
@@ -612,6 +614,7 @@ static void moe_case(const mcase *c, uint64_t seed) {
            rel_bf, tol, bitwise ? "bitwise equal" : "DIFFER", "", us, t_cpu, now_s() - t_start);
     printf(same_dispatch < 0 ? ", not folded" : same_dispatch ? ", folded = dispatch path bitwise" : ", folded = dispatch path DIFFER");
     if (same_unpaired >= 0) printf(same_unpaired ? ", paired = unpaired bitwise" : ", paired = unpaired DIFFER");
+    if (same_one_tile >= 0) printf(same_one_tile ? ", 2 tiles = 1 tile bitwise" : ", 2 tiles = 1 tile DIFFER");
     if (c->graph) printf(", graph replay with new routing %s (rel-L2 %.3e)", graph_ok > 0 ? "ok" : "FAILED", rel_graph);
     printf("\n");
     fflush(stdout);

@@ -43,7 +43,6 @@
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "core/act.h"
@@ -1102,9 +1101,12 @@ constexpr size_t g2_smem_bytes() {
     return g2_dyn_bytes<KS, T2>() + (FOLD ? fold_dyn_bytes() : 0) +
            (g2_epi<NT, FOLD>() ? (size_t)g2_warps<KS>() * 64 : 0);
 }
-/* Experiment (branch h-moe-g2t2): T2 = 2 row tiles per warp in the KS 1 cp.async GEMM2 (both tiles' chunks in each
- * ring stage, as GEMM1's gate and up sets), so a block's routing prologue and setup serve twice the bytes. Blocks
- * per SM: its ring is twice as large (40 KB per block). */
+/* T2 = 2 row tiles per warp in the unfolded KS 1 cp.async GEMM2 (both tiles' chunks in each ring stage, as GEMM1's
+ * gate and up sets), so a block's routing prologue, setup and epilogue lookups serve twice the bytes; half the
+ * block rows. 5 blocks per SM (its ring is twice as large, 40 KB per block; 96 / 94 registers, no spills). Measured
+ * on the H200 (session 21, same-call A/B, two runs): TP8 M 4 / 8 / 12 / 16 / 32 65.2 / 106.7 / 147.9 / 187.2 /
+ * 315.5 -> 61.9 / 103.9 / 143.9 / 182.7 / 312.4 us, M 2 -0.7, M 1 and M 64 unchanged (M 1 folds; M 64 within
+ * +-1.5); EP16 (split K) unchanged. Bitwise the T2 = 1 result (each row's chunk order is the same). */
 constexpr int G2_T2_MINB = 5;
 /* Blocks per SM of the cp.async GEMM2 (a block's ring: 20 KB): KS 1 at NT 1 (TP8: 3 chunks per warp, the
  * block's life is mostly its fixed latency) 6 (74 registers); NT 2 (spills in the loop at 80 registers) and
@@ -1122,6 +1124,7 @@ template <int FMT, int NT, int KS, bool ASYNC, bool FOLD, int MINB = 0, bool DIR
 __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_blocks(ASYNC, NT, KS))
     k3_moe_gemm2_kernel(const moe_params P) {
     static_assert(T2 == 1 || (T2 == 2 && ASYNC && KS == 1 && NT == 1 && !FOLD), "T2: the KS 1 NT 1 cp.async instance");
+    static_assert(T2 == 1 || MINB == G2_T2_MINB, "T2: its own blocks per SM");
     constexpr int SETS = T2;
     static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
     static_assert(KS != G2_WIDE_KS || (ASYNC && NT == 1), "the wide split: NVFP4 cp.async at NT 1 only");
@@ -1451,7 +1454,7 @@ struct launch_shape {
     bool wide;          /* GEMM2 split-K over G2_WIDE_KS warps (256-thread blocks) */
     bool g2_dense;      /* GEMM2 at NT 1 in its denser instance (G2_DENSE_SPLIT / G2_DENSE_K1 blocks per SM) */
     bool direct;        /* top_k 1 with the cp.async GEMM2: it writes out itself, no combine kernel */
-    bool g2_t2;         /* experiment (K3X_G2T2): GEMM2 KS 1 with two row tiles per warp */
+    bool g2_t2;         /* GEMM2 KS 1 with two row tiles per warp (G2_T2_MINB) */
     int32_t tpu;        /* the dispatch's tokens per unit (its pairs per unit) */
 };
 
@@ -1542,7 +1545,7 @@ constexpr int FOLD_WAVES = 2;
 constexpr int64_t NT1_MAX_M = 64;
 
 launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k3_moe_weights *w, bool no_fold,
-                      bool no_pair) {
+                      bool no_pair, bool no_t2) {
     const k3_moe_desc *d = &p->d;
     const int32_t np = (int32_t)(m * d->top_k);
     const int32_t slots = np < d->num_experts ? np : d->num_experts;
@@ -1586,7 +1589,7 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
      * split-K over one wave (EP16 M 3, 672 blocks on 660 slots: -2.2 us; M 4 -0.7; M 8 -0.3); KS 1 over two
      * waves (TP8 M 2 / 3 / 4 / 8: -0.6 / -1.1 / -0.7 / -2.0 us), which never folds (FOLD_WAVES). Not nearer: the
      * 7-block split-K kernel made EP16 M 2 (448 blocks) 2.5 us slower, the 8-block KS 1 kernel TP8 M 1 (896
-     * blocks) 1 us slower. */
+     * blocks) 1 us slower. The KS 1 one runs only where two row tiles per warp do not (g2_t2 below). */
     sh.g2_dense = sh.as2 && sh.nt == 1 && !sh.wide && blocks2 > (sh.g2_split ? 1 : 2) * sms * per2 &&
                   (sh.g2_split || !sh.fold);
     /* top_k 1: one slot per token, so the combine is a conversion that GEMM2 can do in its epilogue (EP16 M 1-8
@@ -1600,8 +1603,10 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
      * The fold keeps one slot per touched expert and its passes (small grids only). */
     sh.tpu = m > 8 * sh.nt ? 8 * sh.nt : (np > 0 ? np : 1);
     if (!sh.fold) sh.g1.x = sh.g2.x = (unsigned)max_units(d->num_experts, np, sh.tpu);
-    /* experiment: two row tiles per warp in the unfolded KS 1 NT 1 cp.async GEMM2 (half the block rows) */
-    sh.g2_t2 = getenv("K3X_G2T2") != NULL && !sh.g2_split && sh.as2 && sh.nt == 1 && !sh.fold && !sh.wide;
+    /* Two row tiles per warp in the unfolded KS 1 NT 1 cp.async GEMM2, half the block rows (G2_T2_MINB: TP8 M 2-32
+     * -0.7..-4.5 us). It replaces the KS 1 dense instance too (g2_dense above), which then runs only without it
+     * (K3_CUDA_MOE_NO_T2: tests compare the two bitwise). */
+    sh.g2_t2 = !no_t2 && !sh.g2_split && sh.as2 && sh.nt == 1 && !sh.fold && !sh.wide;
     if (sh.g2_t2) sh.g2.y = (unsigned)((d->hidden / 16 + 2 * G2_WARPS - 1) / (2 * G2_WARPS));
     return sh;
 }
@@ -1609,11 +1614,15 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
 } // namespace
 
 extern "C" int k3_cuda_moe_folds(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
-    return shape_of(p, ctx->arch.sm_count, m, w, false, false).fold ? 1 : 0;
+    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false).fold ? 1 : 0;
 }
 
 extern "C" int k3_cuda_moe_pairs(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
-    return shape_of(p, ctx->arch.sm_count, m, w, false, false).pair ? 1 : 0;
+    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false).pair ? 1 : 0;
+}
+
+extern "C" int k3_cuda_moe_g2_tiles(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
+    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false).g2_t2 ? 2 : 1;
 }
 
 extern "C" k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_moe_desc *d) {
@@ -1667,7 +1676,8 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
     const k3_moe_desc *d = &p->d;
     cudaStream_t s = (cudaStream_t)stream;
     const bool no_fold = (stages & K3_CUDA_MOE_NO_FOLD) != 0, no_pair = (stages & K3_CUDA_MOE_NO_PAIR) != 0;
-    stages &= ~(int32_t)(K3_CUDA_MOE_NO_FOLD | K3_CUDA_MOE_NO_PAIR);
+    const bool no_t2 = (stages & K3_CUDA_MOE_NO_T2) != 0;
+    stages &= ~(int32_t)(K3_CUDA_MOE_NO_FOLD | K3_CUDA_MOE_NO_PAIR | K3_CUDA_MOE_NO_T2);
     const ws_layout L = layout_of(p);
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (ALIGN_BUF - 1)) & ~(uintptr_t)(ALIGN_BUF - 1));
     const int32_t np = (int32_t)(m * d->top_k);
@@ -1709,7 +1719,7 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
      * (fold_find); prefill, many-wave grids and W4A4 (its quantization kernel reads the lists) keep it, and so
      * does K3_CUDA_MOE_NO_FOLD (tests). The stage cut after the dispatch still runs the kernel alone, for
      * reference: with the fold it is not part of the call. */
-    const launch_shape sh = shape_of(p, ctx->arch.sm_count, m, w, no_fold, no_pair);
+    const launch_shape sh = shape_of(p, ctx->arch.sm_count, m, w, no_fold, no_pair, no_t2);
     P.np = np;
     P.direct = sh.direct;
     if (!sh.fold || stages <= K3_CUDA_MOE_STAGE_DISPATCH)
