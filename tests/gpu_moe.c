@@ -416,7 +416,7 @@ static void moe_case(const mcase *c, uint64_t seed) {
 
     k3_moe_plan *pc = NULL, *pg = NULL;
     double rel = INFINITY, rel_bf = INFINITY, rel_graph = -1.0, us = 0.0, t_cpu = 0.0;
-    int bitwise = 0, graph_ok = -1, same_dispatch = -1, same_unpaired = -1, same_one_tile = -1;
+    int bitwise = 0, graph_ok = -1, same_dispatch = -1, same_unpaired = -1, same_one_tile = -1, g2_tiles = 1;
     const double tol = c->mode == K3_MOE_W4A4 ? 2e-2 : 1e-2;
     const k3_status sc = made ? k3_moe_plan_create(g_cpu, &md.d, &pc) : K3_STATUS_INTERNAL_ERROR;
     const k3_status sg = made ? k3_moe_plan_create(g_gpu, &md.d, &pg) : K3_STATUS_INTERNAL_ERROR;
@@ -464,9 +464,10 @@ static void moe_case(const mcase *c, uint64_t seed) {
              * (K3_CUDA_MOE_NO_PAIR); where GEMM2 runs two row tiles per warp (session 21), one (K3_CUDA_MOE_NO_T2) */
             k3_cuda_moe cm;
             if (k3_cuda_moe_prepare(g_gpu, &cm, &md.d) == K3_STATUS_SUCCESS) {
+                g2_tiles = k3_cuda_moe_g2_tiles(g_gpu, &cm, M, &md.dw);
                 const int32_t alt[3] = {k3_cuda_moe_folds(g_gpu, &cm, M, &md.dw) ? K3_CUDA_MOE_NO_FOLD : 0,
                                         k3_cuda_moe_pairs(g_gpu, &cm, M, &md.dw) ? K3_CUDA_MOE_NO_PAIR : 0,
-                                        k3_cuda_moe_g2_tiles(g_gpu, &cm, M, &md.dw) == 2 ? K3_CUDA_MOE_NO_T2 : 0};
+                                        g2_tiles > 1 ? K3_CUDA_MOE_NO_T2 : 0};
                 int *const same[3] = {&same_dispatch, &same_unpaired, &same_one_tile};
                 static const char *const alt_name[3] = {"dispatch-path", "unpaired", "one-tile"};
                 for (int a = 0; a < 3; a++) {
@@ -614,7 +615,7 @@ static void moe_case(const mcase *c, uint64_t seed) {
            rel_bf, tol, bitwise ? "bitwise equal" : "DIFFER", "", us, t_cpu, now_s() - t_start);
     printf(same_dispatch < 0 ? ", not folded" : same_dispatch ? ", folded = dispatch path bitwise" : ", folded = dispatch path DIFFER");
     if (same_unpaired >= 0) printf(same_unpaired ? ", paired = unpaired bitwise" : ", paired = unpaired DIFFER");
-    if (same_one_tile >= 0) printf(same_one_tile ? ", 2 tiles = 1 tile bitwise" : ", 2 tiles = 1 tile DIFFER");
+    if (same_one_tile >= 0) printf(same_one_tile ? ", %d tiles = 1 tile bitwise" : ", %d tiles = 1 tile DIFFER", g2_tiles);
     if (c->graph) printf(", graph replay with new routing %s (rel-L2 %.3e)", graph_ok > 0 ? "ok" : "FAILED", rel_graph);
     printf("\n");
     fflush(stdout);

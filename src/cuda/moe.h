@@ -54,8 +54,8 @@ enum { K3_CUDA_MOE_NO_FOLD = 0x100 };
 /* OR'd into stages: GEMM1 in its 16-output blocks even where k3_cuda_moe_pairs says it pairs (tests: both must give
  * bitwise the same output). */
 enum { K3_CUDA_MOE_NO_PAIR = 0x200 };
-/* OR'd into stages: GEMM2 with one row tile per warp even where k3_cuda_moe_g2_tiles says two (tests: both must give
- * bitwise the same output). */
+/* OR'd into stages: GEMM2 with one row tile per warp even where k3_cuda_moe_g2_tiles says two or four (tests: both
+ * must give bitwise the same output). */
 enum { K3_CUDA_MOE_NO_T2 = 0x400 };
 /* 1 when k3_cuda_moe_run at this m folds the dispatch into the GEMMs (W4A16, NVFP4 scales the cp.async ring can
  * copy, <= 256 pairs, grids of at most two waves), else 0 (tests). */
@@ -63,7 +63,7 @@ int k3_cuda_moe_folds(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const 
 /* 1 when GEMM1 at this m runs in paired tiles (gate and up rows of 8 outputs in one 16-row MMA tile: gated, W4A16,
  * NVFP4 with the cp.async ring, m <= 8, twice the 16-output grid within one wave), else 0 (tests). */
 int k3_cuda_moe_pairs(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w);
-/* 2 when GEMM2 at this m runs two row tiles per warp (the unfolded KS 1 NT 1 cp.async instance), else 1 (tests). */
+/* GEMM2's row tiles per warp at this m: 2 or 4 in the unfolded KS 1 NT 1 cp.async instance, else 1 (tests). */
 int k3_cuda_moe_g2_tiles(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w);
 k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const void *x,
                                  const int32_t *topk_ids, const float *topk_weights, const k3_moe_weights *w,

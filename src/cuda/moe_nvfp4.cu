@@ -1087,8 +1087,11 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
 constexpr int G2_WIDE_KS = 8;
 template <int KS>
 constexpr int g2_warps() { return KS > G2_WARPS ? KS : G2_WARPS; }
-template <int KS, int T2 = 1>
-constexpr size_t g2_dyn_bytes() { return (size_t)g2_warps<KS>() * as_warp_uint4<T2, G2_STAGES>() * 16; }
+/* The ring's stages of the KS 1 GEMM2 with `tiles` row tiles per warp: four tiles take two stages, the shared
+ * memory of two tiles' four (40 KB per block), since the ring's depth hardly matters (session 20, the probe). */
+constexpr int g2_stages(int tiles) { return tiles == 4 ? 2 : G2_STAGES; }
+template <int KS, int TILES = 1>
+constexpr size_t g2_dyn_bytes() { return (size_t)g2_warps<KS>() * as_warp_uint4<TILES, g2_stages(TILES)>() * 16; }
 /* The dispatch path's epilogue lookups of a pass (its pair indices, then their routing weights: two dependent round
  * trips after the main loop) go to shared memory with the ring's first chunk instead: 8 (pair, weight) per warp
  * after the rings. NT 1 only (at NT 2 the split-K instance then spilled 28 bytes); where the fold routes, the pair
@@ -1096,18 +1099,23 @@ constexpr size_t g2_dyn_bytes() { return (size_t)g2_warps<KS>() * as_warp_uint4<
 template <int NT, bool FOLD>
 constexpr bool g2_epi() { return NT == 1 && !FOLD; }
 /* A cp.async GEMM2 launch's dynamic shared memory: the rings, then the fold's routing state or the epi copies. */
-template <int NT, int KS, bool FOLD, int T2 = 1>
+template <int NT, int KS, bool FOLD, int TILES = 1>
 constexpr size_t g2_smem_bytes() {
-    return g2_dyn_bytes<KS, T2>() + (FOLD ? fold_dyn_bytes() : 0) +
+    return g2_dyn_bytes<KS, TILES>() + (FOLD ? fold_dyn_bytes() : 0) +
            (g2_epi<NT, FOLD>() ? (size_t)g2_warps<KS>() * 64 : 0);
 }
-/* T2 = 2 row tiles per warp in the unfolded KS 1 cp.async GEMM2 (both tiles' chunks in each ring stage, as GEMM1's
- * gate and up sets), so a block's routing prologue, setup and epilogue lookups serve twice the bytes; half the
- * block rows. 5 blocks per SM (its ring is twice as large, 40 KB per block; 96 / 94 registers, no spills). Measured
- * on the H200 (session 21, same-call A/B, two runs): TP8 M 4 / 8 / 12 / 16 / 32 65.2 / 106.7 / 147.9 / 187.2 /
- * 315.5 -> 61.9 / 103.9 / 143.9 / 182.7 / 312.4 us, M 2 -0.7, M 1 and M 64 unchanged (M 1 folds; M 64 within
- * +-1.5); EP16 (split K) unchanged. Bitwise the T2 = 1 result (each row's chunk order is the same). */
-constexpr int G2_T2_MINB = 5;
+/* TILES = 2 or 4 row tiles per warp in the unfolded KS 1 cp.async GEMM2 (every tile's chunks in each ring stage, as
+ * GEMM1's gate and up sets), so a block's routing prologue, setup and epilogue lookups serve 2 or 4 times the bytes;
+ * a half or a quarter of the block rows. Bitwise the one-tile result (each row's chunk order is the same). Measured on
+ * the H200 (session 21, same-call A/B):
+ * - two tiles (5 blocks per SM, 40 KB ring, 96 / 94 registers, no spills) against one: TP8 M 4 / 8 / 12 / 16 / 32
+ *   65.2 / 106.7 / 147.9 / 187.2 / 315.5 -> 61.9 / 103.9 / 143.9 / 182.7 / 312.4 us, M 2 -0.7, M 64 within +-1.5;
+ * - four tiles (4 blocks per SM, two stages, 128 registers, 8 bytes spilled) against two, three runs: M 12 / 16 /
+ *   32 / 64 -0.8 / -2.2 / -9.0 / -15.8 us, M 8 -0.2, but M 2 +1.5 and M 4 +0.6: four tiles pay where the two-tile
+ *   grid is many waves (G2_T4_WAVES), two where it is a few.
+ * M 1 folds and EP16 splits K: neither takes these instances. */
+constexpr int G2_T2_MINB = 5, G2_T4_MINB = 4;
+constexpr int64_t G2_T4_WAVES = 6; /* TP8: M 8 5.0 waves of the two-tile grid (neutral), M 12 7.2 (-0.8 us) */
 /* Blocks per SM of the cp.async GEMM2 (a block's ring: 20 KB): KS 1 at NT 1 (TP8: 3 chunks per warp, the
  * block's life is mostly its fixed latency) 6 (74 registers); NT 2 (spills in the loop at 80 registers) and
  * split-K (EP16) 5. Measured in session 13 against 4, 5 and 6 for all. The wide split: 2 (its grids are
@@ -1120,12 +1128,14 @@ constexpr int g2_min_blocks(bool async, int nt, int ks) {
  * the kernel template: g2_min_blocks. */
 constexpr int G2_DENSE_SPLIT = 7, G2_DENSE_K1 = 8;
 
-template <int FMT, int NT, int KS, bool ASYNC, bool FOLD, int MINB = 0, bool DIRECT = false, int T2 = 1>
+template <int FMT, int NT, int KS, bool ASYNC, bool FOLD, int MINB = 0, bool DIRECT = false, int TILES = 1>
 __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_blocks(ASYNC, NT, KS))
     k3_moe_gemm2_kernel(const moe_params P) {
-    static_assert(T2 == 1 || (T2 == 2 && ASYNC && KS == 1 && NT == 1 && !FOLD), "T2: the KS 1 NT 1 cp.async instance");
-    static_assert(T2 == 1 || MINB == G2_T2_MINB, "T2: its own blocks per SM");
-    constexpr int SETS = T2;
+    static_assert(TILES == 1 || ((TILES == 2 || TILES == 4) && ASYNC && KS == 1 && NT == 1 && !FOLD),
+                  "TILES: the KS 1 NT 1 cp.async instance");
+    static_assert(TILES == 1 || MINB == (TILES == 2 ? G2_T2_MINB : G2_T4_MINB), "TILES: its own blocks per SM");
+    constexpr int STG = g2_stages(TILES);
+    constexpr int SETS = TILES;
     static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
     static_assert(KS != G2_WIDE_KS || (ASYNC && NT == 1), "the wide split: NVFP4 cp.async at NT 1 only");
     static_assert(!DIRECT || ASYNC, "direct output: the NVFP4 cp.async instances only");
@@ -1135,7 +1145,7 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     __shared__ uint4 xring[ASYNC ? 1 : G2_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
     /* FOLD: as in GEMM1 */
-    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g2_dyn_bytes<KS, T2>() / 16);
+    fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g2_dyn_bytes<KS, TILES>() / 16);
     uint32_t *const bm = reinterpret_cast<uint32_t *>(k3_moe_dyn);
     /* PDL: the dispatch lists (two kernels back, complete: see pdl.cuh), or with the fold topk_ids (likewise),
      * are read before the wait, and the weight ring is filled before it too (nv_fill, or mma_any<..., true>);
@@ -1145,7 +1155,7 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     int32_t e, p0 = 0, cnt = 0, fid[2] = {-1, -1};
     if (slot_leaves<FOLD, NW * 32>(P, slot, bm, fs, fid, e, p0, cnt)) return; /* block-uniform */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    const int64_t r0 = KS > 1 ? (int64_t)blockIdx.y * 16 : ((int64_t)blockIdx.y * G2_WARPS + warp) * 16 * T2;
+    const int64_t r0 = KS > 1 ? (int64_t)blockIdx.y * 16 : ((int64_t)blockIdx.y * G2_WARPS + warp) * 16 * TILES;
     /* KS = 1: warp-uniform, KS > 1: block-uniform. Fold: an idle warp leaves only after fold_list (block barriers) */
     const bool idle = r0 >= P.L;
     if (idle && !FOLD) return;
@@ -1159,16 +1169,16 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     for (int s = 0; s < SETS; s++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            row[s][h] = r0 + 16 * s + g + 8 * h; /* T2: L % 32 == 0, so a warp's second tile exists with its first */
+            row[s][h] = r0 + 16 * s + g + 8 * h; /* a warp's tiles exist together (L % (16 * TILES) == 0: shape_of) */
             wrow[s][h] = wexp + row[s][h] * row_bytes;
         }
     float alpha = FMT == FMT_NVFP4 ? __ldg(P.w2_s2 + e) : 1.0f;
     const float inv_gs = P.w4a4 ? 1.0f / (1.0f / __ldg(P.w2_in + e)) : 1.0f;
-    uint4 *const ring = k3_moe_dyn + warp * as_warp_uint4<SETS, G2_STAGES>();
+    uint4 *const ring = k3_moe_dyn + warp * as_warp_uint4<SETS, STG>();
     /* ASYNC and g2_epi: this warp's first-pass (pair, weight) copies (g2_smem_bytes); the warps that store outputs
      * ask for them with their ring's first chunk (list and wsort are the dispatch's: two kernels back, complete) */
     constexpr bool EPI = ASYNC && g2_epi<NT, FOLD>();
-    int32_t *const epi_pair = reinterpret_cast<int32_t *>(k3_moe_dyn + g2_dyn_bytes<KS, T2>() / 16) + warp * 16;
+    int32_t *const epi_pair = reinterpret_cast<int32_t *>(k3_moe_dyn + g2_dyn_bytes<KS, TILES>() / 16) + warp * 16;
     float *const epi_wt = reinterpret_cast<float *>(epi_pair + 8);
     nv_feed<SETS> f;
     int kc0 = 0, kcs = 1, kn = 0;
@@ -1182,7 +1192,7 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
                 }
             k_split(P.I, KS > 1 ? warp : 0, KS, kc0, kcs, kn);
             nv_feed_init<SETS>(f, wrow, row, sexp, P.layout, P.I, kc0, kcs, kn, q);
-            nv_fill<SETS, G2_STAGES>(ring, f, lane);
+            nv_fill<SETS, STG>(ring, f, lane);
         }
         k3_pdl_wait();
     }
@@ -1204,8 +1214,8 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
         }
         const int ntv = min(NT, (cnt - pass + 7) / 8);
         if constexpr (ASYNC) {
-            if (pass > 0) nv_fill<SETS, G2_STAGES>(ring, f, lane);
-            mma_range_nv_async<SETS, NT, G2_STAGES, true>(f, wrow, row, sexp, P.layout, P.I, brow, xok, ntv, kc0, kcs,
+            if (pass > 0) nv_fill<SETS, STG>(ring, f, lane);
+            mma_range_nv_async<SETS, NT, STG, true>(f, wrow, row, sexp, P.layout, P.I, brow, xok, ntv, kc0, kcs,
                                                           KS > 1 ? warp : 0, KS, q, ring, acc);
         } else {
             mma_any<FMT, 1, NT, G2_DEPTH, true, A_PERM<FMT>>(wrow, row, sexp, P.layout, P.I, brow, xok, ntv,
@@ -1394,14 +1404,14 @@ cudaError_t launch_g1_async(dim3 grid, bool fold, bool pair, const moe_params &P
     return launch_g1_async_p<GATED, NT, false>(grid, fold, P, s);
 }
 /* One cp.async GEMM2 instance: its ring, plus the routing state when it folds. */
-template <int NT, int KS, int MINB, bool FOLD, bool DIRECT, int T2 = 1>
-constexpr auto g2_async_kernel = k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, FOLD, MINB, DIRECT, T2>;
-template <int NT, int KS, int MINB, bool FOLD, int T2 = 1>
+template <int NT, int KS, int MINB, bool FOLD, bool DIRECT, int TILES = 1>
+constexpr auto g2_async_kernel = k3_moe_gemm2_kernel<FMT_NVFP4, NT, KS, true, FOLD, MINB, DIRECT, TILES>;
+template <int NT, int KS, int MINB, bool FOLD, int TILES = 1>
 cudaError_t launch_g2_one(dim3 grid, const moe_params &P, cudaStream_t s) {
-    const size_t smem = g2_smem_bytes<NT, KS, FOLD, T2>();
+    const size_t smem = g2_smem_bytes<NT, KS, FOLD, TILES>();
     const dim3 block(g2_warps<KS>() * 32);
-    return P.direct ? k3_launch_pdl(g2_async_kernel<NT, KS, MINB, FOLD, true, T2>, grid, block, smem, s, P)
-                    : k3_launch_pdl(g2_async_kernel<NT, KS, MINB, FOLD, false, T2>, grid, block, smem, s, P);
+    return P.direct ? k3_launch_pdl(g2_async_kernel<NT, KS, MINB, FOLD, true, TILES>, grid, block, smem, s, P)
+                    : k3_launch_pdl(g2_async_kernel<NT, KS, MINB, FOLD, false, TILES>, grid, block, smem, s, P);
 }
 template <int NT, int KS, int MINB = 0>
 cudaError_t launch_g2_async(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
@@ -1454,7 +1464,7 @@ struct launch_shape {
     bool wide;          /* GEMM2 split-K over G2_WIDE_KS warps (256-thread blocks) */
     bool g2_dense;      /* GEMM2 at NT 1 in its denser instance (G2_DENSE_SPLIT / G2_DENSE_K1 blocks per SM) */
     bool direct;        /* top_k 1 with the cp.async GEMM2: it writes out itself, no combine kernel */
-    bool g2_t2;         /* GEMM2 KS 1 with two row tiles per warp (G2_T2_MINB) */
+    int32_t g2_tiles;   /* GEMM2 KS 1 row tiles per warp: 1, or 2 / 4 (G2_T2_MINB) */
     int32_t tpu;        /* the dispatch's tokens per unit (its pairs per unit) */
 };
 
@@ -1465,8 +1475,10 @@ cudaError_t launch_fmt(const launch_shape &sh, bool with_g2, const moe_params &P
     cudaError_t err = sh.gated ? launch_gemm1_nt<FMT, true>(sh.nt, sh.as1, sh.fold, sh.pair, sh.g1, P, s)
                                : launch_gemm1_nt<FMT, false>(sh.nt, sh.as1, sh.fold, sh.pair, sh.g1, P, s);
     if (err != cudaSuccess || !with_g2) return err;
-    if (sh.g2_t2) { /* shape_of: NVFP4 cp.async, NT 1, KS 1, unfolded */
-        if constexpr (FMT == FMT_NVFP4) return launch_g2_one<1, 1, G2_T2_MINB, false, 2>(sh.g2, P, s);
+    if (sh.g2_tiles > 1) { /* shape_of: NVFP4 cp.async, NT 1, KS 1, unfolded */
+        if constexpr (FMT == FMT_NVFP4)
+            return sh.g2_tiles == 4 ? launch_g2_one<1, 1, G2_T4_MINB, false, 4>(sh.g2, P, s)
+                                    : launch_g2_one<1, 1, G2_T2_MINB, false, 2>(sh.g2, P, s);
         return cudaErrorInvalidValue;
     }
     if (sh.wide) { /* shape_of: NVFP4 cp.async, NT 1, split K */
@@ -1491,11 +1503,11 @@ cudaError_t allow_g1(void) {
                             : allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, false>,
                                          ring + fold_dyn_bytes());
 }
-template <int NT, int KS, int MINB, bool FOLD, int T2 = 1>
+template <int NT, int KS, int MINB, bool FOLD, int TILES = 1>
 cudaError_t allow_g2_one(void) {
-    const size_t smem = g2_smem_bytes<NT, KS, FOLD, T2>();
-    const cudaError_t e = allow_smem(g2_async_kernel<NT, KS, MINB, FOLD, false, T2>, smem);
-    return e != cudaSuccess ? e : allow_smem(g2_async_kernel<NT, KS, MINB, FOLD, true, T2>, smem);
+    const size_t smem = g2_smem_bytes<NT, KS, FOLD, TILES>();
+    const cudaError_t e = allow_smem(g2_async_kernel<NT, KS, MINB, FOLD, false, TILES>, smem);
+    return e != cudaSuccess ? e : allow_smem(g2_async_kernel<NT, KS, MINB, FOLD, true, TILES>, smem);
 }
 template <int NT, int KS, int MINB = 0>
 cudaError_t allow_g2(void) {
@@ -1515,6 +1527,7 @@ cudaError_t allow_async_smem(void) {
     if (e == cudaSuccess) e = allow_g2<2, G2_WARPS>();
     if (e == cudaSuccess) e = allow_g2<1, G2_WIDE_KS>();
     if (e == cudaSuccess) e = allow_g2_one<1, 1, G2_T2_MINB, false, 2>();
+    if (e == cudaSuccess) e = allow_g2_one<1, 1, G2_T4_MINB, false, 4>();
     return e;
 }
 
@@ -1589,7 +1602,7 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
      * split-K over one wave (EP16 M 3, 672 blocks on 660 slots: -2.2 us; M 4 -0.7; M 8 -0.3); KS 1 over two
      * waves (TP8 M 2 / 3 / 4 / 8: -0.6 / -1.1 / -0.7 / -2.0 us), which never folds (FOLD_WAVES). Not nearer: the
      * 7-block split-K kernel made EP16 M 2 (448 blocks) 2.5 us slower, the 8-block KS 1 kernel TP8 M 1 (896
-     * blocks) 1 us slower. The KS 1 one runs only where two row tiles per warp do not (g2_t2 below). */
+     * blocks) 1 us slower. The KS 1 one runs only where several row tiles per warp do not (g2_tiles below). */
     sh.g2_dense = sh.as2 && sh.nt == 1 && !sh.wide && blocks2 > (sh.g2_split ? 1 : 2) * sms * per2 &&
                   (sh.g2_split || !sh.fold);
     /* top_k 1: one slot per token, so the combine is a conversion that GEMM2 can do in its epilogue (EP16 M 1-8
@@ -1603,11 +1616,16 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
      * The fold keeps one slot per touched expert and its passes (small grids only). */
     sh.tpu = m > 8 * sh.nt ? 8 * sh.nt : (np > 0 ? np : 1);
     if (!sh.fold) sh.g1.x = sh.g2.x = (unsigned)max_units(d->num_experts, np, sh.tpu);
-    /* Two row tiles per warp in the unfolded KS 1 NT 1 cp.async GEMM2, half the block rows (G2_T2_MINB: TP8 M 2-32
-     * -0.7..-4.5 us). It replaces the KS 1 dense instance too (g2_dense above), which then runs only without it
-     * (K3_CUDA_MOE_NO_T2: tests compare the two bitwise). */
-    sh.g2_t2 = !no_t2 && !sh.g2_split && sh.as2 && sh.nt == 1 && !sh.fold && !sh.wide;
-    if (sh.g2_t2) sh.g2.y = (unsigned)((d->hidden / 16 + 2 * G2_WARPS - 1) / (2 * G2_WARPS));
+    /* Two or four row tiles per warp in the unfolded KS 1 NT 1 cp.async GEMM2 (G2_T2_MINB: TP8 M 2-64 -0.7..-20 us
+     * against one), four where the two-tile grid is more than G2_T4_WAVES waves. They replace the KS 1 dense instance
+     * too (g2_dense above), which then runs only with one tile (K3_CUDA_MOE_NO_T2: tests compare bitwise). */
+    sh.g2_tiles = 1;
+    if (!no_t2 && !sh.g2_split && sh.as2 && sh.nt == 1 && !sh.fold && !sh.wide) {
+        const int64_t y2 = (d->hidden / 16 + 2 * G2_WARPS - 1) / (2 * G2_WARPS);
+        const bool four = d->hidden % 64 == 0 && (int64_t)sh.g2.x * y2 > G2_T4_WAVES * sms * G2_T2_MINB;
+        sh.g2_tiles = four ? 4 : 2;
+        sh.g2.y = (unsigned)(four ? (d->hidden / 16 + 4 * G2_WARPS - 1) / (4 * G2_WARPS) : y2);
+    }
     return sh;
 }
 
@@ -1622,7 +1640,7 @@ extern "C" int k3_cuda_moe_pairs(const k3_ctx *ctx, const k3_cuda_moe *p, int64_
 }
 
 extern "C" int k3_cuda_moe_g2_tiles(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
-    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false).g2_t2 ? 2 : 1;
+    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false).g2_tiles;
 }
 
 extern "C" k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_moe_desc *d) {
