@@ -923,6 +923,11 @@ static const mcase k_moe_cases[] = {
     {"nt2", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A4, K3_ACT_SITU, 56, 8, 128, 1152, 80, ROUTE_RANDOM, 1},
     {"nt4", K3_WEIGHT_MXFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 56, 8, 224, 96, 40, ROUTE_RANDOM, 0},
     {"nt4", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 1, K3_MOE_W4A16, K3_ACT_SITU, 56, 8, 224, 96, 40, ROUTE_RANDOM, 1},
+    /* GEMM2 with four row tiles per warp (session 21: where the two-tile grid is more than 6 waves; here ~610 units
+     * x 8 block rows of L 1024 on a 132-SM H200), W4A16 with graph replay and W4A4 with swizzled separate scales;
+     * gpu_moe compares both with one tile per warp, bitwise */
+    {"g2-tiles", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 896, 16, 1024, 64, 64, ROUTE_RANDOM, 1},
+    {"g2-tiles", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A4, K3_ACT_SITU, 896, 16, 1024, 64, 64, ROUTE_RANDOM, 0},
 };
 
 #define N_MOE_CASES ((int)(sizeof k_moe_cases / sizeof k_moe_cases[0]))
