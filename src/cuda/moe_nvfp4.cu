@@ -20,7 +20,8 @@
  *              the 16-wide block this tile is) -> a[pair, I]. Its 4 warps split K, summed in a fixed order.
  *              Paired tiles (W4A16, NT 1, where twice the grid still fits one wave: EP16 M 1): grid (slots, I / 8),
  *              the gate and up rows of 8 outputs in one 16-row tile, bitwise the same a.
- *   GEMM2      grid (slots, L / 64): each warp 16 rows of W2, or (long K: I >= 1024) grid (slots, L / 16):
+ *   GEMM2      grid (slots, L / 64): each warp 16 rows of W2 (the unfolded NT 1 cp.async instance: 32 or 64 rows,
+ *              grid (slots, L / 128 or L / 256): G2_T2_MINB), or (long K: I >= 1024) grid (slots, L / 16):
  *              a block per 16 rows, its 4 warps splitting K (8 warps in 256-thread blocks where the grid is at
  *              most 2 blocks per SM: EP16 M 1); out_pair = weight * ((a . W2^T) * scale_2) in fp32 ->
  *              pair_out[token * top_k + slot, L]
