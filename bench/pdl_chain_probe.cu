@@ -45,16 +45,22 @@ __global__ void consumer(const int *data, int *seen, int i) {
     if (blockIdx.x == 0 && threadIdx.x == 0) seen[i] = *(volatile const int *)&data[i];
 }
 
-static cudaError_t launch_pdl(void (*k)(int *), int *arg, cudaStream_t s) {
+/* A launch config with programmatic stream serialization (at must outlive the launch). */
+static cudaLaunchConfig_t pdl_config(cudaLaunchAttribute *at, unsigned blocks, cudaStream_t s) {
     cudaLaunchConfig_t lc = {};
-    cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
-    lc.gridDim = dim3(132);
+    lc.gridDim = dim3(blocks);
     lc.blockDim = dim3(32);
     lc.stream = s;
     lc.attrs = at;
     lc.numAttrs = 1;
+    return lc;
+}
+
+static cudaError_t launch_pdl(void (*k)(int *), int *arg, cudaStream_t s) {
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t lc = pdl_config(at, 132, s);
     return cudaLaunchKernelEx(&lc, k, arg);
 }
 
@@ -63,15 +69,8 @@ static cudaError_t launch_consumer(bool pdl, const int *data, int *seen, int i, 
         consumer<false><<<1, 32, 0, s>>>(data, seen, i);
         return cudaGetLastError();
     }
-    cudaLaunchConfig_t lc = {};
     cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    lc.gridDim = dim3(1);
-    lc.blockDim = dim3(32);
-    lc.stream = s;
-    lc.attrs = at;
-    lc.numAttrs = 1;
+    const cudaLaunchConfig_t lc = pdl_config(at, 1, s);
     return cudaLaunchKernelEx(&lc, consumer<true>, data, seen, i);
 }
 
