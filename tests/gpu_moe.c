@@ -928,6 +928,9 @@ static const mcase k_moe_cases[] = {
      * gpu_moe compares both with one tile per warp, bitwise */
     {"g2-tiles", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 896, 16, 1024, 64, 64, ROUTE_RANDOM, 1},
     {"g2-tiles", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A4, K3_ACT_SITU, 896, 16, 1024, 64, 64, ROUTE_RANDOM, 0},
+    /* two tiles with direct output (top_k 1; unfolded: GEMM1's 64 x 56 blocks are past two waves; I 896 < 1024 keeps
+     * GEMM2 at KS 1), also rerun with ids outside [0, E) on odd tokens */
+    {"g2-tiles", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 896, 1, 256, 896, 64, ROUTE_RANDOM, 0},
 };
 
 #define N_MOE_CASES ((int)(sizeof k_moe_cases / sizeof k_moe_cases[0]))
