@@ -1617,7 +1617,7 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
      * The fold keeps one slot per touched expert and its passes (small grids only). */
     sh.tpu = m > 8 * sh.nt ? 8 * sh.nt : (np > 0 ? np : 1);
     if (!sh.fold) sh.g1.x = sh.g2.x = (unsigned)max_units(d->num_experts, np, sh.tpu);
-    /* Two or four row tiles per warp in the unfolded KS 1 NT 1 cp.async GEMM2 (G2_T2_MINB: TP8 M 2-64 -0.7..-20 us
+    /* Two or four row tiles per warp in the unfolded KS 1 NT 1 cp.async GEMM2 (G2_T2_MINB: TP8 M 2-64 -0.7..-16 us
      * against one), four where the two-tile grid is more than G2_T4_WAVES waves. They replace the KS 1 dense instance
      * too (g2_dense above), which then runs only with one tile (K3_CUDA_MOE_NO_T2: tests compare bitwise). */
     sh.g2_tiles = 1;
