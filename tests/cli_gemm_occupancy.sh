@@ -10,10 +10,11 @@
 # nothing about the compiled kernels.
 # Needs nvcc only (no GPU); skipped (77) without it or in a build without the CUDA backend. Usage: bash tests/cli_gemm_occupancy.sh path/to/k3 (unused).
 set -u
+NAME=cli_gemm_occupancy
 src="${K3_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}"
+. "$src/tests/lib_cli.sh"
 if [ "${K3_HAVE_CUDA:-ON}" = "OFF" ]; then echo "SKIPPED: a build without the CUDA backend (its CUDA build runs this)"; exit 77; fi
-nvcc_bin="$(command -v nvcc || true)"
-[ -z "$nvcc_bin" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc_bin=/usr/local/cuda/bin/nvcc
+nvcc_bin="$(nvcc_path)"
 if [ -z "$nvcc_bin" ]; then echo "SKIPPED: no nvcc"; exit 77; fi
 expected="$src/tests/data/sm90_gemm_occupancy.txt"
 have_ver=$("$nvcc_bin" --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')
@@ -23,25 +24,19 @@ if [ "$have_ver" != "$want_ver" ]; then
     exit 77
 fi
 
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-pass=0; fail=0
-ok()  { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-
 # ptxas's resource report of both kernel families for sm_90a, as the library builds them
 for f in gemm_mma gemm_skinny; do
     if "$nvcc_bin" -c -DK3_HAVE_CUDA=1 -I"$src/include" -I"$src/src" -O3 -DNDEBUG --expt-relaxed-constexpr -std=c++17 -lineinfo \
-        -gencode arch=compute_90a,code=sm_90a -Xptxas -v "$src/src/cuda/$f.cu" -o "$tmp/$f.o" >"$tmp/$f.log" 2>&1; then
+        -gencode arch=compute_90a,code=sm_90a -Xptxas -v "$src/src/cuda/$f.cu" -o "$T/$f.o" >"$T/$f.log" 2>&1; then
         ok
     else
-        bad "nvcc $f.cu: $(grep -m3 error "$tmp/$f.log")"
+        bad "nvcc $f.cu: $(grep -m3 error "$T/$f.log")"
     fi
 done
-[ "$fail" -eq 0 ] || { echo "$pass passed, $fail failed"; exit 1; }
+[ "$fail" -eq 0 ] || { finish; exit 1; }
 
 # "mma W,T,U,C,PF,MINB,L2B,PIPE,NT regs smem" / "skinny THR,ROWS,UNROLL,SK,M regs smem" for every entry function
-cat "$tmp/gemm_mma.log" "$tmp/gemm_skinny.log" | awk '
+cat "$T/gemm_mma.log" "$T/gemm_skinny.log" | awk '
     /Compiling entry function/ {
         name = $0; sub(/.*entry function .*k3_/, "", name); kind = name ~ /^mma_kernel/ ? "mma" : "skinny"
         args = ""; s = name
@@ -55,7 +50,7 @@ cat "$tmp/gemm_mma.log" "$tmp/gemm_skinny.log" | awk '
         regs = $0; sub(/.*Used /, "", regs); sub(/ registers.*/, "", regs)
         smem = 0; if ($0 ~ /bytes smem/) { smem = $0; sub(/ bytes smem.*/, "", smem); sub(/.*, /, "", smem) }
         print kind, args, regs, smem
-    }' >"$tmp/res.txt"
+    }' >"$T/res.txt"
 
 # the configurations' template arguments (src/plan/gemm_configs.def; K3_PF_HEAD 100, K3_PF_ALL 99)
 awk -F'[(),]' '
@@ -63,12 +58,12 @@ awk -F'[(),]' '
                                     n = split(x, p, "+"); v = 0; for (i = 1; i <= n; i++) v += p[i]; return v }
     /^K3_GEMM_MMA\(/    { gsub(/ /, "", $2); print "mma", $2, num($3) "," num($4) "," num($5) "," num($6) "," num($7) "," num($8) "," num($9) "," num($10) }
     /^K3_GEMM_SKINNY\(/ { gsub(/ /, "", $2); print "skinny", $2, num($3) "," num($4) "," num($5) "," num($6) }
-' "$src/src/plan/gemm_configs.def" >"$tmp/cfg.txt"
+' "$src/src/plan/gemm_configs.def" >"$T/cfg.txt"
 
 # every (configuration, token tiles or M) a row of the table chooses, its blocks per SM on an SM90 SM (65,536
 # registers allocated per warp in 256s, 2,048 threads, 32 blocks, 228 KB of shared memory with 1 KB reserved
 # per block)
-awk -v cfgf="$tmp/cfg.txt" -v resf="$tmp/res.txt" '
+awk -v cfgf="$T/cfg.txt" -v resf="$T/res.txt" '
     BEGIN {
         while ((getline l < cfgf) > 0) { split(l, f, " "); cfg[f[1] " " f[2]] = f[3] }
         while ((getline l < resf) > 0) { split(l, f, " "); regs[f[1] " " f[2]] = f[3]; smem[f[1] " " f[2]] = f[4] }
@@ -89,19 +84,18 @@ awk -v cfgf="$tmp/cfg.txt" -v resf="$tmp/res.txt" '
             if (b > 32) b = 32
             print $4, $5, unit, b
         }
-    }' "$src/tables/sm90.txt" | sort -u >"$tmp/have.txt"
+    }' "$src/tables/sm90.txt" | sort -u >"$T/have.txt"
 
-grep -E '^(mma|skinny) ' "$expected" | sort -u >"$tmp/want.txt"
-if grep -qE '^(UNKNOWN|NOINSTANCE)' "$tmp/have.txt"; then
-    bad "table rows without a compiled instance: $(grep -E '^(UNKNOWN|NOINSTANCE)' "$tmp/have.txt" | tr '\n' ';')"
+grep -E '^(mma|skinny) ' "$expected" | sort -u >"$T/want.txt"
+if grep -qE '^(UNKNOWN|NOINSTANCE)' "$T/have.txt"; then
+    bad "table rows without a compiled instance: $(grep -E '^(UNKNOWN|NOINSTANCE)' "$T/have.txt" | tr '\n' ';')"
 fi
-n_have=$(grep -cE '^(mma|skinny) ' "$tmp/have.txt")
-if diff "$tmp/want.txt" <(grep -E '^(mma|skinny) ' "$tmp/have.txt") >"$tmp/diff.txt"; then
+n_have=$(grep -cE '^(mma|skinny) ' "$T/have.txt")
+if diff "$T/want.txt" <(grep -E '^(mma|skinny) ' "$T/have.txt") >"$T/diff.txt"; then
     ok
     echo "sm90 table: $n_have kernel instances, blocks per SM as tuned"
 else
     bad "blocks per SM differ from those tables/sm90.txt was tuned with (< tuned, > now):"
-    cat "$tmp/diff.txt" >&2
+    cat "$T/diff.txt" >&2
 fi
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -461,7 +461,8 @@ static void moe_case(const mcase *c, uint64_t seed) {
             /* Other launch shapes of the same call must give bitwise the same output: where the GEMMs route
              * themselves (W4A16, np <= 256, small grids: the dispatch folded in, session 14b), the dispatch-kernel path
              * (K3_CUDA_MOE_NO_FOLD); where GEMM1 runs in paired tiles (session 17), its 16-output blocks
-             * (K3_CUDA_MOE_NO_PAIR); where GEMM2 runs two row tiles per warp (session 21), one (K3_CUDA_MOE_NO_T2) */
+             * (K3_CUDA_MOE_NO_PAIR); where GEMM2 runs two or four row tiles per warp (session 21), one
+             * (K3_CUDA_MOE_NO_T2) */
             k3_cuda_moe cm;
             if (k3_cuda_moe_prepare(g_gpu, &cm, &md.d) == K3_STATUS_SUCCESS) {
                 g2_tiles = k3_cuda_moe_g2_tiles(g_gpu, &cm, M, &md.dw);

@@ -18,6 +18,12 @@ expect() {
 contains() { # FILE TEXT DESCRIPTION
     if grep -aqF -- "$2" "$1"; then ok; else bad "$3: '$2' not in $(head -c 400 "$1")"; fi
 }
+# The nvcc to use: on PATH, else the toolkit's default place; prints nothing when there is none.
+nvcc_path() {
+    command -v nvcc && return 0
+    if [ -x /usr/local/cuda/bin/nvcc ]; then echo /usr/local/cuda/bin/nvcc; fi
+    return 0
+}
 # The closing line ctest's log and CI read; fails when anything failed or nothing was checked.
 finish() {
     echo "$pass passed, $fail failed"

@@ -1558,6 +1558,9 @@ constexpr int FOLD_WAVES = 2;
  *     NVFP4 scales whose words are not aligned). */
 constexpr int64_t NT1_MAX_M = 64;
 
+/* GEMM2's block rows at KS 1: L / 16 row tiles, `tiles` per warp, G2_WARPS warps per block. */
+int64_t g2_block_rows(int64_t hidden, int tiles) { return (hidden / 16 + tiles * G2_WARPS - 1) / (tiles * G2_WARPS); }
+
 launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k3_moe_weights *w, bool no_fold,
                       bool no_pair, bool no_t2) {
     const k3_moe_desc *d = &p->d;
@@ -1579,7 +1582,7 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
      * 4x the blocks (one expert alone then fills the GPU) and a quarter of the serial chunk walk per warp */
     sh.g2_split = d->inter / 128 >= 2 * G2_WARPS;
     sh.g2 = dim3((unsigned)slots,
-                 (unsigned)(sh.g2_split ? d->hidden / 16 : (d->hidden / 16 + G2_WARPS - 1) / G2_WARPS));
+                 (unsigned)(sh.g2_split ? d->hidden / 16 : g2_block_rows(d->hidden, 1)));
     /* NVFP4 at decode sizes (NT <= 2): the cp.async ring where the scale words are aligned */
     sh.as1 = al1 && sh.nt <= 2;
     sh.as2 = al2 && sh.nt <= 2;
@@ -1622,10 +1625,10 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
      * too (g2_dense above), which then runs only with one tile (K3_CUDA_MOE_NO_T2: tests compare bitwise). */
     sh.g2_tiles = 1;
     if (!no_t2 && !sh.g2_split && sh.as2 && sh.nt == 1 && !sh.fold && !sh.wide) {
-        const int64_t y2 = (d->hidden / 16 + 2 * G2_WARPS - 1) / (2 * G2_WARPS);
-        const bool four = d->hidden % 64 == 0 && (int64_t)sh.g2.x * y2 > G2_T4_WAVES * sms * G2_T2_MINB;
+        const bool four = d->hidden % 64 == 0 &&
+                          (int64_t)sh.g2.x * g2_block_rows(d->hidden, 2) > G2_T4_WAVES * sms * G2_T2_MINB;
         sh.g2_tiles = four ? 4 : 2;
-        sh.g2.y = (unsigned)(four ? (d->hidden / 16 + 4 * G2_WARPS - 1) / (4 * G2_WARPS) : y2);
+        sh.g2.y = (unsigned)g2_block_rows(d->hidden, sh.g2_tiles);
     }
     return sh;
 }
