@@ -416,7 +416,8 @@ static void moe_case(const mcase *c, uint64_t seed) {
 
     k3_moe_plan *pc = NULL, *pg = NULL;
     double rel = INFINITY, rel_bf = INFINITY, rel_graph = -1.0, us = 0.0, t_cpu = 0.0;
-    int bitwise = 0, graph_ok = -1, same_dispatch = -1, same_unpaired = -1, same_one_tile = -1, g2_tiles = 1;
+    int bitwise = 0, graph_ok = -1, same_dispatch = -1, same_unpaired = -1, same_one_tile = -1, same_late = -1;
+    int g2_tiles = 1;
     const double tol = c->mode == K3_MOE_W4A4 ? 2e-2 : 1e-2;
     const k3_status sc = made ? k3_moe_plan_create(g_cpu, &md.d, &pc) : K3_STATUS_INTERNAL_ERROR;
     const k3_status sg = made ? k3_moe_plan_create(g_gpu, &md.d, &pg) : K3_STATUS_INTERNAL_ERROR;
@@ -462,16 +463,18 @@ static void moe_case(const mcase *c, uint64_t seed) {
              * themselves (W4A16, np <= 256, small grids: the dispatch folded in, session 14b), the dispatch-kernel path
              * (K3_CUDA_MOE_NO_FOLD); where GEMM1 runs in paired tiles (session 17), its 16-output blocks
              * (K3_CUDA_MOE_NO_PAIR); where GEMM2 runs two or four row tiles per warp (session 21), one
-             * (K3_CUDA_MOE_NO_T2) */
+             * (K3_CUDA_MOE_NO_T2); where GEMM1's first wave routes itself ahead of the dispatch kernel (session 22),
+             * every block after it (K3_CUDA_MOE_NO_EARLY) */
             k3_cuda_moe cm;
             if (k3_cuda_moe_prepare(g_gpu, &cm, &md.d) == K3_STATUS_SUCCESS) {
                 g2_tiles = k3_cuda_moe_g2_tiles(g_gpu, &cm, M, &md.dw);
-                const int32_t alt[3] = {k3_cuda_moe_folds(g_gpu, &cm, M, &md.dw) ? K3_CUDA_MOE_NO_FOLD : 0,
+                const int32_t alt[4] = {k3_cuda_moe_folds(g_gpu, &cm, M, &md.dw) ? K3_CUDA_MOE_NO_FOLD : 0,
                                         k3_cuda_moe_pairs(g_gpu, &cm, M, &md.dw) ? K3_CUDA_MOE_NO_PAIR : 0,
-                                        g2_tiles > 1 ? K3_CUDA_MOE_NO_T2 : 0};
-                int *const same[3] = {&same_dispatch, &same_unpaired, &same_one_tile};
-                static const char *const alt_name[3] = {"dispatch-path", "unpaired", "one-tile"};
-                for (int a = 0; a < 3; a++) {
+                                        g2_tiles > 1 ? K3_CUDA_MOE_NO_T2 : 0,
+                                        k3_cuda_moe_early(g_gpu, &cm, M, &md.dw) ? K3_CUDA_MOE_NO_EARLY : 0};
+                int *const same[4] = {&same_dispatch, &same_unpaired, &same_one_tile, &same_late};
+                static const char *const alt_name[4] = {"dispatch-path", "unpaired", "one-tile", "late-routing"};
+                for (int a = 0; a < 4; a++) {
                     if (!alt[a]) continue;
                     void *dws2 = NULL;
                     *same[a] = 0;
@@ -586,7 +589,7 @@ static void moe_case(const mcase *c, uint64_t seed) {
         free(hws);
     }
     const int pass = rel <= tol && rel_bf <= tol && bitwise && graph_ok != 0 && same_dispatch != 0 && same_unpaired != 0 &&
-                     same_one_tile != 0;
+                     same_one_tile != 0 && same_late != 0;
     if (!pass && isfinite(rel) && rel > tol) { /* where it goes wrong: the worst element and the first bad row */
         int64_t worst = 0, bad_rows = 0;
         double wd = -1.0;
@@ -617,6 +620,7 @@ static void moe_case(const mcase *c, uint64_t seed) {
     printf(same_dispatch < 0 ? ", not folded" : same_dispatch ? ", folded = dispatch path bitwise" : ", folded = dispatch path DIFFER");
     if (same_unpaired >= 0) printf(same_unpaired ? ", paired = unpaired bitwise" : ", paired = unpaired DIFFER");
     if (same_one_tile >= 0) printf(same_one_tile ? ", %d tiles = 1 tile bitwise" : ", %d tiles = 1 tile DIFFER", g2_tiles);
+    if (same_late >= 0) printf(same_late ? ", early = late routing bitwise" : ", early = late routing DIFFER");
     if (c->graph) printf(", graph replay with new routing %s (rel-L2 %.3e)", graph_ok > 0 ? "ok" : "FAILED", rel_graph);
     printf("\n");
     fflush(stdout);
@@ -932,6 +936,14 @@ static const mcase k_moe_cases[] = {
     /* two tiles with direct output (top_k 1; unfolded: GEMM1's 64 x 56 blocks are past two waves; I 896 < 1024 keeps
      * GEMM2 at KS 1), also rerun with ids outside [0, E) on odd tokens */
     {"g2-tiles", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 896, 1, 256, 896, 64, ROUTE_RANDOM, 0},
+    /* GEMM1's first wave routing itself ahead of the dispatch kernel (session 22; unfolded: GEMM1 grids past two
+     * waves, and within EARLY_WAVES, 8 on a 132-SM H200). Every token on expert 3 at M 16: its 16 pairs are two units, so the units are not the touched experts
+     * and the first wave takes the dispatch's units after its wait (graph replay: new routing, random, where it
+     * routes itself). Duplicate ids at M 4: units are whole experts (tpu = np), several passes of one block.
+     * Non-gated (RELU2): the other instance. */
+    {"early", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 56, 4, 256, 1024, 16, ROUTE_ONE_EXPERT, 1},
+    {"early", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A16, K3_ACT_SITU, 8, 4, 512, 4096, 4, ROUTE_DUP, 0},
+    {"early", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_RELU2_NO_MUL, 56, 8, 256, 1024, 8, ROUTE_RANDOM, 1},
 };
 
 #define N_MOE_CASES ((int)(sizeof k_moe_cases / sizeof k_moe_cases[0]))

@@ -14,7 +14,9 @@
  *              in BF16; the 1 / gs factor is applied to the GEMM1 accumulator instead)
  *   GEMM1      grid (units, I / 16 row tiles): max_units (min(E, m * top_k), plus m * top_k / (8 * NT) where m
  *              exceeds a pass; the fold: min(E, m * top_k) slots, one per touched expert); slots past the count
- *              exit.
+ *              exit. Behind the dispatch kernel at decode sizes (W4A16, grids of 2-8 waves: shape_of), the first
+ *              wave finds its unit from topk_ids as the fold does (early routing), so its weights stream while the
+ *              dispatch runs; it waits for the dispatch only before its first store.
  *              A block owns 16 gate rows AND the matching 16 up rows, so the activation runs in the epilogue:
  *              h = bf16(acc * scale_2), act in fp32, one rounding (BF16, or the W4A4 NVFP4 requantization of
  *              the 16-wide block this tile is) -> a[pair, I]. Its 4 warps split K, summed in a fixed order.
@@ -722,6 +724,8 @@ struct moe_params {
     const uint8_t *w13, *w13s, *w2, *w2s;
     size_t w13_eb, w13_sb, w2_eb, w2_sb;
     const float *w13_s2, *w2_s2, *w13_in, *w2_in;
+    int64_t early_blocks;                    /* GEMM1 EARLY: blocks below this linear index route themselves */
+    int32_t tpu;                             /* the dispatch's pairs per unit (GEMM1 EARLY) */
 };
 
 /*
@@ -754,6 +758,7 @@ struct fold_smem {
     int32_t lt[FOLD_NP / 32]; /* per warp: valid pairs with an id below e */
     int32_t e, n_act;
     uint8_t list[FOLD_NP];    /* e's pair indices, ascending */
+    int32_t over;             /* fold_find COUNT: an expert has more than P.tpu pairs */
 };
 /* Dynamic shared memory a folded launch adds after its ring: fold_smem. As static shared memory, its 320 bytes cost
  * the cp.async GEMM2 a block per SM (TP8 M 16 +18 us, bench/NOTES-moe.md session 14). */
@@ -761,14 +766,21 @@ constexpr size_t fold_dyn_bytes() { return (sizeof(fold_smem) + 15) / 16 * 16; }
 
 /* Block-wide (every thread of an NTH-thread block calls it). id[h]: this thread's pair h * NTH + tid (h < PPT), -1
  * when absent or out of [0, E) (and for h >= PPT). Returns the touched-expert count; fs.e holds the slot-th touched
- * expert when slot < that count. */
-template <int NTH>
+ * expert when slot < that count.
+ * COUNT (GEMM1's early routing): also fs.over = 1 when an expert has more than P.tpu pairs, i.e. when the dispatch's
+ * units are not the touched experts (per-expert counts as 16-bit halves of the words after the bitmap). */
+template <int NTH, bool COUNT = false>
 __device__ __forceinline__ int32_t fold_find(const moe_params &P, int slot, uint32_t *bm, fold_smem &fs,
                                              int32_t (&id)[2]) {
     constexpr int PPT = fold_ppt<NTH>();
     const int tid = threadIdx.x, lane = tid & 31;
     const int nw = (P.ne + 31) >> 5;
     for (int i = tid; i < nw; i += NTH) bm[i] = 0u;
+    uint32_t *const cw = bm + FOLD_E / 32;
+    if constexpr (COUNT) {
+        for (int i = tid; i < (P.ne + 1) >> 1; i += NTH) cw[i] = 0u;
+        if (tid == 0) fs.over = 0;
+    }
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int i = h * NTH + tid;
@@ -778,7 +790,13 @@ __device__ __forceinline__ int32_t fold_find(const moe_params &P, int slot, uint
     __syncthreads();
 #pragma unroll
     for (int h = 0; h < PPT; h++)
-        if (id[h] >= 0) atomicOr(&bm[id[h] >> 5], 1u << (id[h] & 31));
+        if (id[h] >= 0) {
+            atomicOr(&bm[id[h] >> 5], 1u << (id[h] & 31));
+            if constexpr (COUNT) {
+                const uint32_t sh = (uint32_t)(id[h] & 1) * 16u, old = atomicAdd(&cw[id[h] >> 1], 1u << sh) >> sh;
+                if ((int32_t)(old & 0xffffu) >= P.tpu) atomicOr(&fs.over, 1); /* atomic: racecheck-clean */
+            }
+        }
     __syncthreads();
     if (tid < 32) {
         const int wpl = (nw + 31) >> 5, w0 = lane * wpl;
@@ -926,11 +944,14 @@ __host__ __device__ constexpr int red_floats() { return SETS * NT * 4 * 33; }
  * work per block, twice the blocks: for grids that would otherwise leave SMs idle (EP16 M 1: 192 blocks on 132
  * SMs), where every warp's serial chunk walk, not the bytes, set the time (bench/NOTES-moe.md, session 17).
  */
-template <int FMT, bool GATED, int NT, bool ASYNC, bool FOLD, bool PAIR>
+template <int FMT, bool GATED, int NT, bool ASYNC, bool FOLD, bool PAIR, bool EARLY = false>
 __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_moe_gemm1_kernel(const moe_params P) {
     static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
     static_assert(!PAIR || (GATED && ASYNC), "paired tiles: gated cp.async kernels only");
+    static_assert(!EARLY || (ASYNC && NT == 1 && !FOLD && !PAIR && FMT == FMT_NVFP4),
+                  "early routing: the unfolded NT 1 cp.async kernel");
     constexpr int SETS = GATED && !PAIR ? 2 : 1;
+    static_assert(!EARLY || (FOLD_E / 32 + FOLD_E / 2) * 4 <= g1_dyn_bytes<SETS>(), "fold_find's counts fit the ring");
     constexpr int OUTS = PAIR ? 8 : 16; /* outputs (columns of a) per block */
     constexpr int RED = red_floats<SETS, NT>();
     constexpr bool RED_S = !ASYNC && FMT == FMT_BF16; /* FP4 register ring: the dead activation ring holds them */
@@ -943,14 +964,27 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
      * barrier comes before the ring fill below) */
     fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g1_dyn_bytes<SETS>() / 16);
     uint32_t *const bm = reinterpret_cast<uint32_t *>(k3_moe_dyn);
-    /* everything below reads the dispatch (and W4A4 quantization) output, or (fold: launched without PDL, so a
-     * no-op) the caller's topk_ids; wait before letting GEMM2 start */
-    k3_pdl_wait();
-    k3_pdl_launch();
-    if (P.direct) zero_skipped_tokens(P);
-    const int slot = blockIdx.x;
     int32_t fid[2] = {-1, -1}, e, p0 = 0, cnt = 0;
-    if (slot_leaves<FOLD, G1_WARPS * 32>(P, slot, bm, fs, fid, e, p0, cnt)) return; /* block-uniform */
+    /* EARLY: the first wave (early_blocks, block-uniform) routes itself from topk_ids (fold_find, fold_list) before
+     * its PDL wait, so its weights stream while the dispatch kernel runs; it waits before its first store, as GEMM2
+     * relies on (pdl.cuh) */
+    bool early = false;
+    if constexpr (EARLY) early = (int64_t)blockIdx.y * gridDim.x + blockIdx.x < P.early_blocks;
+    if (early) {
+        /* the touched experts are the dispatch's units unless an expert has more pairs than a unit (fs.over: this
+         * block then takes the dispatch's unit after its wait, as the later waves do) */
+        early = (int)blockIdx.x < fold_find<G1_WARPS * 32, true>(P, blockIdx.x, bm, fs, fid) && !fs.over;
+        if (early) e = fs.e;
+    }
+    if (!early) {
+        /* everything below reads the dispatch (and W4A4 quantization) output, or (fold: launched without PDL, so a
+         * no-op) the caller's topk_ids; wait before letting GEMM2 start */
+        k3_pdl_wait();
+        k3_pdl_launch();
+        if (P.direct) zero_skipped_tokens(P);
+    }
+    const int slot = blockIdx.x;
+    if (!early && slot_leaves<FOLD, G1_WARPS * 32>(P, slot, bm, fs, fid, e, p0, cnt)) return; /* block-uniform */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int64_t i0 = (int64_t)blockIdx.y * OUTS;
     const uint64_t pol = k3_policy_evict_first();
@@ -982,7 +1016,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
         nv_feed_init<SETS>(f, wrow, row, sexp, P.layout, P.L, kc0, kcs, kn, q);
         nv_fill<SETS, G1_STAGES>(ring, f, lane);
     }
-    if constexpr (FOLD) fold_list<G1_WARPS * 32>(e, fs, fid, p0, cnt); /* while the ring fills: smem, registers */
+    if (FOLD || early) fold_list<G1_WARPS * 32>(e, fs, fid, p0, cnt); /* while the ring fills: smem, registers */
     float alpha[2] = {1.0f, 1.0f}, inv_gs = 1.0f, gs2 = 1.0f;
     if (FMT == FMT_NVFP4) {
         alpha[0] = P.sep ? __ldg(P.w13_s2 + 2 * e) : __ldg(P.w13_s2 + e);
@@ -1016,7 +1050,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
             /* padding lanes keep a real address (the last token's row) but copy nothing */
             xok |= (uint32_t)(pass + nt * 8 + g < cnt) << nt;
             const int64_t pp = p0 + min(pass + nt * 8 + g, cnt - 1);
-            if constexpr (FOLD) /* W4A16 only */
+            if (FOLD || early) /* W4A16 only */
                 brow[nt] = P.x + (int64_t)((int32_t)fs.list[pp - p0] / P.top_k) * P.L;
             else
                 brow[nt] = P.w4a4 ? P.xq + pp * P.L : P.x + (int64_t)(__ldcg(P.list + pp) / P.top_k) * P.L;
@@ -1042,6 +1076,11 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
                     for (int c = 0; c < 4; c++) red[((s * NT + nt) * 4 + c) * 33 + lane] = acc[s][nt][c];
         }
         __syncthreads();
+        if (early && pass == 0) {
+            k3_pdl_wait();
+            k3_pdl_launch();
+            if (P.direct) zero_skipped_tokens(P);
+        }
         /* epilogue: this thread's (token pass + nt * 8 + nl, row i0 + r) */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -1397,8 +1436,16 @@ cudaError_t launch_g1_async_p(dim3 grid, bool fold, const moe_params &P, cudaStr
                             ring + fold_dyn_bytes(), true, s, P)
                 : launch_g1(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false, PAIR>, grid, ring, false, s, P);
 }
+/* The early-routing instance (NT 1, unpaired, unfolded): its routing state follows the ring, as the fold's. */
+template <bool GATED>
+constexpr auto g1_early_kernel = k3_moe_gemm1_kernel<FMT_NVFP4, GATED, 1, true, false, false, true>;
 template <bool GATED, int NT>
-cudaError_t launch_g1_async(dim3 grid, bool fold, bool pair, const moe_params &P, cudaStream_t s) {
+cudaError_t launch_g1_async(dim3 grid, bool fold, bool pair, bool early, const moe_params &P, cudaStream_t s) {
+    if constexpr (NT == 1)
+        if (early && !fold && !pair)
+            return launch_g1(g1_early_kernel<GATED>, grid, g1_dyn_bytes<GATED ? 2 : 1>() + fold_dyn_bytes(), false, s,
+                             P);
+    if (early) return cudaErrorInvalidValue;
     if constexpr (GATED && NT == 1)
         if (pair) return launch_g1_async_p<GATED, NT, true>(grid, fold, P, s);
     if (pair) return cudaErrorInvalidValue;
@@ -1428,13 +1475,13 @@ cudaError_t launch_g2_dense(dim3 grid, bool fold, const moe_params &P, cudaStrea
 
 /* fold: shape_of folds only where both GEMMs take the cp.async ring, so the other instances never fold. */
 template <int FMT, bool GATED>
-cudaError_t launch_gemm1_nt(int nt, bool async, bool fold, bool pair, dim3 grid, const moe_params &P,
+cudaError_t launch_gemm1_nt(int nt, bool async, bool fold, bool pair, bool early, dim3 grid, const moe_params &P,
                             cudaStream_t s) {
     if constexpr (FMT == FMT_NVFP4) {
-        if (async && nt == 1) return launch_g1_async<GATED, 1>(grid, fold, pair, P, s);
-        if (async && nt == 2) return launch_g1_async<GATED, 2>(grid, fold, pair, P, s);
+        if (async && nt == 1) return launch_g1_async<GATED, 1>(grid, fold, pair, early, P, s);
+        if (async && nt == 2) return launch_g1_async<GATED, 2>(grid, fold, pair, early, P, s);
     }
-    if (fold || pair) return cudaErrorInvalidValue;
+    if (fold || pair || early) return cudaErrorInvalidValue;
     if (nt == 1) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 1, false, false, false>, grid, 0, false, s, P);
     if (nt == 2) return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 2, false, false, false>, grid, 0, false, s, P);
     return launch_g1(k3_moe_gemm1_kernel<FMT, GATED, 4, false, false, false>, grid, 0, false, s, P);
@@ -1462,6 +1509,8 @@ struct launch_shape {
     dim3 g1, g2;
     bool fold;          /* the GEMMs route themselves (no dispatch kernel) */
     bool pair;          /* GEMM1 blocks of 8 outputs, gate and up rows in one tile (k3_moe_gemm1_kernel PAIR) */
+    bool early;         /* GEMM1's first wave routes itself from topk_ids (k3_moe_gemm1_kernel EARLY) */
+    int64_t early_blocks; /* that wave: blocks per SM (launch bounds) x SMs */
     bool wide;          /* GEMM2 split-K over G2_WIDE_KS warps (256-thread blocks) */
     bool g2_dense;      /* GEMM2 at NT 1 in its denser instance (G2_DENSE_SPLIT / G2_DENSE_K1 blocks per SM) */
     bool direct;        /* top_k 1 with the cp.async GEMM2: it writes out itself, no combine kernel */
@@ -1473,8 +1522,8 @@ struct launch_shape {
  * for NVFP4; shape_of sets them only there. */
 template <int FMT>
 cudaError_t launch_fmt(const launch_shape &sh, bool with_g2, const moe_params &P, cudaStream_t s) {
-    cudaError_t err = sh.gated ? launch_gemm1_nt<FMT, true>(sh.nt, sh.as1, sh.fold, sh.pair, sh.g1, P, s)
-                               : launch_gemm1_nt<FMT, false>(sh.nt, sh.as1, sh.fold, sh.pair, sh.g1, P, s);
+    cudaError_t err = sh.gated ? launch_gemm1_nt<FMT, true>(sh.nt, sh.as1, sh.fold, sh.pair, sh.early, sh.g1, P, s)
+                               : launch_gemm1_nt<FMT, false>(sh.nt, sh.as1, sh.fold, sh.pair, sh.early, sh.g1, P, s);
     if (err != cudaSuccess || !with_g2) return err;
     if (sh.g2_tiles > 1) { /* shape_of: NVFP4 cp.async, NT 1, KS 1, unfolded */
         if constexpr (FMT == FMT_NVFP4)
@@ -1499,10 +1548,11 @@ cudaError_t allow_smem(void (*kernel)(moe_params), size_t bytes) {
 template <bool GATED, int NT>
 cudaError_t allow_g1(void) {
     constexpr size_t ring = g1_dyn_bytes<GATED ? 2 : 1>();
-    const cudaError_t e = allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false, false>, ring);
-    return e != cudaSuccess ? e
-                            : allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, false>,
-                                         ring + fold_dyn_bytes());
+    cudaError_t e = allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false, false>, ring);
+    if (e == cudaSuccess) e = allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, false>, ring + fold_dyn_bytes());
+    if constexpr (NT == 1)
+        if (e == cudaSuccess) e = allow_smem(g1_early_kernel<GATED>, ring + fold_dyn_bytes());
+    return e;
 }
 template <int NT, int KS, int MINB, bool FOLD, int TILES = 1>
 cudaError_t allow_g2_one(void) {
@@ -1545,6 +1595,13 @@ bool async_ok(int32_t layout, int64_t cols, const void *scales) {
  * (blocks per SM as their launch bounds). Host-only and independent of the routing (graph capturable). */
 constexpr int FOLD_WAVES = 2;
 
+/* GEMM1's early routing (shape_of: its first wave routes itself while the dispatch kernel runs) only where GEMM1's
+ * grid is at most this many waves. Measured (session 22, H200, same-call A/B, two runs): TP8 M 2 / 3 / 4 / 8 -2.3 /
+ * -1.3 / -1.1 / -1.0 us (GEMM1 grids of 1.5-5.9 waves), EP16 M 8 / 12 / 16 -1.3 / -0.3..-0.9 / -0.4..-0.6 (3.3-6.5
+ * waves); TP8 M 12 (9.8 waves) +-0.8; but TP8 M 16 +0.9..+1.7 and EP16 M 32 / 64 +0.7..+2.0 / +2.3..+4.0 (13-23
+ * waves): the gain is a fixed amount, the cost grows with the waves. */
+constexpr int EARLY_WAVES = 8;
+
 /* Tokens per pass of the cp.async ring kernels (session 19, H200, `k3 bench moe`, graph replay, random routing unless
  * `--hot`, which gives one expert every token). At decode the touched experts have 1-2 tokens each, so a wider tile
  * only costs registers (GEMM1 NT 2: 162, 3 blocks per SM; NT 1: 122, 4):
@@ -1562,7 +1619,7 @@ constexpr int64_t NT1_MAX_M = 64;
 int64_t g2_block_rows(int64_t hidden, int tiles) { return (hidden / 16 + tiles * G2_WARPS - 1) / (tiles * G2_WARPS); }
 
 launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k3_moe_weights *w, bool no_fold,
-                      bool no_pair, bool no_t2) {
+                      bool no_pair, bool no_t2, bool no_early) {
     const k3_moe_desc *d = &p->d;
     const int32_t np = (int32_t)(m * d->top_k);
     const int32_t slots = np < d->num_experts ? np : d->num_experts;
@@ -1620,6 +1677,15 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
      * The fold keeps one slot per touched expert and its passes (small grids only). */
     sh.tpu = m > 8 * sh.nt ? 8 * sh.nt : (np > 0 ? np : 1);
     if (!sh.fold) sh.g1.x = sh.g2.x = (unsigned)max_units(d->num_experts, np, sh.tpu);
+    /* Where the dispatch kernel stays (grids past FOLD_WAVES), GEMM1's first wave finds its unit from topk_ids
+     * itself (fold_find, fold_list; topk_ids is complete, the dispatch kernel being launched plainly) before its PDL
+     * wait, so its weights stream while the dispatch runs; a block whose expert has more pairs than a unit (tpu)
+     * takes the dispatch's unit after its wait instead (then the units are not the experts). Only the first wave
+     * (blocks per SM as the launch bounds x SMs): a later block would pay that prologue after the dispatch has
+     * finished (the fold's lesson, FOLD_WAVES); and only for grids of at most EARLY_WAVES waves (measured). */
+    sh.early = !no_early && !sh.fold && !sh.pair && d->mode != K3_MOE_W4A4 && sh.as1 && sh.nt == 1 && np <= FOLD_NP &&
+               d->num_experts <= FOLD_E && (int64_t)sh.g1.x * sh.g1.y <= EARLY_WAVES * sms * per1;
+    sh.early_blocks = sh.early ? sms * per1 : 0;
     /* Two or four row tiles per warp in the unfolded KS 1 NT 1 cp.async GEMM2 (G2_T2_MINB: TP8 M 2-64 -0.7..-16 us
      * against one), four where the two-tile grid is more than G2_T4_WAVES waves. They replace the KS 1 dense instance
      * too (g2_dense above), which then runs only with one tile (K3_CUDA_MOE_NO_T2: tests compare bitwise). */
@@ -1636,15 +1702,19 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
 } // namespace
 
 extern "C" int k3_cuda_moe_folds(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
-    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false).fold ? 1 : 0;
+    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false, false).fold ? 1 : 0;
 }
 
 extern "C" int k3_cuda_moe_pairs(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
-    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false).pair ? 1 : 0;
+    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false, false).pair ? 1 : 0;
 }
 
 extern "C" int k3_cuda_moe_g2_tiles(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
-    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false).g2_tiles;
+    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false, false).g2_tiles;
+}
+
+extern "C" int k3_cuda_moe_early(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
+    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false, false).early ? 1 : 0;
 }
 
 extern "C" k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_moe_desc *d) {
@@ -1698,8 +1768,8 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
     const k3_moe_desc *d = &p->d;
     cudaStream_t s = (cudaStream_t)stream;
     const bool no_fold = (stages & K3_CUDA_MOE_NO_FOLD) != 0, no_pair = (stages & K3_CUDA_MOE_NO_PAIR) != 0;
-    const bool no_t2 = (stages & K3_CUDA_MOE_NO_T2) != 0;
-    stages &= ~(int32_t)(K3_CUDA_MOE_NO_FOLD | K3_CUDA_MOE_NO_PAIR | K3_CUDA_MOE_NO_T2);
+    const bool no_t2 = (stages & K3_CUDA_MOE_NO_T2) != 0, no_early = (stages & K3_CUDA_MOE_NO_EARLY) != 0;
+    stages &= ~(int32_t)(K3_CUDA_MOE_NO_FOLD | K3_CUDA_MOE_NO_PAIR | K3_CUDA_MOE_NO_T2 | K3_CUDA_MOE_NO_EARLY);
     const ws_layout L = layout_of(p);
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (ALIGN_BUF - 1)) & ~(uintptr_t)(ALIGN_BUF - 1));
     const int32_t np = (int32_t)(m * d->top_k);
@@ -1741,9 +1811,11 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
      * (fold_find); prefill, many-wave grids and W4A4 (its quantization kernel reads the lists) keep it, and so
      * does K3_CUDA_MOE_NO_FOLD (tests). The stage cut after the dispatch still runs the kernel alone, for
      * reference: with the fold it is not part of the call. */
-    const launch_shape sh = shape_of(p, ctx->arch.sm_count, m, w, no_fold, no_pair, no_t2);
+    const launch_shape sh = shape_of(p, ctx->arch.sm_count, m, w, no_fold, no_pair, no_t2, no_early);
     P.np = np;
     P.direct = sh.direct;
+    P.early_blocks = sh.early_blocks;
+    P.tpu = sh.tpu;
     if (!sh.fold || stages <= K3_CUDA_MOE_STAGE_DISPATCH)
         K3_TRY(k3_cuda_moe_dispatch(ctx, topk_ids, np, d->num_experts, sh.tpu, (int32_t *)(base + L.offs),
                                     (int32_t *)(base + L.cur), (int32_t *)(base + L.active),
