@@ -937,10 +937,10 @@ static const mcase k_moe_cases[] = {
      * GEMM2 at KS 1), also rerun with ids outside [0, E) on odd tokens */
     {"g2-tiles", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 896, 1, 256, 896, 64, ROUTE_RANDOM, 0},
     /* GEMM1's first wave routing itself ahead of the dispatch kernel (session 22; unfolded: GEMM1 grids past two
-     * waves, and within EARLY_WAVES, 8 on a 132-SM H200). Every token on expert 3 at M 16: its 16 pairs are two units, so the units are not the touched experts
-     * and the first wave takes the dispatch's units after its wait (graph replay: new routing, random, where it
-     * routes itself). Duplicate ids at M 4: units are whole experts (tpu = np), several passes of one block.
-     * Non-gated (RELU2): the other instance. */
+     * waves, and within EARLY_WAVES, 8 on a 132-SM H200). Every token on expert 3 at M 16: its 16 pairs are two
+     * units, so the units are not the touched experts and the first wave takes the dispatch's units after its wait
+     * (graph replay: new routing, random, where it routes itself). Duplicate ids at M 4: units are whole experts
+     * (tpu = np), several passes of one block. Non-gated (RELU2): the other instance. */
     {"early", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 56, 4, 256, 1024, 16, ROUTE_ONE_EXPERT, 1},
     {"early", K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A16, K3_ACT_SITU, 8, 4, 512, 4096, 4, ROUTE_DUP, 0},
     {"early", K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_RELU2_NO_MUL, 56, 8, 256, 1024, 8, ROUTE_RANDOM, 1},

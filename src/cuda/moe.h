@@ -57,8 +57,8 @@ enum { K3_CUDA_MOE_NO_PAIR = 0x200 };
 /* OR'd into stages: GEMM2 with one row tile per warp even where k3_cuda_moe_g2_tiles says two or four (tests: both
  * must give bitwise the same output). */
 enum { K3_CUDA_MOE_NO_T2 = 0x400 };
-/* OR'd into stages: GEMM1's first wave waits for the dispatch kernel even where k3_cuda_moe_early says it guesses its
- * units ahead of it (tests: both must give bitwise the same output). */
+/* OR'd into stages: GEMM1's first wave waits for the dispatch kernel even where k3_cuda_moe_early says it routes
+ * itself ahead of it (tests: both must give bitwise the same output). */
 enum { K3_CUDA_MOE_NO_EARLY = 0x800 };
 /* 1 when k3_cuda_moe_run at this m folds the dispatch into the GEMMs (W4A16, NVFP4 scales the cp.async ring can
  * copy, <= 256 pairs, grids of at most two waves), else 0 (tests). */
@@ -69,7 +69,7 @@ int k3_cuda_moe_pairs(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const 
 /* GEMM2's row tiles per warp at this m: 2 or 4 in the unfolded KS 1 NT 1 cp.async instance, else 1 (tests). */
 int k3_cuda_moe_g2_tiles(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w);
 /* 1 when GEMM1 at this m routes its first wave from topk_ids ahead of the dispatch kernel (W4A16, NVFP4 cp.async,
- * NT 1, <= 256 pairs, not folded), else 0 (tests). */
+ * NT 1, <= 256 pairs, not folded, a GEMM1 grid of at most 8 waves), else 0 (tests). */
 int k3_cuda_moe_early(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w);
 k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const void *x,
                                  const int32_t *topk_ids, const float *topk_weights, const k3_moe_weights *w,

@@ -1549,7 +1549,8 @@ template <bool GATED, int NT>
 cudaError_t allow_g1(void) {
     constexpr size_t ring = g1_dyn_bytes<GATED ? 2 : 1>();
     cudaError_t e = allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false, false>, ring);
-    if (e == cudaSuccess) e = allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, false>, ring + fold_dyn_bytes());
+    if (e == cudaSuccess)
+        e = allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, false>, ring + fold_dyn_bytes());
     if constexpr (NT == 1)
         if (e == cudaSuccess) e = allow_smem(g1_early_kernel<GATED>, ring + fold_dyn_bytes());
     return e;
