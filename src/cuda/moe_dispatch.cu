@@ -41,7 +41,8 @@ __global__ void __launch_bounds__(DT)
     int32_t *const cnt = ne <= DISPATCH_SMEM_E ? cnt_s : cur;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     /* the next MoE kernel (launched with PDL) may bring its blocks up now: it waits for this one to finish.
-     * This kernel itself is launched plainly (fully ordered after whatever the caller ran before). */
+     * This kernel itself is launched plainly (fully ordered after whatever the caller ran before), which GEMM1's
+     * early routing and the combine rely on: they read topk_ids before their PDL waits (pdl.cuh). */
     k3_pdl_launch();
 
     /* 1. counts (in cnt) */

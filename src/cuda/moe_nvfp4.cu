@@ -1434,7 +1434,8 @@ ws_layout layout_of(const k3_cuda_moe *p) {
 }
 
 /* GEMM1 launch: with PDL behind the dispatch (or W4A4 quantization); plainly when it is the call's first kernel
- * (fold), fully ordered after whatever the caller ran, as the dispatch kernel was. */
+ * (fold), fully ordered after whatever the caller ran, as the dispatch kernel is (the combine reads topk_ids before
+ * its PDL wait: pdl.cuh). */
 cudaError_t launch_g1(void (*kernel)(moe_params), dim3 grid, size_t smem, bool fold, cudaStream_t s,
                       const moe_params &P) {
     if (!fold) return k3_launch_pdl(kernel, grid, dim3(G1_WARPS * 32), smem, s, P);

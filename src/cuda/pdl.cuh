@@ -8,7 +8,10 @@
  * - the MoE and router kernels call k3_pdl_launch() only after k3_pdl_wait(), so when their successor starts,
  *   every kernel two or more steps back has completed and flushed (MoE GEMM2 reads the dispatch lists before its
  *   own wait); the GEMM kernels trigger before their wait (the next kernel's weight prefetch then overlaps their
- *   whole body), so a kernel after a GEMM may rely only on its own k3_pdl_wait(). */
+ *   whole body), so a kernel after a GEMM may rely only on its own k3_pdl_wait();
+ * - a MoE call's first kernel (the dispatch, or the folded GEMM1) is launched plainly, so the call's inputs
+ *   (topk_ids, x) are complete when any of its kernels starts: GEMM1's early routing and the combine read topk_ids
+ *   before their waits. Launching that first kernel with PDL would break this. */
 #ifndef K3_CUDA_PDL_CUH
 #define K3_CUDA_PDL_CUH
 
