@@ -891,6 +891,9 @@ __device__ __forceinline__ bool slot_leaves(const moe_params &P, int slot, uint3
  * sums of each warp then go to the start of its own ring, which is dead after its main loop. */
 template <int SETS>
 constexpr size_t g1_dyn_bytes() { return (size_t)G1_WARPS * as_warp_uint4<SETS, G1_STAGES>() * 16; }
+/* A cp.async GEMM1 launch's dynamic shared memory: the ring, then (fold, early routing) the routing state. */
+template <int SETS, bool ROUTED>
+constexpr size_t g1_smem_bytes() { return g1_dyn_bytes<SETS>() + (ROUTED ? fold_dyn_bytes() : 0); }
 /* Blocks per SM the register budget is sized for: the cp.async kernel at NT 1 (no activation ring: 30 KB of
  * shared memory per block) fits 4 at 128 registers, no spills in the loop; NT 2 keeps 3 (162 registers). Denser
  * instances were slower or no faster even where they took a grid to one wave (5 at 96 registers: session 13 and
@@ -944,6 +947,14 @@ __host__ __device__ constexpr int red_floats() { return SETS * NT * 4 * 33; }
  * work per block, twice the blocks: for grids that would otherwise leave SMs idle (EP16 M 1: 192 blocks on 132
  * SMs), where every warp's serial chunk walk, not the bytes, set the time (bench/NOTES-moe.md, session 17).
  */
+/* GEMM1, before it reads anything the dispatch (or W4A4 quantization) wrote: wait for it, then let GEMM2 come up (after
+ * the wait: pdl.cuh), and (direct output) zero the rows of the tokens that no GEMM2 block writes. */
+__device__ __forceinline__ void g1_after_dispatch(const moe_params &P) {
+    k3_pdl_wait();
+    k3_pdl_launch();
+    if (P.direct) zero_skipped_tokens(P);
+}
+
 template <int FMT, bool GATED, int NT, bool ASYNC, bool FOLD, bool PAIR, bool EARLY = false>
 __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_moe_gemm1_kernel(const moe_params P) {
     static_assert(!FOLD || ASYNC, "the fold borrows the cp.async ring for its bitmap");
@@ -976,13 +987,9 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
         early = (int)blockIdx.x < fold_find<G1_WARPS * 32, true>(P, blockIdx.x, bm, fs, fid) && !fs.over;
         if (early) e = fs.e;
     }
-    if (!early) {
-        /* everything below reads the dispatch (and W4A4 quantization) output, or (fold: launched without PDL, so a
-         * no-op) the caller's topk_ids; wait before letting GEMM2 start */
-        k3_pdl_wait();
-        k3_pdl_launch();
-        if (P.direct) zero_skipped_tokens(P);
-    }
+    /* everything below reads the dispatch (and W4A4 quantization) output, or (fold: launched without PDL, so the wait
+     * is a no-op) the caller's topk_ids */
+    if (!early) g1_after_dispatch(P);
     const int slot = blockIdx.x;
     if (!early && slot_leaves<FOLD, G1_WARPS * 32>(P, slot, bm, fs, fid, e, p0, cnt)) return; /* block-uniform */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
@@ -1076,11 +1083,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
                     for (int c = 0; c < 4; c++) red[((s * NT + nt) * 4 + c) * 33 + lane] = acc[s][nt][c];
         }
         __syncthreads();
-        if (early && pass == 0) {
-            k3_pdl_wait();
-            k3_pdl_launch();
-            if (P.direct) zero_skipped_tokens(P);
-        }
+        if (early && pass == 0) g1_after_dispatch(P);
         /* epilogue: this thread's (token pass + nt * 8 + nl, row i0 + r) */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -1448,21 +1451,23 @@ cudaError_t launch_g1(void (*kernel)(moe_params), dim3 grid, size_t smem, bool f
  * (shape_of) exist for the gated NT 1 kernel only. */
 template <bool GATED, int NT, bool PAIR>
 cudaError_t launch_g1_async_p(dim3 grid, bool fold, const moe_params &P, cudaStream_t s) {
-    constexpr size_t ring = g1_dyn_bytes<GATED && !PAIR ? 2 : 1>();
+    constexpr int SETS = GATED && !PAIR ? 2 : 1;
     return fold ? launch_g1(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, PAIR>, grid,
-                            ring + fold_dyn_bytes(), true, s, P)
-                : launch_g1(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false, PAIR>, grid, ring, false, s, P);
+                            g1_smem_bytes<SETS, true>(), true, s, P)
+                : launch_g1(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false, PAIR>, grid,
+                            g1_smem_bytes<SETS, false>(), false, s, P);
 }
 /* The early-routing instance (NT 1, unpaired, unfolded): its routing state follows the ring, as the fold's. */
 template <bool GATED>
 constexpr auto g1_early_kernel = k3_moe_gemm1_kernel<FMT_NVFP4, GATED, 1, true, false, false, true>;
 template <bool GATED, int NT>
 cudaError_t launch_g1_async(dim3 grid, bool fold, bool pair, bool early, const moe_params &P, cudaStream_t s) {
-    if constexpr (NT == 1)
-        if (early && !fold && !pair)
-            return launch_g1(g1_early_kernel<GATED>, grid, g1_dyn_bytes<GATED ? 2 : 1>() + fold_dyn_bytes(), false, s,
-                             P);
-    if (early) return cudaErrorInvalidValue;
+    if (early) { /* shape_of: NT 1, unfolded, unpaired */
+        if constexpr (NT == 1)
+            if (!fold && !pair)
+                return launch_g1(g1_early_kernel<GATED>, grid, g1_smem_bytes<GATED ? 2 : 1, true>(), false, s, P);
+        return cudaErrorInvalidValue;
+    }
     if constexpr (GATED && NT == 1)
         if (pair) return launch_g1_async_p<GATED, NT, true>(grid, fold, P, s);
     if (pair) return cudaErrorInvalidValue;
@@ -1564,12 +1569,13 @@ cudaError_t allow_smem(void (*kernel)(moe_params), size_t bytes) {
 }
 template <bool GATED, int NT>
 cudaError_t allow_g1(void) {
-    constexpr size_t ring = g1_dyn_bytes<GATED ? 2 : 1>();
-    cudaError_t e = allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false, false>, ring);
+    constexpr int SETS = GATED ? 2 : 1;
+    cudaError_t e =
+        allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, false, false>, g1_smem_bytes<SETS, false>());
     if (e == cudaSuccess)
-        e = allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, false>, ring + fold_dyn_bytes());
+        e = allow_smem(k3_moe_gemm1_kernel<FMT_NVFP4, GATED, NT, true, true, false>, g1_smem_bytes<SETS, true>());
     if constexpr (NT == 1)
-        if (e == cudaSuccess) e = allow_smem(g1_early_kernel<GATED>, ring + fold_dyn_bytes());
+        if (e == cudaSuccess) e = allow_smem(g1_early_kernel<GATED>, g1_smem_bytes<SETS, true>());
     return e;
 }
 template <int NT, int KS, int MINB, bool FOLD, int TILES = 1>
@@ -1636,8 +1642,10 @@ constexpr int64_t NT1_MAX_M = 64;
 /* GEMM2's block rows at KS 1: L / 16 row tiles, `tiles` per warp, G2_WARPS warps per block. */
 int64_t g2_block_rows(int64_t hidden, int tiles) { return (hidden / 16 + tiles * G2_WARPS - 1) / (tiles * G2_WARPS); }
 
-launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k3_moe_weights *w, bool no_fold,
-                      bool no_pair, bool no_t2, bool no_early) {
+/* `no`: the K3_CUDA_MOE_NO_* bits of k3_cuda_moe_run_stages (tests: the same call in another launch shape), else 0. */
+launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k3_moe_weights *w, int32_t no) {
+    const bool no_fold = (no & K3_CUDA_MOE_NO_FOLD) != 0, no_pair = (no & K3_CUDA_MOE_NO_PAIR) != 0;
+    const bool no_t2 = (no & K3_CUDA_MOE_NO_T2) != 0, no_early = (no & K3_CUDA_MOE_NO_EARLY) != 0;
     const k3_moe_desc *d = &p->d;
     const int32_t np = (int32_t)(m * d->top_k);
     const int32_t slots = np < d->num_experts ? np : d->num_experts;
@@ -1720,19 +1728,19 @@ launch_shape shape_of(const k3_cuda_moe *p, int32_t sm_count, int64_t m, const k
 } // namespace
 
 extern "C" int k3_cuda_moe_folds(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
-    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false, false).fold ? 1 : 0;
+    return shape_of(p, ctx->arch.sm_count, m, w, 0).fold ? 1 : 0;
 }
 
 extern "C" int k3_cuda_moe_pairs(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
-    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false, false).pair ? 1 : 0;
+    return shape_of(p, ctx->arch.sm_count, m, w, 0).pair ? 1 : 0;
 }
 
 extern "C" int k3_cuda_moe_g2_tiles(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
-    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false, false).g2_tiles;
+    return shape_of(p, ctx->arch.sm_count, m, w, 0).g2_tiles;
 }
 
 extern "C" int k3_cuda_moe_early(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w) {
-    return shape_of(p, ctx->arch.sm_count, m, w, false, false, false, false).early ? 1 : 0;
+    return shape_of(p, ctx->arch.sm_count, m, w, 0).early ? 1 : 0;
 }
 
 extern "C" k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_moe_desc *d) {
@@ -1785,9 +1793,8 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
                                             void *stream, int32_t stages) {
     const k3_moe_desc *d = &p->d;
     cudaStream_t s = (cudaStream_t)stream;
-    const bool no_fold = (stages & K3_CUDA_MOE_NO_FOLD) != 0, no_pair = (stages & K3_CUDA_MOE_NO_PAIR) != 0;
-    const bool no_t2 = (stages & K3_CUDA_MOE_NO_T2) != 0, no_early = (stages & K3_CUDA_MOE_NO_EARLY) != 0;
-    stages &= ~(int32_t)(K3_CUDA_MOE_NO_FOLD | K3_CUDA_MOE_NO_PAIR | K3_CUDA_MOE_NO_T2 | K3_CUDA_MOE_NO_EARLY);
+    const int32_t no = stages & (K3_CUDA_MOE_NO_FOLD | K3_CUDA_MOE_NO_PAIR | K3_CUDA_MOE_NO_T2 | K3_CUDA_MOE_NO_EARLY);
+    stages &= ~no;
     const ws_layout L = layout_of(p);
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (ALIGN_BUF - 1)) & ~(uintptr_t)(ALIGN_BUF - 1));
     const int32_t np = (int32_t)(m * d->top_k);
@@ -1829,7 +1836,7 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, i
      * (fold_find); prefill, many-wave grids and W4A4 (its quantization kernel reads the lists) keep it, and so
      * does K3_CUDA_MOE_NO_FOLD (tests). The stage cut after the dispatch still runs the kernel alone, for
      * reference: with the fold it is not part of the call. */
-    const launch_shape sh = shape_of(p, ctx->arch.sm_count, m, w, no_fold, no_pair, no_t2, no_early);
+    const launch_shape sh = shape_of(p, ctx->arch.sm_count, m, w, no);
     P.np = np;
     P.direct = sh.direct;
     P.early_blocks = sh.early_blocks;
