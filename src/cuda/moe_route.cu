@@ -9,13 +9,13 @@
  *    streams the block's gate rows and token rows through a cp.async ring of K chunks in shared memory
  *    (measured before it, on the H200: a loop of register loads exposed one DRAM latency per element step,
  *    106-155 us for the K3 router). Rows that cannot be copied in 16-byte pieces use the register loop.
- *    Only the ring kernel is launched with PDL (its gate prefetch overlaps the previous kernel; x goes through
- *    L2 by cp.async, coherent after griddepcontrol.wait); the register loop and the selection read their inputs
- *    through the read-only path, so they start only after their producer completed (plain launches).
- * 2. Selection, one block per token: keys as on the CPU (sigmoid from core/router_math.h, + bias, NaN -> -inf;
- *    or softmax probabilities with the CPU's sequential sum), then top_k rounds of an exact arg-max with ties to
- *    the lower id: the same sequence the CPU's stable insertion selection produces. The weights' short sums
- *    run on one thread in the CPU's order.
+ *    The ring kernel is launched with PDL (its gate prefetch overlaps the previous kernel; x goes through L2 by
+ *    cp.async, coherent after griddepcontrol.wait); the register loop reads x through the read-only path, so it
+ *    starts only after its producer completed (a plain launch).
+ * 2. Selection, one block per token, launched with PDL (it reads the logits after its wait, through L2): keys as
+ *    on the CPU (sigmoid from core/router_math.h, + bias, NaN -> -inf; or softmax probabilities with the CPU's
+ *    sequential sum), then top_k rounds of an exact arg-max with ties to the lower id: the same sequence the
+ *    CPU's stable insertion selection produces. The weights' short sums run on one thread in the CPU's order.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -190,7 +190,7 @@ __device__ __forceinline__ bool better(float v, int id, float bv, int bid) {
 }
 
 __global__ void __launch_bounds__(SEL_THREADS)
-    k3_router_select_kernel(const float *__restrict__ logits, const float *__restrict__ bias, int32_t ne,
+    k3_router_select_kernel(const float *logits, const float *__restrict__ bias, int32_t ne,
                             int32_t k, int32_t softmax, int32_t renorm, float scaling, int32_t *__restrict__ ids,
                             float *__restrict__ wts) {
     extern __shared__ float keys[]; /* [ne] choice keys, then (sigmoid) [ne] the sigmoids the weights use */
@@ -203,12 +203,15 @@ __global__ void __launch_bounds__(SEL_THREADS)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t t = blockIdx.x;
     const float *lg = logits + t * ne;
+    /* launched with PDL behind the logits kernel: its logits are read after the wait, through L2 (__ldcg) */
+    k3_pdl_wait();
+    k3_pdl_launch();
 
     if (!softmax) {
         for (int e = tid; e < ne; e += SEL_THREADS) {
             /* each sigmoid once, in parallel: the weights below reuse it (computing them on one thread cost
              * ~16 serial sigmoids per token) */
-            const float l = lg[e], sgm = k3_rm_sigmoid(l);
+            const float l = __ldcg(lg + e), sgm = k3_rm_sigmoid(l);
             const float key = __fadd_rn(sgm, bias ? bias[e] : 0.0f);
             keys[e] = isnan(key) ? -INFINITY : key;
             sg[e] = isnan(l) ? 0.0f : sgm;
@@ -217,7 +220,7 @@ __global__ void __launch_bounds__(SEL_THREADS)
         /* NaN logits -> -inf; the maximum (exact, so any reduction order gives it) */
         float mx = -INFINITY;
         for (int e = tid; e < ne; e += SEL_THREADS) {
-            float l = lg[e];
+            float l = __ldcg(lg + e);
             l = isnan(l) ? -INFINITY : l;
             keys[e] = l;
             mx = fmaxf(mx, l);
@@ -351,12 +354,11 @@ extern "C" k3_status k3_cuda_router_run(k3_ctx *ctx, const k3_router_desc *d, in
                                         logits, s);
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the router logits kernel failed: %s", cudaGetErrorString(e));
-    /* a plain launch: select reads the logits through the read-only path (const __restrict__), valid only once
-     * the logits kernel has completed */
-    k3_router_select_kernel<<<(unsigned)m, SEL_THREADS, (size_t)ne * 2 * sizeof(float), s>>>(
-        logits, d->kind == K3_ROUTER_SIGMOID_NOAUX_TC ? bias : NULL, ne, d->top_k, d->kind == K3_ROUTER_SOFTMAX,
-        d->renormalize, d->scaling_factor, topk_ids, topk_weights);
-    e = cudaGetLastError();
+    /* with PDL: select waits for the logits kernel, then reads them through L2 (__ldcg), so its launch gap is hidden */
+    e = k3_launch_pdl(k3_router_select_kernel, dim3((unsigned)m), dim3(SEL_THREADS), (size_t)ne * 2 * sizeof(float),
+                      s, (const float *)logits, d->kind == K3_ROUTER_SIGMOID_NOAUX_TC ? bias : NULL, ne, d->top_k,
+                      (int32_t)(d->kind == K3_ROUTER_SOFTMAX), (int32_t)d->renormalize, d->scaling_factor, topk_ids,
+                      topk_weights);
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the router select kernel failed: %s", cudaGetErrorString(e));
     return K3_STATUS_SUCCESS;
