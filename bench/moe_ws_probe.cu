@@ -4,8 +4,8 @@
 //
 // Both kernels stream the same bytes in the same units as the library's GEMM1 at K3 TP8 (a unit = 16 gate rows and
 // 16 up rows of 1,792 bytes: two contiguous 28 KB spans; 1,488 units = TP8 M 4's ~62 experts x 24 tiles, 85 MB) and
-// run the same per-16-byte work on every weight byte: the library's E2M1 decode (nv_decode_word's 11 integer ops per
-// word), the BF16x2 scale multiply (4 per word) and one m16n8k16 MMA per word into a live accumulator.
+// run the same per-16-byte work on every weight byte: the library's E2M1 decode (k3_nv_decode_word's 11 integer ops
+// per word), the BF16x2 scale multiply (4 per word) and one m16n8k16 MMA per word into a live accumulator.
 //   ring  the library's structure: 4 warps per block, each its own S-stage cp.async ring of 2 KB chunks
 //         (1 KB gate + 1 KB up; 4 x 16-byte copies per lane), __launch_bounds__(128, 4);
 //   ws    1 producer warp + 4 consumer warps: NS stages of 8 KB (4 KB gate + 4 KB up), one cp.async.bulk per piece
@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+#include "../src/cuda/nvfp4_decode.cuh" /* the library's decode, not a copy */
 #define CK(x)                                                                                                        \
     do {                                                                                                             \
         cudaError_t e_ = (x);                                                                                        \
@@ -36,25 +38,12 @@ constexpr int UNIT = 2 * SPAN;        /* gate + up */
 static int PIN_SMEM = 52 * 1024; /* every variant asks for at least this: 4 blocks per SM (argv[1]: another size) */
 extern __shared__ __align__(128) uint4 dyn[];
 
-__device__ __forceinline__ uint32_t rotl(uint32_t x, int k) { return __funnelshift_l(x, x, k); }
-__device__ __forceinline__ uint32_t bitsel(uint32_t a, uint32_t b, uint32_t m) {
-    uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xe2;" : "=r"(r) : "r"(a), "r"(m), "r"(b));
-    return r;
-}
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-    uint32_t r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
-    return r;
-}
 /* The library's per-word work: decode 8 E2M1 codes to 4 BF16x2 registers, scale them, one MMA. */
 __device__ __forceinline__ void word_work(uint32_t w, uint32_t sc, uint32_t b0, uint32_t b1, float (&acc)[4]) {
-    constexpr uint32_t M = 0x81c081c0u, KLO = 0x88008800u, KHI = 0x00880088u;
-    const uint32_t x8 = rotl(w, 8), x2 = rotl(w, 2);
-    const uint32_t lo = bitsel(x8, x2, KLO), hi = bitsel(x8, x2, KHI);
-    uint32_t a[4] = {rotl(lo, 4) & M, lo & M, rotl(hi, 28) & M, rotl(hi, 24) & M};
+    uint32_t a[4];
+    k3_nv_decode_word(w, a);
 #pragma unroll
-    for (int i = 0; i < 4; i++) a[i] = mul_bf16x2(a[i], sc);
+    for (int i = 0; i < 4; i++) a[i] = k3_mul_bf16x2(a[i], sc);
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};"
                  : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])

@@ -56,6 +56,7 @@
 #include "cuda/mma.cuh"
 #include "cuda/moe.h"
 #include "cuda/cp_async.cuh"
+#include "cuda/nvfp4_decode.cuh"
 #include "cuda/pdl.cuh"
 
 namespace {
@@ -175,19 +176,9 @@ __device__ __forceinline__ void mma_range_bf16(const uint8_t *const (&wrow)[SETS
  * a word into BF16 pairs; step st = 2 j + h uses a[2 st] (k 2q, 2q+1) and a[2 st + 1] (k 2q+8, 2q+9), and the
  * activations are permuted to match (byte_perm of one 16-byte load). */
 
-/* The "raw pair" of NVFP4 codes i and i + 4 of word w: BF16 bit patterns worth code * 2^-126 (E2M1 with e = 0
- * lands on BF16 subnormals, which the BF16 FMA takes exactly): sign to bit 15, the 3 magnitude bits to 8..6,
- * i.e. u = w << (12 - 4 i), (u & 0x80008000) | ((u >> 6) & 0x01c001c0). nv_decode_word computes it. */
-
-/* BF16x2 a * b (+ -0, which keeps the sign of a zero product). Exact here: at most 6 significant bits. */
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-    uint32_t r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
-    return r;
-}
-
 /* e4m3 block scale times 2^117 as BF16x2 (exact: 4 significant bits, 2^108 .. 2^126): times the 2^-126 of
- * the raw pairs, the operands are weight * 2^-9; the accumulators are multiplied back by NV_ACC (2^9, exact). */
+ * the raw pairs (nvfp4_decode.cuh), the operands are weight * 2^-9; the accumulators are multiplied back by NV_ACC
+ * (2^9, exact). */
 constexpr float NV_ACC = 512.0f;
 __device__ __forceinline__ void nv_scales_bf16x2(uint32_t two, uint32_t &s0, uint32_t &s1) {
     float f0, f1;
@@ -204,7 +195,7 @@ __device__ __forceinline__ void nv_scales_bf16x2(uint32_t two, uint32_t &s0, uin
     /* both scales in one BF16x2 (exact: 4 significant bits), times 2^117 by one BF16x2 multiply (exact, no
      * overflow: 448 * 2^117 < 2^126); each half is then broadcast, which ptxas folds into the consuming
      * multiply's operand (.H0_H0 / .H1_H1), so no instruction is spent on it */
-    const uint32_t p = mul_bf16x2(pack_bf16x2(f0, f1), 0x7a007a00u);
+    const uint32_t p = k3_mul_bf16x2(pack_bf16x2(f0, f1), 0x7a007a00u);
     asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %2; mov.b32 %0, {lo, lo}; mov.b32 %1, {hi, hi}; }"
         : "=r"(s0), "=r"(s1)
         : "r"(p));
@@ -220,35 +211,13 @@ __device__ __forceinline__ void fp4_scales(uint32_t sc, uint32_t (&out)[2]) {
 
 __device__ __forceinline__ uint32_t word_of(uint4 v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
-/* NVFP4: one word (8 E2M1 codes, elements P .. P + 7) -> a[i] = BF16x2 (P + i, P + i + 4) worth code * 2^-126,
- * the raw pairs above in 11 integer ops instead of 16. Two rotations put every code's sign 9 bits
- * above its magnitude's low bit (x8: signs moved up 8, x2: magnitudes up 2); one bit-select per register pair
- * takes the signs of codes {0, 1, 4, 5} (lo) or {2, 3, 6, 7} (hi) from x8 and the rest from x2, whose sign
- * and magnitude fields of the pair's codes then do not collide; a rotation by a multiple of 4 and one mask
- * (sign bits 15 / 31, magnitude 8..6 / 24..22) give each register. (Checked equal to the shift-and-mask
- * formula on 200k random words and the corner words before use; every NVFP4 test output goes through it.) */
-/* Bit select (a & m) | (b & ~m) as ONE lop3 (ptxas emitted two for the C expression). */
-__device__ __forceinline__ uint32_t bitsel(uint32_t a, uint32_t b, uint32_t m) {
-    uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xe2;" : "=r"(r) : "r"(a), "r"(m), "r"(b));
-    return r;
-}
-
-__device__ __forceinline__ uint32_t rotl(uint32_t x, int k) { return __funnelshift_l(x, x, k); }
-__device__ __forceinline__ void nv_decode_word(uint32_t w, uint32_t (&a)[4]) {
-    constexpr uint32_t M = 0x81c081c0u, KLO = 0x88008800u, KHI = 0x00880088u;
-    const uint32_t x8 = rotl(w, 8), x2 = rotl(w, 2);
-    const uint32_t lo = bitsel(x8, x2, KLO), hi = bitsel(x8, x2, KHI);
-    a[0] = rotl(lo, 4) & M, a[1] = lo & M, a[2] = rotl(hi, 28) & M, a[3] = rotl(hi, 24) & M;
-}
-
 /* One word (8 E2M1 codes, elements P .. P + 7) -> a[i] = elements (P + i, P + i + 4), the FP4 chunk map. */
 template <int FMT>
 __device__ __forceinline__ void decode_fp4_word(uint32_t w, uint32_t sc, uint32_t (&a)[4]) {
     if (FMT == FMT_NVFP4) {
-        nv_decode_word(w, a);
+        k3_nv_decode_word(w, a);
 #pragma unroll
-        for (int i = 0; i < 4; i++) a[i] = mul_bf16x2(a[i], sc);
+        for (int i = 0; i < 4; i++) a[i] = k3_mul_bf16x2(a[i], sc);
     } else {
         const float sf = __uint_as_float(sc);
 #pragma unroll
