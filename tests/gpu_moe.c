@@ -829,6 +829,10 @@ static const rcase k_router_cases[] = {
      * chunk (1000 = 3 x 256 + 232 bf16 / 7 x 128 + 104 f32) */
     {K3_ROUTER_SIGMOID_NOAUX_TC, 900, 16, 2, 1000, K3_DTYPE_F32, 1, 1, 0, 11, 1.0f},
     {K3_ROUTER_SIGMOID_NOAUX_TC, 900, 16, 6, 1000, K3_DTYPE_BF16, 1, 1, 1, -1, 2.5f},
+    /* the selection's method boundaries (moe_route.cu): 257 and 1024 experts sort, 1025 takes the arg-max rounds */
+    {K3_ROUTER_SIGMOID_NOAUX_TC, 257, 8, 2, 256, K3_DTYPE_F32, 1, 1, 1, 3, 1.0f},
+    {K3_ROUTER_SOFTMAX, 1024, 8, 3, 512, K3_DTYPE_BF16, 1, 0, 1, 100, 1.0f},
+    {K3_ROUTER_SIGMOID_NOAUX_TC, 1025, 4, 2, 256, K3_DTYPE_BF16, 0, 1, 0, -1, 1.0f},
 };
 
 static const mcase k_moe_cases[] = {

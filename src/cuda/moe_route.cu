@@ -14,8 +14,10 @@
  *    starts only after its producer completed (a plain launch).
  * 2. Selection, one block per token, launched with PDL (it reads the logits after its wait, through L2): keys as
  *    on the CPU (sigmoid from core/router_math.h, + bias, NaN -> -inf; or softmax probabilities with the CPU's
- *    sequential sum), then top_k rounds of an exact arg-max with ties to the lower id: the same sequence the
- *    CPU's stable insertion selection produces. The weights' short sums run on one thread in the CPU's order.
+ *    sequential sum), then the top_k by one of two exact methods with ties to the lower id, both giving the
+ *    sequence the CPU's stable insertion selection produces: for 257..1024 experts each warp sorts its slice as
+ *    packed (key, id) words and the warps' first top_k are ranked by counting; otherwise top_k rounds of a
+ *    block arg-max. The weights' short sums run on one thread in the CPU's order.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -34,6 +36,11 @@ constexpr int RT_EXPERTS = 16;   /* experts per logits block (16 groups of 16 la
 constexpr int RT_TOKENS = 4;     /* tokens per logits block: each gate element loaded once serves 4 tokens */
 constexpr int RT_UNROLL = 32;    /* gate elements in flight per lane */
 constexpr int SEL_THREADS = 256;
+constexpr int SEL_SORT_MAX = SEL_THREADS / 32 * 128; /* experts the sorting selection takes: 128 per warp */
+/* Below this many experts the top_k arg-max rounds are faster than the sorts (H200, session 24: E 896 select 12.6 ->
+ * ~5.5 us sorted, router 28.5 -> 21.4 us at M 1; E 56 router 15.5 -> 17.7 us, the sorts' chain of 28 shuffle steps
+ * costing more than the rounds; sizes in between not measured). */
+constexpr int SEL_SORT_MIN = 257;
 
 /* The ring kernel: 8 experts (8 groups of 16 lanes) x TOK tokens per block, K in chunks of RING_CHUNK(G)
  * elements, as many stages as fit the default 48 KB of dynamic shared memory (at most 10). */
@@ -189,6 +196,44 @@ __device__ __forceinline__ bool better(float v, int id, float bv, int bid) {
     return bid < 0 || v > bv || (v == bv && id < bid);
 }
 
+/* A key and its expert id as one 64-bit integer whose order is the selection's: larger key first, then lower id
+ * (the float's bits made order-preserving; -0 taken as +0, since the keys compare as floats; no NaN keys here). */
+__device__ __forceinline__ uint64_t sel_pack(float v, int id) {
+    uint32_t u = __float_as_uint(__fadd_rn(v, 0.0f)); /* -0 + 0 = +0 */
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((uint64_t)u << 32) | (uint32_t)(0xffffffffu - (uint32_t)id);
+}
+__device__ __forceinline__ int sel_id(uint64_t p) { return (int)(0xffffffffu - (uint32_t)p); }
+
+/* Sorts the warp's 128 packed keys (4 per lane, element 4 lane + r) into descending order: a bitonic network, the
+ * pairs 1 and 2 apart inside a lane, the others between lanes by shuffles. */
+__device__ __forceinline__ void sel_warp_sort128(uint64_t (&a)[4], int lane) {
+#pragma unroll
+    for (int k = 2; k <= 128; k *= 2)
+#pragma unroll
+        for (int j = k / 2; j >= 1; j /= 2) {
+            if (j >= 4) {
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    const int i = lane * 4 + r;
+                    const uint64_t o = __shfl_xor_sync(0xffffffffu, a[r], j / 4);
+                    const bool lower = (i & j) == 0, take_max = lower == ((i & k) == 0);
+                    a[r] = take_max ? (o > a[r] ? o : a[r]) : (o < a[r] ? o : a[r]);
+                }
+            } else {
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    if ((r & j) == 0) {
+                        const int i = lane * 4 + r;
+                        const uint64_t x = a[r], y = a[r + j];
+                        const bool desc = (i & k) == 0; /* this pair's larger value goes to the lower index */
+                        a[r] = desc ? (x > y ? x : y) : (x < y ? x : y);
+                        a[r + j] = desc ? (x > y ? y : x) : (x < y ? y : x);
+                    }
+            }
+        }
+}
+
 __global__ void __launch_bounds__(SEL_THREADS)
     k3_router_select_kernel(const float *logits, const float *__restrict__ bias, int32_t ne,
                             int32_t k, int32_t softmax, int32_t renorm, float scaling, int32_t *__restrict__ ids,
@@ -199,6 +244,7 @@ __global__ void __launch_bounds__(SEL_THREADS)
     __shared__ int red_i[SEL_THREADS / 32];
     __shared__ int sel[32];
     __shared__ float sel_v[32];
+    __shared__ uint64_t cand[SEL_THREADS]; /* each warp's first k (k <= 32: 8 k <= SEL_THREADS) */
     __shared__ float s_scalar;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t t = blockIdx.x;
@@ -243,6 +289,31 @@ __global__ void __launch_bounds__(SEL_THREADS)
     }
     __syncthreads();
 
+    if (ne >= SEL_SORT_MIN && ne <= SEL_SORT_MAX) {
+        /* Each warp sorts its slice (<= 128 experts; padding packs to 0, below every key) and offers its first k;
+         * each of the <= 8 k candidates gets its rank by counting the better ones (keys are unique: ids differ).
+         * Any expert of the global top k is in its slice's top k: the CPU's sequence exactly. */
+        constexpr int NW = SEL_THREADS / 32;
+        const int chunk = (ne + NW - 1) / NW, w0 = warp * chunk, w1 = min(ne, w0 + chunk);
+        uint64_t a[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int e = w0 + lane * 4 + r;
+            a[r] = e < w1 ? sel_pack(keys[e], e) : 0ull;
+        }
+        sel_warp_sort128(a, lane);
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            if (lane * 4 + r < k) cand[warp * k + lane * 4 + r] = a[r];
+        __syncthreads();
+        if (tid < NW * k && cand[tid] != 0ull) {
+            const uint64_t c = cand[tid];
+            int rank = 0;
+            for (int o = 0; o < NW * k; o++) rank += cand[o] > c; /* every thread reads the same entry */
+            if (rank < k) sel[rank] = sel_id(c), sel_v[rank] = keys[sel_id(c)];
+        }
+        __syncthreads();
+    } else {
     for (int j = 0; j < k; j++) {
         float bv = 0.0f;
         int bid = -1;
@@ -265,6 +336,7 @@ __global__ void __launch_bounds__(SEL_THREADS)
             keys[bid] = __int_as_float(0x7fc00000); /* taken */
         }
         __syncthreads();
+    }
     }
 
     if (tid == 0) {
