@@ -61,31 +61,53 @@ __host__ __device__ constexpr int ring_stages() {
     return RING_SMEM_MAX / ring_stage_bytes<G, TOK>() < 10 ? RING_SMEM_MAX / ring_stage_bytes<G, TOK>() : 10;
 }
 
-/* Copies K chunk c of the block's gate rows and token rows into its ring slot (16-byte pieces; pieces past h
- * are skipped: the compute loop never reads them). Rows past ne / m repeat the last row: never stored. Always
- * commits a group, empty past the last chunk, so the wait counts stay uniform. */
+/* A thread's share of the ring copies: its <= 2 gate pieces and <= 2 token pieces of every chunk (16 bytes each, at
+ * the same offsets in every chunk), with their sources resolved once, so a chunk's copies cost a compare, an add and
+ * the cp.async each (ncu s24j: the copy loop's index arithmetic was a large share of the logits kernel's issue slots).
+ * Rows past ne / m repeat the last row (never stored); pieces past h are skipped (the compute loop never reads them).
+ * Every issue commits a group, empty past the last chunk, so the wait counts stay uniform. */
 template <typename G, int TOK>
-__device__ __forceinline__ void ring_issue(unsigned char *smem, int c, int nchunks, const uint16_t *__restrict__ x,
-                                           const G *__restrict__ gate, int32_t m, int32_t ne, int64_t h, int e0,
-                                           int t0) {
-    constexpr int CH = ring_chunk<G>(), S = ring_stages<G, TOK>(), GP = CH * (int)sizeof(G) / 16, XP = CH * 2 / 16;
-    if (c < nchunks) {
-        unsigned char *st = smem + (size_t)(c % S) * ring_stage_bytes<G, TOK>();
-        const int64_t k0 = (int64_t)c * CH;
-        for (int p = threadIdx.x; p < RING_EXPERTS * GP; p += RING_THREADS) {
-            const int r = p / GP, q = p % GP;
-            const int64_t k = k0 + (int64_t)q * (16 / (int)sizeof(G));
-            if (k < h) k3_cp_async16(st + (size_t)p * 16, gate + (int64_t)min(e0 + r, ne - 1) * h + k);
+struct ring_copies {
+    static constexpr int CH = ring_chunk<G>(), GP = CH * (int)sizeof(G) / 16, XP = CH * 2 / 16;
+    static constexpr int NG = (RING_EXPERTS * GP + RING_THREADS - 1) / RING_THREADS;
+    static constexpr int NX = (TOK * XP + RING_THREADS - 1) / RING_THREADS;
+    const G *gsrc[NG];
+    const uint16_t *xsrc[NX];
+    int gk[NG], xk[NX]; /* the piece's first element within a chunk; -1: no piece */
+
+    __device__ __forceinline__ ring_copies(const uint16_t *__restrict__ x, const G *__restrict__ gate, int32_t m,
+                                           int32_t ne, int64_t h, int e0, int t0) {
+#pragma unroll
+        for (int i = 0; i < NG; i++) {
+            const int p = threadIdx.x + i * RING_THREADS, r = p / GP, q = p % GP;
+            gk[i] = p < RING_EXPERTS * GP ? q * (16 / (int)sizeof(G)) : -1;
+            gsrc[i] = gate + (int64_t)min(e0 + r, ne - 1) * h + (gk[i] < 0 ? 0 : gk[i]);
         }
-        unsigned char *xs = st + RING_EXPERTS * CH * sizeof(G);
-        for (int p = threadIdx.x; p < TOK * XP; p += RING_THREADS) {
-            const int t = p / XP, q = p % XP;
-            const int64_t k = k0 + (int64_t)q * 8;
-            if (k < h) k3_cp_async16(xs + (size_t)p * 16, x + (int64_t)min(t0 + t, m - 1) * h + k);
+#pragma unroll
+        for (int i = 0; i < NX; i++) {
+            const int p = threadIdx.x + i * RING_THREADS, t = p / XP, q = p % XP;
+            xk[i] = p < TOK * XP ? q * 8 : -1;
+            xsrc[i] = x + (int64_t)min(t0 + t, m - 1) * h + (xk[i] < 0 ? 0 : xk[i]);
         }
     }
-    k3_cp_async_commit();
-}
+    /* Copies chunk c into ring slot c % S. */
+    __device__ __forceinline__ void issue(unsigned char *smem, int c, int nchunks, int64_t h) const {
+        constexpr int S = ring_stages<G, TOK>();
+        if (c < nchunks) {
+            unsigned char *st = smem + (size_t)(c % S) * ring_stage_bytes<G, TOK>();
+            const int64_t k0 = (int64_t)c * CH;
+#pragma unroll
+            for (int i = 0; i < NG; i++)
+                if (gk[i] >= 0 && k0 + gk[i] < h)
+                    k3_cp_async16(st + (threadIdx.x + i * RING_THREADS) * 16, gsrc[i] + k0);
+            unsigned char *xs = st + RING_EXPERTS * CH * sizeof(G);
+#pragma unroll
+            for (int i = 0; i < NX; i++)
+                if (xk[i] >= 0 && k0 + xk[i] < h) k3_cp_async16(xs + (threadIdx.x + i * RING_THREADS) * 16, xsrc[i] + k0);
+        }
+        k3_cp_async_commit();
+    }
+};
 
 /* Needs h % 8 == 0 and 16-byte aligned x and gate (every row then starts 16-byte aligned). */
 template <typename G, int TOK>
@@ -107,14 +129,15 @@ __global__ void __launch_bounds__(RING_THREADS)
     k3_pdl_wait(); /* x comes from the previous kernel */
     k3_pdl_launch();
 
-    for (int c = 0; c < S - 1; c++) ring_issue<G, TOK>(smem, c, nchunks, x, gate, m, ne, h, e0, t0);
+    const ring_copies<G, TOK> copies(x, gate, m, ne, h, e0, t0);
+    for (int c = 0; c < S - 1; c++) copies.issue(smem, c, nchunks, h);
     float acc[TOK];
 #pragma unroll
     for (int t = 0; t < TOK; t++) acc[t] = 0.0f;
     for (int c = 0; c < nchunks; c++) {
         k3_cp_async_wait<S - 2>(); /* this thread's pieces of chunk c have landed */
         __syncthreads();           /* everyone's have; and everyone is done with chunk c - 1, whose slot ... */
-        ring_issue<G, TOK>(smem, c + S - 1, nchunks, x, gate, m, ne, h, e0, t0); /* ... is refilled here */
+        copies.issue(smem, c + S - 1, nchunks, h); /* ... is refilled here */
         const unsigned char *st = smem + (size_t)(c % S) * ring_stage_bytes<G, TOK>();
         const G *gs = (const G *)st + grp * CH + lane;
         const uint16_t *xs = (const uint16_t *)(st + RING_EXPERTS * CH * sizeof(G)) + lane;
