@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(SEL_THREADS)
 
     if (ne >= SEL_SORT_MIN && ne <= SEL_SORT_MAX) {
         /* Each warp sorts its slice (<= 128 experts; padding packs to 0, below every key) and offers its first k;
-         * each of the <= 8 k candidates gets its rank by counting the better ones (keys are unique: ids differ).
+         * each of the 8 warps' k candidates gets its rank by counting the better ones (keys are unique: ids differ).
          * Any expert of the global top k is in its slice's top k: the CPU's sequence exactly. */
         constexpr int NW = SEL_THREADS / 32;
         const int chunk = (ne + NW - 1) / NW, w0 = warp * chunk, w1 = min(ne, w0 + chunk);
@@ -337,29 +337,29 @@ __global__ void __launch_bounds__(SEL_THREADS)
         }
         __syncthreads();
     } else {
-    for (int j = 0; j < k; j++) {
-        float bv = 0.0f;
-        int bid = -1;
-        for (int e = tid; e < ne; e += SEL_THREADS) {
-            const float v = keys[e];
-            if (!isnan(v) && better(v, e, bv, bid)) bv = v, bid = e;
+        for (int j = 0; j < k; j++) {
+            float bv = 0.0f;
+            int bid = -1;
+            for (int e = tid; e < ne; e += SEL_THREADS) {
+                const float v = keys[e];
+                if (!isnan(v) && better(v, e, bv, bid)) bv = v, bid = e;
+            }
+            for (int o = 16; o >= 1; o /= 2) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+                if (oi >= 0 && better(ov, oi, bv, bid)) bv = ov, bid = oi;
+            }
+            if (lane == 0) red_v[warp] = bv, red_i[warp] = bid;
+            __syncthreads();
+            if (tid == 0) {
+                for (int w = 1; w < SEL_THREADS / 32; w++)
+                    if (red_i[w] >= 0 && better(red_v[w], red_i[w], bv, bid)) bv = red_v[w], bid = red_i[w];
+                sel[j] = bid; /* k <= E, so an untaken expert always exists */
+                sel_v[j] = bv;
+                keys[bid] = __int_as_float(0x7fc00000); /* taken */
+            }
+            __syncthreads();
         }
-        for (int o = 16; o >= 1; o /= 2) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-            if (oi >= 0 && better(ov, oi, bv, bid)) bv = ov, bid = oi;
-        }
-        if (lane == 0) red_v[warp] = bv, red_i[warp] = bid;
-        __syncthreads();
-        if (tid == 0) {
-            for (int w = 1; w < SEL_THREADS / 32; w++)
-                if (red_i[w] >= 0 && better(red_v[w], red_i[w], bv, bid)) bv = red_v[w], bid = red_i[w];
-            sel[j] = bid; /* k <= E, so an untaken expert always exists */
-            sel_v[j] = bv;
-            keys[bid] = __int_as_float(0x7fc00000); /* taken */
-        }
-        __syncthreads();
-    }
     }
 
     if (tid == 0) {
