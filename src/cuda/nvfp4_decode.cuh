@@ -16,13 +16,6 @@ __device__ __forceinline__ uint32_t k3_mul_bf16x2(uint32_t a, uint32_t b) {
     return r;
 }
 
-/* NVFP4: one word (8 E2M1 codes, elements P .. P + 7) -> a[i] = BF16x2 (P + i, P + i + 4) worth code * 2^-126,
- * the raw pairs above in 11 integer ops instead of 16. Two rotations put every code's sign 9 bits
- * above its magnitude's low bit (x8: signs moved up 8, x2: magnitudes up 2); one bit-select per register pair
- * takes the signs of codes {0, 1, 4, 5} (lo) or {2, 3, 6, 7} (hi) from x8 and the rest from x2, whose sign
- * and magnitude fields of the pair's codes then do not collide; a rotation by a multiple of 4 and one mask
- * (sign bits 15 / 31, magnitude 8..6 / 24..22) give each register. (Checked equal to the shift-and-mask
- * formula on 200k random words and the corner words before use; every NVFP4 test output goes through it.) */
 /* Bit select (a & m) | (b & ~m) as ONE lop3 (ptxas emitted two for the C expression). */
 __device__ __forceinline__ uint32_t k3_bitsel(uint32_t a, uint32_t b, uint32_t m) {
     uint32_t r;
@@ -31,6 +24,14 @@ __device__ __forceinline__ uint32_t k3_bitsel(uint32_t a, uint32_t b, uint32_t m
 }
 
 __device__ __forceinline__ uint32_t k3_rotl(uint32_t x, int k) { return __funnelshift_l(x, x, k); }
+
+/* NVFP4: one word (8 E2M1 codes, elements P .. P + 7) -> a[i] = BF16x2 (P + i, P + i + 4) worth code * 2^-126,
+ * the raw pairs above in 11 integer ops instead of 16. Two rotations put every code's sign 9 bits
+ * above its magnitude's low bit (x8: signs moved up 8, x2: magnitudes up 2); one bit-select per register pair
+ * takes the signs of codes {0, 1, 4, 5} (lo) or {2, 3, 6, 7} (hi) from x8 and the rest from x2, whose sign
+ * and magnitude fields of the pair's codes then do not collide; a rotation by a multiple of 4 and one mask
+ * (sign bits 15 / 31, magnitude 8..6 / 24..22) give each register. (Checked equal to the shift-and-mask
+ * formula on 200k random words and the corner words before use; every NVFP4 test output goes through it.) */
 __device__ __forceinline__ void k3_nv_decode_word(uint32_t w, uint32_t (&a)[4]) {
     constexpr uint32_t M = 0x81c081c0u, KLO = 0x88008800u, KHI = 0x00880088u;
     const uint32_t x8 = k3_rotl(w, 8), x2 = k3_rotl(w, 2);
