@@ -15,68 +15,12 @@
  * the second to 8q + (4..7). The map depends on k alone (never on the row or token), so A[r][k] always meets
  * B[k][c] with the same physical k: every product of the dot product appears exactly once.
  * Memory-level parallelism comes from loading the next step's operands into registers before the current step
- * is multiplied (one or two steps in flight per warp: PIPE below) and from L2 prefetch (PF), instead of a
- * multi-stage cp.async pipeline. */
-#include "cuda/gemm_kernels.cuh"
-#include "cuda/mma.cuh"
+ * is multiplied (one or two steps in flight per warp: PIPE) and from L2 prefetch (PF), instead of a multi-stage
+ * cp.async pipeline. The loads and the K loop live in gemm_mma_tile.cuh (shared with the KDA one-launch kernel);
+ * this file holds the kernel's cluster split, its reduction epilogue and the launchers. */
+#include "cuda/gemm_mma_tile.cuh"
 
 namespace {
-
-/* One group of UNROLL chunks of this lane's weight rows (16 bytes per row and chunk); chunks at or past c_hi
- * read nothing and hold zeros. */
-template <int UNROLL, int TILES, int L2B>
-__device__ __forceinline__ void k3_mma_load_w(uint4 (&wv)[UNROLL][TILES][2], const uint16_t *const (&wrow)[TILES][2],
-                                              int c, int c_hi, uint64_t pol) {
-#pragma unroll
-    for (int j = 0; j < UNROLL; j++)
-#pragma unroll
-        for (int t = 0; t < TILES; t++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                wv[j][t][h] =
-                    c + j < c_hi ? k3_ld_stream_pf<L2B>(wrow[t][h] + (c + j) * 32, pol) : make_uint4(0, 0, 0, 0);
-}
-
-/* The same group's activations for this lane's tokens (absent tokens: zeros, loaded from nowhere). Coherent loads:
- * under PDL, x may be the previous kernel's output. */
-template <int UNROLL, int NT>
-__device__ __forceinline__ void k3_mma_load_x(uint4 (&xv)[UNROLL][NT], const uint16_t *const (&xrow)[NT],
-                                              const bool (&xok)[NT], int c, int c_hi) {
-#pragma unroll
-    for (int j = 0; j < UNROLL; j++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-            xv[j][nt] = xok[nt] && c + j < c_hi ? k3_ld_act(xrow[nt] + (c + j) * 32) : make_uint4(0, 0, 0, 0);
-}
-
-/* The MMAs of one group: two k16 steps per 32-element chunk (the k map of the file comment). */
-template <int UNROLL, int TILES, int NT>
-__device__ __forceinline__ void k3_mma_group(float (&acc)[TILES][NT][4], const uint4 (&wv)[UNROLL][TILES][2],
-                                             const uint4 (&xv)[UNROLL][NT]) {
-#pragma unroll
-    for (int j = 0; j < UNROLL; j++)
-#pragma unroll
-        for (int t = 0; t < TILES; t++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const uint4 lo = wv[j][t][0], hi = wv[j][t][1], xq = xv[j][nt];
-                k3_mma_bf16_16816(acc[t][nt], lo.x, hi.x, lo.y, hi.y, xq.x, xq.y);
-                k3_mma_bf16_16816(acc[t][nt], lo.z, hi.z, lo.w, hi.w, xq.z, xq.w);
-            }
-}
-
-/* In-loop L2 prefetch (PF_LOOP configurations): one request per weight row of the block for the UNROLL chunks of
- * this warp starting at chunk cp, from the lanes holding a row (pfrow[i] null for the others). */
-template <int PF_ROWS>
-__device__ __forceinline__ void k3_mma_prefetch_step(const uint16_t *const (&pfrow)[PF_ROWS], int cp, int c_hi,
-                                                     int unroll) {
-    if (cp < c_hi) {
-        const uint32_t bytes = (uint32_t)min(unroll, c_hi - cp) * 64u;
-#pragma unroll
-        for (int i = 0; i < PF_ROWS; i++)
-            if (pfrow[i]) k3_prefetch_l2(pfrow[i] + cp * 32, bytes);
-    }
-}
 
 /* MINB > 1 caps registers so that MINB blocks fit on an SM. Measured on the H200 (bench/NOTES-gemm.md): what
  * counts is blocks resident per SM (bytes in flight) and a grid that fits in one wave; e.g. w8_t1_u4 takes 138
@@ -115,122 +59,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
         asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
     }
 
-    /* This lane's weight rows: g and g + 8 of every tile; rows past n read row n-1 and are never stored. */
-    const uint16_t *wrow[TILES][2];
-#pragma unroll
-    for (int t = 0; t < TILES; t++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int row = row0 + t * 16 + h * 8 + g;
-            row = row < n ? row : n - 1;
-            wrow[t][h] = w + (size_t)row * (size_t)k + q * 8;
-        }
-    /* This lane's tokens: g (+ 8 for the second n tile); absent tokens contribute zeros, loaded from nowhere. */
-    const uint16_t *xrow[NT];
-    bool xok[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int tok = nt * 8 + g;
-        xok[nt] = tok < m;
-        xrow[nt] = x + (size_t)(xok[nt] ? tok : 0) * (size_t)x_stride + q * 8;
-    }
-
     float acc[TILES][NT][4];
-#pragma unroll
-    for (int t = 0; t < TILES; t++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[t][nt][i] = 0.0f;
-
-    /* Register groups of UNROLL chunks per warp (a step), pipelined in one of two ways (PIPE):
-     * 1: the next step is loaded while the current one is multiplied, then copied into place. ptxas makes the
-     *    copies wait on the scoreboard of every load just issued, so ONE step is in flight per warp, and the
-     *    MMAs overlap it.
-     * 2: two register groups A and B used in turn, no copies: both are in flight at the one wait per pair of
-     *    steps (ptxas puts all these loads on one scoreboard), and the MMAs run between the waits.
-     * 2 doubles the bytes in flight per warp but needs more registers; which wins depends on the configuration
-     * (measured: bench/NOTES-gemm.md, session 13). */
-    static_assert(PIPE == 1 || PIPE == 2, "pipe: 1 or 2 register groups in flight");
-    const int step = WARPS * UNROLL;
-    int c0 = c_lo + warp * UNROLL;
-    uint4 wa[UNROLL][TILES][2], xa[UNROLL][NT], wb[UNROLL][TILES][2], xb[UNROLL][NT];
-    k3_mma_load_w<UNROLL, TILES, L2B>(wa, wrow, c0, c_hi, pol);
-    if constexpr (PIPE == 2) k3_mma_load_w<UNROLL, TILES, L2B>(wb, wrow, c0 + step, c_hi, pol);
-    /* L2 prefetch (PF > 0): the registers hold one or two steps (UNROLL chunks per warp each) in flight, a few KB per
-     * warp; prefetching the weights of later steps into L2 keeps more DRAM requests outstanding at no register cost,
-     * and the demand loads then mostly hit L2. The block first asks for the PF steps after the PIPE steps loaded at the
-     * start (the block's chunks are contiguous in every row, one request per row per 4 KB), or for its whole K range
-     * (PF = K3_PF_ALL); then (PF < K3_PF_ALL) each warp asks, every step, for its own chunks PF steps after the step it
-     * loads into registers, one request per weight row, from lanes 0..ROWS-1. Measured (H200, bench/NOTES-gemm.md,
-     * session 8): it pays a few percent on small and mid shapes only; on large shapes the in-loop requests (64-256
-     * bytes each) cost more than they hide, so those configurations stay without it. Head only (PF = K3_PF_HEAD + H):
-     * the H steps after the PIPE loaded ones, at the start, nothing in the loop. Under PDL a block starts when a block
-     * of the previous kernel leaves, so these requests fill the DRAM while that kernel's last blocks drain and before
-     * our griddepcontrol.wait returns (a timeline of 3584x7168 showed blocks leaving over ~3 us and the wait returning
-     * ~0.75 us after the last). Measured (session 12): 32-64 KB per block gains 3-5% on the 51-60 MB shapes; 128 KB per
-     * block loses 10-15%. */
-    constexpr int PF_ROWS = (ROWS + 31) / 32;
-    constexpr bool PF_LOOP = PF > 0 && PF < K3_PF_ALL; /* requests inside the loop too */
-    constexpr int PF_STEPS = PF > K3_PF_HEAD ? PF - K3_PF_HEAD : PF; /* steps requested at the start */
-    const uint16_t *pfrow[PF_ROWS];
-    if constexpr (PF > 0) {
-        const int p_lo = c_lo + PIPE * step;
-        const int p_hi = PF == K3_PF_ALL ? c_hi : min(c_hi, c_lo + (PF_STEPS + PIPE) * step);
-        for (int r = tid; r < ROWS; r += WARPS * 32) {
-            const int row = row0 + r;
-            if (row < n) {
-                const uint16_t *base = w + (size_t)row * (size_t)k;
-                for (int c = p_lo; c < p_hi; c += 64) /* 64 chunks = 4 KB per request */
-                    k3_prefetch_l2(base + (size_t)c * 32, (uint32_t)min(p_hi - c, 64) * 64u);
-            }
-        }
-        if constexpr (PF_LOOP)
-#pragma unroll
-            for (int i = 0; i < PF_ROWS; i++) {
-                const int r = i * 32 + lane, row = row0 + r;
-                pfrow[i] = r < ROWS && row < n ? w + (size_t)row * (size_t)k : nullptr;
-            }
-    }
-    /* Let the next kernel launch now: it fires only once every block of this grid has reached this point (so
-     * it never takes slots our blocks need), and the next kernel's own wait still orders its reads after our
-     * completion; its blocks then prefetch their weights while ours finish. */
-    k3_pdl_launch();
-    k3_pdl_wait(); /* x and residual come from the previous kernel */
-    k3_mma_load_x<UNROLL, NT>(xa, xrow, xok, c0, c_hi);
-    if constexpr (PIPE == 2) k3_mma_load_x<UNROLL, NT>(xb, xrow, xok, c0 + step, c_hi);
-
-    /* Steps past c_hi hold zeros in both operands (their loads are predicated off): multiplying them adds exact
-     * zeros, so only the loop exit needs to know where K ends. */
-    if constexpr (PIPE == 1) {
-        for (; c0 < c_hi; c0 += step) {
-            if constexpr (PF_LOOP) k3_mma_prefetch_step<PF_ROWS>(pfrow, c0 + (PF + 1) * step, c_hi, UNROLL);
-            k3_mma_load_w<UNROLL, TILES, L2B>(wb, wrow, c0 + step, c_hi, pol);
-            k3_mma_load_x<UNROLL, NT>(xb, xrow, xok, c0 + step, c_hi);
-            k3_mma_group<UNROLL, TILES, NT>(acc, wa, xa);
-#pragma unroll
-            for (int j = 0; j < UNROLL; j++) {
-#pragma unroll
-                for (int t = 0; t < TILES; t++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) wa[j][t][h] = wb[j][t][h];
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) xa[j][nt] = xb[j][nt];
-            }
-        }
-    } else {
-        for (; c0 < c_hi; c0 += 2 * step) {
-            if constexpr (PF_LOOP) k3_mma_prefetch_step<PF_ROWS>(pfrow, c0 + (PF + 2) * step, c_hi, UNROLL);
-            k3_mma_group<UNROLL, TILES, NT>(acc, wa, xa);
-            if (c0 + step >= c_hi) break;
-            k3_mma_load_w<UNROLL, TILES, L2B>(wa, wrow, c0 + 2 * step, c_hi, pol);
-            k3_mma_load_x<UNROLL, NT>(xa, xrow, xok, c0 + 2 * step, c_hi);
-            if constexpr (PF_LOOP) k3_mma_prefetch_step<PF_ROWS>(pfrow, c0 + (PF + 3) * step, c_hi, UNROLL);
-            k3_mma_group<UNROLL, TILES, NT>(acc, wb, xb);
-            k3_mma_load_w<UNROLL, TILES, L2B>(wb, wrow, c0 + 3 * step, c_hi, pol);
-            k3_mma_load_x<UNROLL, NT>(xb, xrow, xok, c0 + 3 * step, c_hi);
-        }
-    }
+    k3_mma_tile_accumulate<WARPS, TILES, UNROLL, PF, L2B, PIPE, NT>(acc, x, x_stride, w, m, n, k, row0, c_lo, c_hi,
+                                                                    tid, pol);
 
     /* Partial sums per warp -> red[warp][token][row]; C fragment: c0/c1 = row g, tokens 2q/2q+1; c2/c3 = row g+8. */
     __shared__ float red[WARPS][NT * 8][SR];
