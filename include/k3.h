@@ -441,8 +441,10 @@ K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const vo
  *   fab  [m, fab_rows]            = x . W[qkvg_rows:packed_rows]^T            (aux stream)
  *   g1   [m, qkvg_rows / 4]       = fab[:, 0:fa_dim] . f_b^T  (f_a read with row stride fab_rows, aux stream)
  * with qkvg_rows = 4 * local_heads * head_dim and fab_rows = packed_rows - qkvg_rows. For 1 <= m <=
- * overlap_max_tokens the aux branch runs concurrently (fork/join by events made at plan time); otherwise all three
- * run in order on the caller's stream, with bitwise the same results. Capturable into CUDA graphs.
+ * overlap_max_tokens the aux branch runs concurrently (fork/join by events made at plan time), or all three inside
+ * one launch (K3_KDA_RUN_N_FUSED, the SM90 default); otherwise all three run in order on the caller's stream, with
+ * bitwise the same results (after the one launch: qkvg bitwise, fab and g1 up to rounding order). Capturable into
+ * CUDA graphs.
  */
 /* Block shapes of the F_AB kernel (fab = x . W_fab^T; a block spans all of K, except SLICED). */
 #define K3_KDA_RUN_N_TUNED 0
@@ -452,6 +454,17 @@ K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const vo
                                  enough to sit beside a QKVG kernel that fills every SM in one wave */
 #define K3_KDA_RUN_N_SLICED 4 /* 128 threads = 16 rows x one K slice per block, about one block per SM (the
                                  plan then owns device counts: its runs must be ordered on the GPU) */
+#define K3_KDA_RUN_N_FUSED 5  /* not a run_n shape: where the plan overlaps (m <= overlap_max_tokens), the whole
+                                 projection in ONE launch on the caller's stream, no aux stream: QKVG tiles three to a
+                                 block on qkvg_rows / 48 SMs, F_AB then f_b on the remaining SMs. The sequential path
+                                 (m > overlap_max_tokens) then runs the QKVG GEMM with the same tile configuration
+                                 (mma w4_t1_u4_l_h2: qkvg bit for bit the same) and the two-row F_AB kernel; fab and g1
+                                 differ from the one launch's in rounding only (K summed in another order). CUDA; needs
+                                 hidden % 32 == 0, qkvg_rows % 48 == 0, <= 144 F_AB rows and, every block resident at
+                                 once, qkvg_rows / 48 SMs plus enough for the branch (4 at TP8); otherwise the tuned
+                                 plan falls back to the two-stream overlap and a forced one is refused. The plan owns
+                                 device state: its runs must be ordered on the GPU (one stream, or streams ordered by
+                                 events) */
 typedef struct k3_kda_proj_desc {
     int64_t hidden;             /* K of the big GEMM, 7168 */
     int64_t local_heads;        /* KDA heads on this rank: 12 at TP8 (24 at TP4, 6 at TP16) */
@@ -467,11 +480,11 @@ typedef struct k3_kda_proj_desc {
     int32_t qkvg_kernel; /* the QKVG GEMM's kernel, the same for both paths (so they give the same bits):
                             -1 (default) = the per-m choice measured for this architecture (src/plan/kda_tuning.c),
                             K3_KERNEL_AUTO = the linear plan's table (the fastest QKVG alone) at every m,
-                            K3_KERNEL_FALLBACK = cuBLASLt at every m. On SM90 the default is the table with the
-                            sliced F_AB blocks at m 1-8 and cuBLASLt from m 9: the table's one-wave kernel leaves
-                            room for one 128-thread block per SM only, and from m 9 for none, while cuBLASLt's grid
-                            leaves SMs idle that the aux branch uses (bench/NOTES-kda.md). The sliced shape keeps
-                            counts in the plan's device memory: the runs of one plan must be ordered on the GPU
+                            K3_KERNEL_FALLBACK = cuBLASLt at every m. Not used where the one-launch projection
+                            runs (K3_KDA_RUN_N_FUSED: its own QKVG tiles), the SM90 default at every m since
+                            session 25 (bench/NOTES-kda.md); where that does not fit the device, SM90 takes the table
+                            with the sliced F_AB blocks at m 1-8 and cuBLASLt from m 9. The sliced and fused shapes
+                            keep state in the plan's device memory: the runs of one plan must be ordered on the GPU
                             (one stream, or streams ordered by events). */
 } k3_kda_proj_desc;
 

@@ -1,11 +1,17 @@
 /* KDA projection on the GPU at Kimi-K3 TP8 shapes: the overlapped path captured into a CUDA graph on a
  * non-default stream and replayed; qkvg, beta and g1 vs an independent fp64 evaluation; every element written;
- * replays bitwise identical; overlapped == sequential bit for bit; with the tuned QKVG kernel and with the
- * linear plan table's. Exit 77 (skipped) without a GPU. */
+ * replays bitwise identical; overlapped == sequential bit for bit (qkvg only where the overlapped path is the
+ * one-launch projection, whose fab and g1 add K in another order than the sequential kernels); with the tuned QKVG
+ * kernel and with the
+ * linear plan table's. The one-launch projection (K3_KDA_RUN_N_FUSED) besides: its qkvg bit for bit that of the
+ * linear plan's mma w4_t1_u4_l_h2 (the tile code it shares), and a run on the token rows reversed gives the reversed
+ * rows bit for bit (which would catch device counts not returned to zero between launches: a stale count lets the
+ * branch read partial sums before they are written). Exit 77 (skipped) without a GPU. */
 #include <string.h>
 
 #include "k3.h"
 #include "kda_ref.h"
+#include "plan/kda_tuning.h"
 #include "test_util.h"
 
 #ifndef K3_HAVE_CUDA
@@ -77,7 +83,27 @@ int main(void) {
                                    {K3_KERNEL_AUTO, K3_KDA_RUN_N_NARROW},
                                    {K3_KERNEL_FALLBACK, K3_KDA_RUN_N_ROWS1},
                                    {K3_KERNEL_AUTO, K3_KDA_RUN_N_ROWS2},
-                                   {K3_KERNEL_AUTO, K3_KDA_RUN_N_SLICED}};
+                                   {K3_KERNEL_AUTO, K3_KDA_RUN_N_SLICED},
+                                   {K3_KERNEL_AUTO, K3_KDA_RUN_N_FUSED}};
+    /* the fused variant's reference QKVG kernel, and the token rows of x reversed */
+    k3_linear_desc ld;
+    k3_linear_desc_init(&ld, Q, H);
+    ld.force_kernel = K3_KERNEL_MMA;
+    ld.force_config = "w4_t1_u4_l_h2";
+    k3_linear_plan *tile_plan = NULL;
+    CHECK(k3_linear_plan_create(ctx, &ld, &tile_plan) == K3_STATUS_SUCCESS, "w4_t1_u4_l_h2 plan: %s",
+          k3_ctx_last_error(ctx));
+    if (!tile_plan) return k3t_finish();
+    void *xr, *qref;
+    CU(cudaMalloc(&xr, 2 * MT * H));
+    CU(cudaMalloc(&qref, 2 * MT * Q));
+    uint16_t *oqr = malloc(2 * MT * Q);
+    /* where the tuned plan runs the one-launch projection (K3_KDA_RUN_N_FUSED) on this device */
+    k3_arch_info ai;
+    CHECK(k3_ctx_arch(ctx, &ai) == K3_STATUS_SUCCESS, "arch");
+    k3_kda_tuning tuned;
+    k3_kda_tuning_for(ai.table, &tuned);
+    const int fused_fits = k3_kda_fused_layout_for(ai.sm_count, H, Q, F, G, 128, NULL, NULL);
     for (int kv = 0; kv < (int)(sizeof variants / sizeof variants[0]); kv++) {
         k3_kda_proj_desc d, dseq;
         k3_kda_proj_desc_init(&d);
@@ -136,12 +162,43 @@ int main(void) {
             CHECK(same_bits(m, qkvg, fab, g1, oq, of, og, oq2, of2, og2), "m=%lld: replay not bitwise identical",
                   (long long)m);
 
-            /* sequential plan, eager on the stream: the same bits */
+            /* sequential plan, eager on the stream: the same bits (qkvg only after the one-launch projection) */
+            const int fused = d.run_n_shape == K3_KDA_RUN_N_FUSED ||
+                              (d.run_n_shape == K3_KDA_RUN_N_TUNED && fused_fits &&
+                               tuned.run_n_shape[m] == K3_KDA_RUN_N_FUSED);
             st = k3_kda_proj_run(seq, m, x, w, wfb, qkvg, fab, g1, ws, ws_bytes, s);
             CHECK(st == K3_STATUS_SUCCESS, "sequential m=%lld: %s", (long long)m, k3_ctx_last_error(ctx));
             CU(cudaStreamSynchronize(s));
-            CHECK(same_bits(m, qkvg, fab, g1, oq, of, og, oq2, of2, og2), "m=%lld: overlapped and sequential differ",
-                  (long long)m);
+            if (fused) {
+                CU(cudaMemcpy(oq2, qkvg, 2 * m * Q, cudaMemcpyDeviceToHost));
+                CHECK(!memcmp(oq, oq2, 2 * m * Q), "m=%lld: one-launch and sequential qkvg differ", (long long)m);
+            } else {
+                CHECK(same_bits(m, qkvg, fab, g1, oq, of, og, oq2, of2, og2),
+                      "m=%lld: overlapped and sequential differ", (long long)m);
+            }
+            if (d.run_n_shape == K3_KDA_RUN_N_FUSED) {
+                CHECK(k3_linear_run(tile_plan, m, x, w, NULL, qref, NULL, 0, s) == K3_STATUS_SUCCESS, "tile plan: %s",
+                      k3_ctx_last_error(ctx));
+                CU(cudaStreamSynchronize(s));
+                CU(cudaMemcpy(oq2, qref, 2 * m * Q, cudaMemcpyDeviceToHost));
+                CHECK(!memcmp(oq, oq2, 2 * m * Q), "m=%lld: fused qkvg differs from mma w4_t1_u4_l_h2",
+                      (long long)m);
+                for (int64_t r = 0; r < m; r++) /* x's first m rows reversed */
+                    CU(cudaMemcpyAsync((uint16_t *)xr + r * H, (const uint16_t *)x + (m - 1 - r) * H, 2 * H,
+                                       cudaMemcpyDeviceToDevice, s));
+                CHECK(k3_kda_proj_run(plan, m, xr, w, wfb, qkvg, fab, g1, ws, ws_bytes, s) == K3_STATUS_SUCCESS,
+                      "reversed m=%lld: %s", (long long)m, k3_ctx_last_error(ctx));
+                CU(cudaStreamSynchronize(s));
+                CU(cudaMemcpy(oqr, qkvg, 2 * m * Q, cudaMemcpyDeviceToHost));
+                CU(cudaMemcpy(of2, fab, 2 * m * F, cudaMemcpyDeviceToHost));
+                CU(cudaMemcpy(og2, g1, 2 * m * G, cudaMemcpyDeviceToHost));
+                int same = 1;
+                for (int64_t r = 0; r < m; r++)
+                    same = same && !memcmp(oqr + r * Q, oq + (m - 1 - r) * Q, 2 * Q) &&
+                           !memcmp(of2 + r * F, of + (m - 1 - r) * F, 2 * F) &&
+                           !memcmp(og2 + r * G, og + (m - 1 - r) * G, 2 * G);
+                CHECK(same, "m=%lld: fused run on reversed token rows is not the reversed result", (long long)m);
+            }
             CU(cudaGraphExecDestroy(exec));
             CU(cudaGraphDestroy(graph));
             printf("m=%2lld rel-L2 qkvg %.2e beta %.2e f_a %.2e g1 %.2e\n", (long long)m, eq, eb, ea, eg);
@@ -153,6 +210,8 @@ int main(void) {
         k3_kda_proj_plan_destroy(seq);
         cudaFree(ws);
     }
+    k3_linear_plan_destroy(tile_plan);
+    cudaFree(xr), cudaFree(qref), free(oqr);
     CU(cudaStreamDestroy(s));
     cudaFree(x), cudaFree(w), cudaFree(wfb), cudaFree(qkvg), cudaFree(fab), cudaFree(g1);
     free(hx), free(hw), free(hfb), free(rq), free(rf), free(rg), free(oq), free(of), free(og), free(oq2), free(of2),

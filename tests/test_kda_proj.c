@@ -3,6 +3,7 @@
 
 #include "k3.h"
 #include "kda_ref.h"
+#include "plan/kda_tuning.h"
 #include "test_util.h"
 
 static void expect_plan_error(k3_ctx *ctx, const k3_kda_proj_desc *d, const char *what, const char *needle) {
@@ -39,8 +40,8 @@ static void test_validation(k3_ctx *ctx) {
     bad.overlap_max_tokens = -2;
     expect_plan_error(ctx, &bad, "overlap -2", "overlap_max_tokens");
     bad = d;
-    bad.run_n_shape = 5; /* one past K3_KDA_RUN_N_SLICED */
-    expect_plan_error(ctx, &bad, "run_n shape 5", "run_n_shape");
+    bad.run_n_shape = 6; /* one past K3_KDA_RUN_N_FUSED */
+    expect_plan_error(ctx, &bad, "run_n shape 6", "run_n_shape");
     bad.run_n_shape = -1;
     expect_plan_error(ctx, &bad, "run_n shape -1", "run_n_shape");
     bad.run_n_shape = K3_KDA_RUN_N_NARROW; /* 128 threads x 8-element vectors must tile hidden */
@@ -69,6 +70,39 @@ static void test_validation(k3_ctx *ctx) {
     CHECK(k3_kda_proj_plan_create(ctx, &tp16, &p) == K3_STATUS_SUCCESS, "TP16 plans: %s", k3_ctx_last_error(ctx));
     k3_kda_proj_plan_destroy(p);
     k3_kda_proj_plan_destroy(NULL);
+    /* the one-launch projection is a CUDA kernel: on the CPU backend a forced FUSED plans and runs the reference */
+    k3_kda_proj_desc fused = d;
+    fused.run_n_shape = K3_KDA_RUN_N_FUSED;
+    CHECK(k3_kda_proj_plan_create(ctx, &fused, &p) == K3_STATUS_SUCCESS, "FUSED on the CPU backend plans: %s",
+          k3_ctx_last_error(ctx));
+    k3_kda_proj_plan_destroy(p);
+}
+
+/* Where the one-launch projection fits (K3_KDA_RUN_N_FUSED): the grid from the SM count and the shape. */
+static void test_fused_layout(void) {
+    k3_kda_fused_layout l;
+    const char *why = NULL;
+    /* TP8 on 132 SMs: 6144 / 48 = 128 QKVG blocks, 4 branch blocks of 56 K chunks each (x slice rows of 1792
+     * elements padded to 1824: 64 mod 128 bytes) */
+    CHECK(k3_kda_fused_layout_for(132, 7168, 6144, 144, 1536, 128, &l, &why) == 1, "TP8 on 132 SMs: %s",
+          why ? why : "");
+    CHECK(l.qkvg_blocks == 128 && l.branch_blocks == 4 && l.xs_stride == 1824 && l.xs_bytes == 16 * 1824 * 2,
+          "TP8 grid %d + %d, x rows %d", (int)l.qkvg_blocks, (int)l.branch_blocks, (int)l.xs_stride);
+    /* at least two branch blocks, and two f_b tiles per branch warp at most */
+    CHECK(k3_kda_fused_layout_for(129, 7168, 6144, 144, 1536, 128, &l, &why) == 0 && why && strstr(why, "SMs"),
+          "TP8 on 129 SMs refused with a reason");
+    CHECK(k3_kda_fused_layout_for(131, 7168, 6144, 144, 1536, 128, &l, &why) == 0 && why && strstr(why, "f_b"),
+          "TP8 on 131 SMs (36 branch warps for 96 f_b tiles) refused with a reason");
+    /* TP16 (3072 QKVG rows): 64 + 4 blocks (at most 4 branch blocks); TP4 (12288 rows, F_AB 160): refused */
+    CHECK(k3_kda_fused_layout_for(132, 7168, 3072, 144, 768, 128, &l, &why) == 1 && l.branch_blocks == 4 &&
+              l.xs_stride == 1824,
+          "TP16 on 132 SMs");
+    CHECK(k3_kda_fused_layout_for(132, 7168, 12288, 160, 3072, 128, &l, &why) == 0, "TP4 refused");
+    CHECK(k3_kda_fused_layout_for(132, 7168, 6144 + 16, 144, 1536, 128, &l, &why) == 0 && why &&
+              strstr(why, "48"),
+          "QKVG rows not a multiple of 48 refused");
+    CHECK(k3_kda_fused_layout_for(132, 7168, 6144, 160, 1536, 128, &l, &why) == 0 && why && strstr(why, "144"),
+          "more than 144 F_AB rows refused");
 }
 
 /* A small instance (hidden 512, 2 heads of 64: qkvg 512 rows, F_AB 136 rows) on the CPU backend. */
@@ -128,6 +162,7 @@ int main(void) {
     CHECK(ctx != NULL, "cpu context");
     if (!ctx) return k3t_finish();
     test_validation(ctx);
+    test_fused_layout();
     test_cpu_results(ctx, seed);
     k3_ctx_destroy(ctx);
     return k3t_finish();

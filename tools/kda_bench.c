@@ -18,7 +18,8 @@ static void kda_bench_help(void) {
            "  alternatives the same overlap with the QKVG kernel (lt = cuBLASLt, tab = the linear plan's table)\n"
            "               and the F_AB kernel's blocks (r1 / r2: 1 / 2 output rows per hidden/16-thread block;\n"
            "               n: 128-thread blocks, one row each; s: 128-thread blocks of 16 rows x one K slice, about\n"
-           "               one per SM) forced: lt-r1 lt-r2 tab-r2 tab-n tab-s;\n"
+           "               one per SM) forced: lt-r1 lt-r2 tab-r2 tab-n tab-s; fused = the whole projection in\n"
+           "               one launch (K3_KDA_RUN_N_FUSED);\n"
            "               the fastest is named at the end of the row with its margin over the fastest QKVG alone\n"
            "  sequential   the same kernels one after another on one stream\n"
            "  qkvg-tab     the QKVG GEMM alone through the linear plan's table; qkvg-lt: through cuBLASLt\n"
@@ -69,8 +70,9 @@ typedef struct kda_bench {
 } kda_bench;
 
 /* The overlapped alternatives the tuning chooses between: the QKVG kernel x the F_AB kernel's shape (r1 / r2 = one
- * or two rows per hidden / 16-thread block; n = the narrow 128-thread blocks, one row each; s = the sliced ones). */
-enum { KB_ALTS = 5 };
+ * or two rows per hidden / 16-thread block; n = the narrow 128-thread blocks, one row each; s = the sliced ones),
+ * and the whole projection in one launch (fused). */
+enum { KB_ALTS = 6 };
 typedef struct kda_alt {
     kda_bench *b;
     k3_kda_proj_plan *plan;
@@ -83,6 +85,7 @@ static const kda_alt kb_alt_init[KB_ALTS] = {
     {NULL, NULL, "tab-r2", K3_KERNEL_AUTO, K3_KDA_RUN_N_ROWS2},
     {NULL, NULL, "tab-n", K3_KERNEL_AUTO, K3_KDA_RUN_N_NARROW},
     {NULL, NULL, "tab-s", K3_KERNEL_AUTO, K3_KDA_RUN_N_SLICED},
+    {NULL, NULL, "fused", K3_KERNEL_AUTO, K3_KDA_RUN_N_FUSED},
 };
 
 static k3_status report(kda_bench *b, k3_status st, const char *what) {

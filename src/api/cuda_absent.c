@@ -56,3 +56,18 @@ k3_status k3_fork_join_fork(k3_ctx *ctx, k3_fork_join *fj, void *main_stream) {
 k3_status k3_fork_join_join(k3_ctx *ctx, k3_fork_join *fj, void *main_stream) {
     return k3_fail(ctx, K3_STATUS_NOT_AVAILABLE, "this build of k3kernels has no CUDA backend");
 }
+
+k3_status k3_cuda_kda_fused_create(k3_ctx *ctx, const k3_kda_fused_layout *layout, k3_cuda_kda_fused **out) {
+    (void)layout;
+    *out = NULL;
+    return k3_fail(ctx, K3_STATUS_NOT_AVAILABLE, "this build of k3kernels has no CUDA backend");
+}
+
+void k3_cuda_kda_fused_destroy(k3_cuda_kda_fused *f) { (void)f; }
+
+k3_status k3_cuda_kda_fused_run(k3_ctx *ctx, const k3_cuda_kda_fused *f, int64_t m, const void *x,
+                                const void *w_packed, const void *w_fb, void *qkvg, void *fab, void *g1,
+                                void *stream) {
+    (void)f, (void)m, (void)x, (void)w_packed, (void)w_fb, (void)qkvg, (void)fab, (void)g1, (void)stream;
+    return k3_fail(ctx, K3_STATUS_NOT_AVAILABLE, "this build of k3kernels has no CUDA backend");
+}

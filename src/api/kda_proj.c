@@ -1,5 +1,7 @@
 /* The KDA projection (LOW-LATENCY-GEMM.md section 4): QKVG through the linear plan on the caller's stream;
- * F_AB (run_n) then F_B (run_k) on an auxiliary stream, forked and joined by events made at plan time. */
+ * F_AB (run_n) then F_B (run_k) on an auxiliary stream, forked and joined by events made at plan time. Where the
+ * tuning chooses K3_KDA_RUN_N_FUSED and the plan overlaps, the three instead run concurrently inside one launch on
+ * the caller's stream, on disjoint SMs (src/cuda/kda_fused.cu). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,11 +14,13 @@ struct k3_kda_proj_plan {
     k3_ctx *ctx;
     k3_kda_proj_desc d;
     int64_t qkvg_rows, fab_rows, fb_rows;
-    k3_linear_plan *qkvg[2];  /* the big GEMM: [0] through the GEMM table, [1] through cuBLASLt (made if used) */
+    k3_linear_plan *qkvg[3];  /* the big GEMM: [0] through the GEMM table, [1] through cuBLASLt, [2] the one-launch
+                                 projection's tile configuration (each made if used) */
     k3_linear_plan *qkvg_for[K3_KDA_MAX_TOKENS + 1]; /* per m: one of the two */
     size_t ws_bytes;          /* what the QKVG plans need */
     k3_fork_join *fj;         /* CUDA only */
     k3_cuda_kda_sliced *sliced; /* CUDA only, when some m takes the SLICED F_AB shape */
+    k3_cuda_kda_fused *fused;   /* CUDA only, when some m runs the whole projection in one launch (FUSED) */
     k3_kda_tuning tuning;
 };
 
@@ -55,9 +59,9 @@ static k3_status kda_validate(k3_ctx *ctx, const k3_kda_proj_desc *d) {
     K3_CHECK_ARG(ctx, d->overlap_max_tokens >= -1 && d->overlap_max_tokens <= d->max_tokens,
                  "kda: overlap_max_tokens must be -1 (tuned) or in [0, max_tokens], got %lld",
                  (long long)d->overlap_max_tokens);
-    K3_CHECK_ARG(ctx, d->run_n_shape >= K3_KDA_RUN_N_TUNED && d->run_n_shape <= K3_KDA_RUN_N_SLICED,
-                 "kda: run_n_shape must be K3_KDA_RUN_N_TUNED (0), _ROWS1 (1), _ROWS2 (2), _NARROW (3) or _SLICED (4), "
-                 "got %d",
+    K3_CHECK_ARG(ctx, d->run_n_shape >= K3_KDA_RUN_N_TUNED && d->run_n_shape <= K3_KDA_RUN_N_FUSED,
+                 "kda: run_n_shape must be K3_KDA_RUN_N_TUNED (0), _ROWS1 (1), _ROWS2 (2), _NARROW (3), _SLICED (4) or "
+                 "_FUSED (5), got %d",
                  (int)d->run_n_shape);
     K3_CHECK_ARG(ctx, d->run_n_shape != K3_KDA_RUN_N_NARROW || d->hidden % 1024 == 0,
                  "kda: run_n_shape K3_KDA_RUN_N_NARROW needs hidden %% 1024 == 0 (128 threads x 8-element vectors), "
@@ -90,17 +94,43 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
         if (shape == K3_KDA_RUN_N_NARROW && d->hidden % 1024 != 0) shape = K3_KDA_RUN_N_ROWS1;
         p->tuning.run_n_shape[i] = shape;
     }
+    /* the one-launch projection needs its grid to fit this device at once; where the tuning chose it and it does
+     * not fit, the tuning's measured alternative runs instead; forced, the plan is refused */
+    int any_fused = 0; /* the one-launch projection runs where it is chosen and the plan overlaps */
+    for (int64_t m = 1; m <= p->d.overlap_max_tokens; m++)
+        any_fused |= p->tuning.run_n_shape[m] == K3_KDA_RUN_N_FUSED;
+    k3_kda_fused_layout layout;
+    const char *why = NULL;
+    if (any_fused && ctx->backend == K3_BACKEND_CUDA &&
+        !k3_kda_fused_layout_for(ctx->arch.sm_count, d->hidden, p->qkvg_rows, p->fab_rows, p->fb_rows, d->fa_dim,
+                                 &layout, &why)) {
+        if (d->run_n_shape == K3_KDA_RUN_N_FUSED) {
+            const long long qkvg_rows = (long long)p->qkvg_rows;
+            free(p);
+            return k3_fail(ctx, K3_STATUS_UNSUPPORTED,
+                           "kda: run_n_shape K3_KDA_RUN_N_FUSED does not fit this shape on this device (%d SMs, "
+                           "%lld QKVG rows): %s",
+                           (int)ctx->arch.sm_count, qkvg_rows, why);
+        }
+        k3_kda_tuning_drop_fused(&p->tuning);
+        any_fused = 0;
+    }
 
-    /* the QKVG kernel per m (tuned, or the caller's for every m), the same for both paths */
+    /* the QKVG kernel per m (tuned, or the caller's for every m), the same for both paths; where the one-launch
+     * projection runs on CUDA, the sequential path takes the linear plan's configuration of its QKVG tiles, so qkvg
+     * has the same bits either way */
     k3_status st = K3_STATUS_SUCCESS;
     for (int64_t m = 1; m <= d->max_tokens && st == K3_STATUS_SUCCESS; m++) {
         const int32_t kernel = d->qkvg_kernel >= 0 ? d->qkvg_kernel : p->tuning.qkvg_kernel[m];
-        const int which = kernel == K3_KERNEL_FALLBACK;
+        const int which = ctx->backend == K3_BACKEND_CUDA && p->tuning.run_n_shape[m] == K3_KDA_RUN_N_FUSED ? 2
+                          : kernel == K3_KERNEL_FALLBACK                                                       ? 1
+                                                                                                              : 0;
         if (!p->qkvg[which]) {
             k3_linear_desc ld;
             k3_linear_desc_init(&ld, p->qkvg_rows, d->hidden);
             ld.max_m = d->max_tokens;
-            ld.force_kernel = (k3_kernel)kernel;
+            ld.force_kernel = which == 2 ? K3_KERNEL_MMA : (k3_kernel)kernel;
+            if (which == 2) ld.force_config = K3_KDA_FUSED_QKVG_CONFIG;
             size_t bytes = 0;
             st = k3_linear_plan_create(ctx, &ld, &p->qkvg[which]);
             if (st == K3_STATUS_SUCCESS) st = k3_linear_workspace_size(p->qkvg[which], &bytes);
@@ -114,6 +144,8 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
     for (int64_t m = 1; m <= d->max_tokens; m++) any_sliced |= p->tuning.run_n_shape[m] == K3_KDA_RUN_N_SLICED;
     if (st == K3_STATUS_SUCCESS && ctx->backend == K3_BACKEND_CUDA && any_sliced)
         st = k3_cuda_kda_sliced_create(ctx, d->hidden, p->fab_rows, &p->sliced);
+    if (st == K3_STATUS_SUCCESS && ctx->backend == K3_BACKEND_CUDA && any_fused)
+        st = k3_cuda_kda_fused_create(ctx, &layout, &p->fused);
     if (st != K3_STATUS_SUCCESS) {
         k3_kda_proj_plan_destroy(p);
         return st;
@@ -126,8 +158,10 @@ void k3_kda_proj_plan_destroy(k3_kda_proj_plan *p) {
     if (!p) return;
     k3_fork_join_destroy(p->fj);
     k3_cuda_kda_sliced_destroy(p->sliced);
+    k3_cuda_kda_fused_destroy(p->fused);
     k3_linear_plan_destroy(p->qkvg[0]);
     k3_linear_plan_destroy(p->qkvg[1]);
+    k3_linear_plan_destroy(p->qkvg[2]);
     free(p);
 }
 
@@ -148,9 +182,11 @@ static k3_status kda_branch(k3_kda_proj_plan *p, int64_t m, const uint16_t *x, c
                       (uint16_t *)g1, p->fb_rows, K3_ACCUM_FP32);
         return K3_STATUS_SUCCESS;
     }
-    K3_TRY(k3_cuda_kda_run_n(ctx, m, x, p->d.hidden, w_fab, p->fab_rows, p->tuning.run_n_shape[m], p->sliced, fab,
-                             stream));
-    return k3_cuda_kda_run_k(ctx, m, fab, p->fab_rows, w_fb, p->fb_rows, p->tuning.run_n_shape[m], g1, stream);
+    /* where the one-launch projection is tuned but this run is sequential: the two-row F_AB kernel */
+    const int32_t tuned = p->tuning.run_n_shape[m];
+    const int32_t shape = tuned == K3_KDA_RUN_N_FUSED ? K3_KDA_RUN_N_ROWS2 : tuned;
+    K3_TRY(k3_cuda_kda_run_n(ctx, m, x, p->d.hidden, w_fab, p->fab_rows, shape, p->sliced, fab, stream));
+    return k3_cuda_kda_run_k(ctx, m, fab, p->fab_rows, w_fb, p->fb_rows, shape, g1, stream);
 }
 
 static int misaligned(const void *ptr) { return ((uintptr_t)ptr & 15u) != 0; }
@@ -171,6 +207,9 @@ k3_status k3_kda_proj_run(k3_kda_proj_plan *p, int64_t m, const void *x, const v
                  x, w_packed, w_fb, qkvg, fab, g1);
     const uint16_t *w_fab = (const uint16_t *)w_packed + (size_t)p->qkvg_rows * (size_t)p->d.hidden;
 
+    const int fused = p->tuning.run_n_shape[m] == K3_KDA_RUN_N_FUSED;
+    if (ctx->backend == K3_BACKEND_CUDA && fused && m <= p->d.overlap_max_tokens) /* one launch, no fork */
+        return k3_cuda_kda_fused_run(ctx, p->fused, m, x, w_packed, w_fb, qkvg, fab, g1, stream);
     if (p->fj && m <= p->d.overlap_max_tokens) {
         /* QKVG is queued before the branch (the fork is recorded first, so the branch still depends only on what
          * precedes this call): cuBLASLt's QKVG kernel takes a whole SM per block (96 blocks of 384 threads x 168

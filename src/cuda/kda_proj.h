@@ -3,6 +3,7 @@
 #define K3_CUDA_KDA_PROJ_H
 
 #include "core/internal.h"
+#include "plan/kda_tuning.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,6 +35,22 @@ k3_status k3_cuda_kda_run_n(k3_ctx *ctx, int64_t m, const void *x, int64_t hidde
  * triggers it, run_k is launched with programmatic dependent launch: its weights load while run_n finishes. */
 k3_status k3_cuda_kda_run_k(k3_ctx *ctx, int64_t m, const void *fa, int64_t fa_stride, const void *w, int64_t rows,
                             int32_t after_shape, void *g1, void *stream);
+
+/* The whole projection in one launch (K3_KDA_RUN_N_FUSED, kda_fused.cu): QKVG tiles three to a block on
+ * layout.qkvg_blocks SMs, F_AB and F_B on layout.branch_blocks more; its tagged partial sums and launch epoch are the
+ * plan's, so the runs of one plan must be ordered on the GPU. */
+typedef struct k3_cuda_kda_fused {
+    k3_kda_fused_layout layout;
+    unsigned long long *part; /* [branch blocks][F_AB tiles][16 tokens][16 rows]: epoch << 32 | fp32 bits */
+    uint32_t *epoch;          /* the last completed launch's epoch (0: none yet) */
+} k3_cuda_kda_fused;
+k3_status k3_cuda_kda_fused_create(k3_ctx *ctx, const k3_kda_fused_layout *layout, k3_cuda_kda_fused **out);
+void k3_cuda_kda_fused_destroy(k3_cuda_kda_fused *f);
+/* qkvg[m, qkvg_rows], fab[m, fab_rows] and g1[m, fb_rows] from x[m, hidden], the packed weight and W_fb[fb_rows,
+ * 128], on `stream`, launched with programmatic dependent launch. */
+k3_status k3_cuda_kda_fused_run(k3_ctx *ctx, const k3_cuda_kda_fused *f, int64_t m, const void *x,
+                                const void *w_packed, const void *w_fb, void *qkvg, void *fab, void *g1,
+                                void *stream);
 
 #ifdef __cplusplus
 }

@@ -6,7 +6,8 @@
 
 typedef struct k3_kda_tuning {
     int64_t overlap_max_tokens;  /* overlap the aux branch for m <= this */
-    int32_t run_n_shape[17];          /* index m (1..16): the run_n block shape, K3_KDA_RUN_N_ROWS1/ROWS2/NARROW/SLICED */
+    int32_t run_n_shape[17];          /* index m (1..16): the run_n block shape, K3_KDA_RUN_N_ROWS1/ROWS2/NARROW/SLICED,
+                                         or FUSED (the whole projection in one launch) */
     int32_t qkvg_kernel[17];          /* index m (1..16): K3_KERNEL_AUTO (the linear plan's table) or
                                          K3_KERNEL_FALLBACK (cuBLASLt) for QKVG */
 } k3_kda_tuning;
@@ -14,5 +15,28 @@ typedef struct k3_kda_tuning {
 /* The tuning for a table id; architectures without measurements get the defaults (overlap through 14, the
  * crossover measured upstream on B300). */
 void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out);
+/* Where the one-launch projection (K3_KDA_RUN_N_FUSED) cannot run on this device (k3_kda_fused_layout_for), the
+ * tuning's measured alternative at those m. */
+void k3_kda_tuning_drop_fused(k3_kda_tuning *t);
+
+/* The grid of the one-launch projection (src/cuda/kda_fused.cu): QKVG tiles of 16 rows, TILES_PER_BLOCK to a
+ * block (one block per SM), then branch blocks on the remaining SMs, each taking every F_AB tile over its share
+ * of K (its x slice staged in xs_bytes of shared memory, rows xs_stride elements apart). */
+#define K3_KDA_FUSED_TILES_PER_BLOCK 3
+/* The linear plan's configuration whose tile code and summation order the QKVG tiles share (gemm_mma_tile.cuh) */
+#define K3_KDA_FUSED_QKVG_CONFIG "w4_t1_u4_l_h2"
+#define K3_KDA_FUSED_MAX_BRANCH_BLOCKS 4
+#define K3_KDA_FUSED_MAX_FAB_ROWS 144 /* 9 F_AB tiles: 3 per warp group */
+#define K3_KDA_FUSED_MAX_FB_TILES 2   /* 16-row f_b tiles per branch warp (registers held across the wait) */
+#define K3_KDA_FUSED_MAX_XS_BYTES (100 * 1024)
+typedef struct k3_kda_fused_layout {
+    int64_t hidden, qkvg_rows, fab_rows, fb_rows;
+    int32_t qkvg_blocks, branch_blocks;
+    int32_t xs_stride, xs_bytes;
+} k3_kda_fused_layout;
+/* 1 and *out when the one-launch projection fits this shape on a device of sm_count SMs (every block resident at
+ * once: qkvg_rows / 48 + 2 <= sm_count), else 0 and a reason. */
+int32_t k3_kda_fused_layout_for(int32_t sm_count, int64_t hidden, int64_t qkvg_rows, int64_t fab_rows,
+                                int64_t fb_rows, int64_t fa_dim, k3_kda_fused_layout *out, const char **why);
 
 #endif

@@ -1,0 +1,91 @@
+/* A diagnostic, not part of the library or of the build: per-block globaltimer stamps of the one-launch KDA
+ * projection (src/cuda/kda_fused.cu) for the last launch of a graph of 24 back-to-back calls over 3 cold weight
+ * copies, at m 1, 9 and 16 (Kimi-K3 TP8 shapes; constant data: the timeline, not the values, is the output).
+ * Build a trace library and link this against it:
+ *   cmake -S . -B build-trace -DCMAKE_BUILD_TYPE=Release -DK3_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
+ *         -DCMAKE_CUDA_FLAGS=-DK3_KDA_FUSED_TRACE && cmake --build build-trace --target k3_static
+ *   gcc -O2 -std=c11 -Iinclude bench/kda_fused_trace.c -o kda_fused_trace build-trace/libk3.a \
+ *       -L/usr/local/cuda/lib64 -lcudart -lcublasLt -lstdc++ -lm -ldl -lpthread
+ * Prints, per m: the graph's time per call, the QKVG blocks' start and end spread, and each branch block's phases
+ * (start, F_AB sums stored, their reads done, fab summed, end), in us from the first block's start. */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3.h"
+
+int k3x_kda_fused_trace(unsigned long long *out);
+
+enum { H = 7168, P = 6288, G = 1536, COPIES = 3, CALLS = 24 };
+
+static int cmp(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(void) {
+    k3_ctx_options o;
+    k3_ctx_options_init(&o);
+    o.backend = K3_BACKEND_CUDA;
+    k3_ctx *ctx = NULL;
+    if (k3_ctx_create(&o, &ctx)) {
+        fprintf(stderr, "no CUDA context\n");
+        return 1;
+    }
+    k3_kda_proj_desc d;
+    k3_kda_proj_desc_init(&d);
+    d.run_n_shape = K3_KDA_RUN_N_FUSED;
+    k3_kda_proj_plan *p = NULL;
+    if (k3_kda_proj_plan_create(ctx, &d, &p)) {
+        fprintf(stderr, "plan: %s\n", k3_ctx_last_error(ctx));
+        return 1;
+    }
+    void *w[COPIES], *wfb[COPIES], *x, *q, *f, *g;
+    for (int c = 0; c < COPIES; c++) {
+        cudaMalloc(&w[c], (size_t)2 * P * H);
+        cudaMalloc(&wfb[c], 2 * G * 128);
+        cudaMemset(w[c], 0x11, (size_t)2 * P * H);
+        cudaMemset(wfb[c], 0x11, 2 * G * 128);
+    }
+    cudaMalloc(&x, 2 * 16 * H), cudaMalloc(&q, 2 * 16 * 6144), cudaMalloc(&f, 2 * 16 * 144), cudaMalloc(&g, 2 * 16 * G);
+    cudaMemset(x, 0x22, 2 * 16 * H);
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    const int ms[] = {1, 9, 16};
+    for (int mi = 0; mi < 3; mi++) {
+        const int m = ms[mi];
+        cudaGraph_t gr;
+        cudaGraphExec_t ex;
+        cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+        for (int i = 0; i < CALLS; i++) k3_kda_proj_run(p, m, x, w[i % COPIES], wfb[i % COPIES], q, f, g, NULL, 0, s);
+        cudaStreamEndCapture(s, &gr);
+        cudaGraphInstantiate(&ex, gr, 0);
+        for (int r = 0; r < 3; r++) cudaGraphLaunch(ex, s);
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        cudaEventRecord(e0, s);
+        cudaGraphLaunch(ex, s);
+        cudaEventRecord(e1, s);
+        if (cudaStreamSynchronize(s) != cudaSuccess) return 2;
+        float ms_ = 0;
+        cudaEventElapsedTime(&ms_, e0, e1);
+        unsigned long long t[160][5];
+        const int nb = k3x_kda_fused_trace(&t[0][0]);
+        const int qb = 128, grid = 132;
+        unsigned long long t0 = ~0ull;
+        for (int b = 0; b < grid && b < nb; b++) t0 = t[b][0] < t0 ? t[b][0] : t0;
+        double qs[128], qe[128];
+        for (int b = 0; b < qb; b++) qs[b] = (t[b][0] - t0) / 1e3, qe[b] = (t[b][3] - t0) / 1e3;
+        qsort(qs, qb, sizeof(double), cmp), qsort(qe, qb, sizeof(double), cmp);
+        printf("M=%d graph %.2f us/call; QKVG blocks start min/med/max %.2f %.2f %.2f, end min/med/max %.2f %.2f %.2f\n",
+               m, 1000.0 * ms_ / CALLS, qs[0], qs[64], qs[127], qe[0], qe[64], qe[127]);
+        for (int b = qb; b < grid; b++)
+            printf("  branch block %d: start %.2f  F_AB stored %.2f  reads done %.2f  fab summed %.2f  end %.2f\n", b - qb,
+                   (t[b][0] - t0) / 1e3, (t[b][1] - t0) / 1e3, (t[b][2] - t0) / 1e3, (t[b][4] - t0) / 1e3,
+                   (t[b][3] - t0) / 1e3);
+        cudaGraphExecDestroy(ex), cudaGraphDestroy(gr);
+    }
+    printf("done\n");
+    return 0;
+}
