@@ -1,6 +1,7 @@
 /* A diagnostic, not part of the library or of the build: per-block globaltimer stamps of the one-launch KDA
  * projection (src/cuda/kda_fused.cu) for the last launch of a graph of 24 back-to-back calls over 3 cold weight
- * copies, at m 1, 9 and 16 (Kimi-K3 TP8 shapes; constant data: the timeline, not the values, is the output).
+ * copies, at m 1, 9 and 16 (Kimi-K3 TP8 shapes, random bf16 data as in `k3 bench kda`: power, and so the clocks,
+ * depend on the data; the timeline, not the values, is the output).
  * Build a trace library and link this against it:
  *   cmake -S . -B build-trace -DCMAKE_BUILD_TYPE=Release -DK3_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
  *         -DCMAKE_CUDA_FLAGS=-DK3_KDA_FUSED_TRACE && cmake --build build-trace --target k3_static
@@ -9,6 +10,7 @@
  * Prints, per m: the graph's time per call, the QKVG blocks' start and end spread, and each branch block's phases
  * (start, F_AB sums stored, their reads done, fab summed, end), in us from the first block's start. */
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,14 +44,25 @@ int main(void) {
         return 1;
     }
     void *w[COPIES], *wfb[COPIES], *x, *q, *f, *g;
+    /* random bf16 in [-scale, scale): a 64-bit xorshift, the top 24 bits as a uniform in [0, 1) */
+    uint16_t *hw = malloc((size_t)2 * P * H), *hfb = malloc(2 * G * 128), *hx = malloc(2 * 16 * H);
+    uint64_t r = 0x6b33u;
+    const struct { uint16_t *p; size_t n; float scale; } fill[3] = {
+        {hw, (size_t)P * H, 0.02f}, {hfb, (size_t)G * 128, 0.1f}, {hx, (size_t)16 * H, 1.0f}};
+    for (int b = 0; b < 3; b++)
+        for (size_t i = 0; i < fill[b].n; i++) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            fill[b].p[i] = k3_bf16_from_f32(fill[b].scale * (2.0f * (float)(r >> 40) / 16777216.0f - 1.0f));
+        }
     for (int c = 0; c < COPIES; c++) {
         cudaMalloc(&w[c], (size_t)2 * P * H);
         cudaMalloc(&wfb[c], 2 * G * 128);
-        cudaMemset(w[c], 0x11, (size_t)2 * P * H);
-        cudaMemset(wfb[c], 0x11, 2 * G * 128);
+        cudaMemcpy(w[c], hw, (size_t)2 * P * H, cudaMemcpyHostToDevice);
+        cudaMemcpy(wfb[c], hfb, 2 * G * 128, cudaMemcpyHostToDevice);
     }
     cudaMalloc(&x, 2 * 16 * H), cudaMalloc(&q, 2 * 16 * 6144), cudaMalloc(&f, 2 * 16 * 144), cudaMalloc(&g, 2 * 16 * G);
-    cudaMemset(x, 0x22, 2 * 16 * H);
+    cudaMemcpy(x, hx, 2 * 16 * H, cudaMemcpyHostToDevice);
+    free(hw), free(hfb), free(hx);
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     const int ms[] = {1, 9, 16};
