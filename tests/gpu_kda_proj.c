@@ -110,6 +110,14 @@ int main(void) {
         d.qkvg_kernel = variants[kv][0];
         d.run_n_shape = variants[kv][1];
         printf("qkvg_kernel %d, run_n_shape %d\n", (int)d.qkvg_kernel, (int)d.run_n_shape);
+        if (d.run_n_shape == K3_KDA_RUN_N_FUSED && !fused_fits) { /* too few SMs: refused, with a reason */
+            k3_kda_proj_plan *no = NULL;
+            CHECK(k3_kda_proj_plan_create(ctx, &d, &no) == K3_STATUS_UNSUPPORTED && !no &&
+                      strstr(k3_ctx_last_error(ctx), "SMs"),
+                  "a forced one-launch plan on %d SMs is refused: %s", (int)ai.sm_count, k3_ctx_last_error(ctx));
+            printf("the one-launch projection does not fit %d SMs: its variant is not run\n", (int)ai.sm_count);
+            continue;
+        }
         dseq = d;
         dseq.overlap_max_tokens = 0;
         k3_kda_proj_plan *plan = NULL, *seq = NULL;

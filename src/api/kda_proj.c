@@ -16,7 +16,7 @@ struct k3_kda_proj_plan {
     int64_t qkvg_rows, fab_rows, fb_rows;
     k3_linear_plan *qkvg[3];  /* the big GEMM: [0] through the GEMM table, [1] through cuBLASLt, [2] the one-launch
                                  projection's tile configuration (each made if used) */
-    k3_linear_plan *qkvg_for[K3_KDA_MAX_TOKENS + 1]; /* per m: one of the two */
+    k3_linear_plan *qkvg_for[K3_KDA_MAX_TOKENS + 1]; /* per m: one of the three */
     size_t ws_bytes;          /* what the QKVG plans need */
     k3_fork_join *fj;         /* CUDA only */
     k3_cuda_kda_sliced *sliced; /* CUDA only, when some m takes the SLICED F_AB shape */
@@ -94,17 +94,19 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
         if (shape == K3_KDA_RUN_N_NARROW && d->hidden % 1024 != 0) shape = K3_KDA_RUN_N_ROWS1;
         p->tuning.run_n_shape[i] = shape;
     }
-    /* the one-launch projection needs its grid to fit this device at once; where the tuning chose it and it does
-     * not fit, the tuning's measured alternative runs instead; forced, the plan is refused */
-    int any_fused = 0; /* the one-launch projection runs where it is chosen and the plan overlaps */
-    for (int64_t m = 1; m <= p->d.overlap_max_tokens; m++)
-        any_fused |= p->tuning.run_n_shape[m] == K3_KDA_RUN_N_FUSED;
+    /* The one-launch projection needs its grid to fit this device at once. Tuned and not fitting: the tuning's
+     * measured alternative runs instead, in overlapped and sequential plans alike (so they stay bitwise equal).
+     * Forced: refused where it would launch (m <= overlap_max_tokens); a sequential plan runs its sequential form. */
+    int tuned_fused = 0;
+    for (int64_t m = 1; m <= d->max_tokens; m++) tuned_fused |= p->tuning.run_n_shape[m] == K3_KDA_RUN_N_FUSED;
     k3_kda_fused_layout layout;
+    memset(&layout, 0, sizeof layout);
     const char *why = NULL;
-    if (any_fused && ctx->backend == K3_BACKEND_CUDA &&
-        !k3_kda_fused_layout_for(ctx->arch.sm_count, d->hidden, p->qkvg_rows, p->fab_rows, p->fb_rows, d->fa_dim,
-                                 &layout, &why)) {
-        if (d->run_n_shape == K3_KDA_RUN_N_FUSED) {
+    const int fits = ctx->backend == K3_BACKEND_CUDA && tuned_fused &&
+                     k3_kda_fused_layout_for(ctx->arch.sm_count, d->hidden, p->qkvg_rows, p->fab_rows, p->fb_rows,
+                                             d->fa_dim, &layout, &why);
+    if (ctx->backend == K3_BACKEND_CUDA && tuned_fused && !fits) {
+        if (d->run_n_shape == K3_KDA_RUN_N_FUSED && p->d.overlap_max_tokens > 0) {
             const long long qkvg_rows = (long long)p->qkvg_rows;
             free(p);
             return k3_fail(ctx, K3_STATUS_UNSUPPORTED,
@@ -112,9 +114,11 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
                            "%lld QKVG rows): %s",
                            (int)ctx->arch.sm_count, qkvg_rows, why);
         }
-        k3_kda_tuning_drop_fused(&p->tuning);
-        any_fused = 0;
+        if (d->run_n_shape != K3_KDA_RUN_N_FUSED) k3_kda_tuning_drop_fused(&p->tuning);
     }
+    int any_fused = 0; /* the one launch runs where it is chosen and the plan overlaps */
+    for (int64_t m = 1; m <= p->d.overlap_max_tokens; m++)
+        any_fused |= fits && p->tuning.run_n_shape[m] == K3_KDA_RUN_N_FUSED;
 
     /* the QKVG kernel per m (tuned, or the caller's for every m), the same for both paths; where the one-launch
      * projection runs on CUDA, the sequential path takes the linear plan's configuration of its QKVG tiles, so qkvg
