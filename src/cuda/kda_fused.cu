@@ -16,10 +16,10 @@
  *    warp group j (4 warps) holds F_AB tiles j, j + 3, j + 6 and its warps split the chunks, two register groups of
  *    weights in flight; the group's sums per tile go to part[bb][tile] as 8-byte words tagged with the launch's epoch
  *    (the last completed launch's, read after griddepcontrol.wait, plus one).
- * 2. Its warps load their f_b weight fragments (two 16-row tiles each at most), then every thread reads the words of
- *    its fab elements from every branch block, again until all carry this epoch: the reads are the wait (no count,
- *    no fence: tag and value are one single-copy-atomic store). The wait needs every branch block resident; they
- *    wait only for each other and the QKVG blocks, which never wait, free SMs for any that are not.
+ * 2. Every thread reads the words of its fab elements from every branch block, again until all carry this epoch:
+ *    the reads are the wait (no count, no fence: tag and value are one single-copy-atomic store). The wait needs
+ *    every branch block resident; they wait only for each other and the QKVG blocks, which never wait, free SMs for
+ *    any that are not. Then its warps ask for their f_b weight fragments (two 16-row tiles each at most).
  * 3. fab = the branch blocks' sums added in block order (the same bits in every block), rounded to bf16 as stored;
  *    f_a kept in shared memory; block 0 stores fab and makes this epoch the last completed one (every branch block
  *    read the old one before storing its words, which block 0 has seen).
@@ -244,21 +244,7 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
     }
     K3_KF_STAMP(1);
 
-    /* 2. this warp's f_b weight fragments (they load while the partial sums are awaited) */
-    uint4 wf[K3_KDA_FUSED_MAX_FB_TILES][4][2];
-#pragma unroll
-    for (int i = 0; i < K3_KDA_FUSED_MAX_FB_TILES; i++) {
-        const int tt = gw + i * gwarps;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                wf[i][j][h] = tt < fbtiles ? k3_ld_stream(a.w_fb + (size_t)(tt * 16 + h * 8 + g) * K3_KDA_FA_DIM +
-                                                              j * 32 + q * 8,
-                                                          pol)
-                                           : make_uint4(0, 0, 0, 0);
-    }
-
+    uint4 wf[K3_KDA_FUSED_MAX_FB_TILES][4][2]; /* this warp's f_b tiles */
     /* 3. fab = the branch blocks' K ranges added in block order, rounded as stored; f_a kept in shared memory. */
     {
         constexpr int EPT = (16 * K3_KDA_FUSED_MAX_FAB_ROWS + KF_THREADS - 1) / KF_THREADS;
@@ -288,6 +274,21 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
                     stale |= src[i] && j < nbb && (uint32_t)(v[i][j] >> 32) != epoch;
         }
         K3_KF_STAMP(2);
+        /* this warp's f_b weight fragments, asked for once the sums are read: they load while the sums are added
+         * and stored (asked for before the wait, they did not fit in registers beside the words read: the spill
+         * stores waited for them, and g1 read them back from local memory) */
+#pragma unroll
+        for (int i = 0; i < K3_KDA_FUSED_MAX_FB_TILES; i++) {
+            const int tt = gw + i * gwarps;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    wf[i][j][h] = tt < fbtiles ? k3_ld_stream(a.w_fb + (size_t)(tt * 16 + h * 8 + g) * K3_KDA_FA_DIM +
+                                                                  j * 32 + q * 8,
+                                                              pol)
+                                               : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
         for (int i = 0; i < EPT; i++) {
             const int e = tid + i * KF_THREADS, tk = e / a.fab_rows, r = e % a.fab_rows;
