@@ -114,20 +114,28 @@ __device__ __forceinline__ void kf_tile_sync(int tile) {
     asm volatile("bar.sync %0, %1;" ::"r"(1 + tile), "r"(KF_WARPS * 32) : "memory");
 }
 
-/* A tile's four warps leave their partial sums in red[warp][token][row] (C fragment: c0/c1 = row g, tokens
- * 2q/2q+1; c2/c3 = row g+8); after kf_tile_sync they are added in warp order, as the GEMM kernel adds them. */
+/* A tile's epilogue, in two halves around kf_tile_sync: each warp stores its partial sums into red_w[token][row]
+ * (C fragment: c0/c1 = row g, tokens 2q/2q+1; c2/c3 = row g+8), then kf_tile_sum adds the four warps' sums of one
+ * (token, row) in warp order from 0, as the GEMM kernel's epilogue does (the same bits). */
 template <int NT>
-__device__ __forceinline__ void kf_tile_partials(float (&red)[KF_WARPS][NT * 8][KF_SR], const float (&acc)[NT][4],
-                                                 int tid) {
-    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+__device__ __forceinline__ void kf_tile_partials(float (&red_w)[NT * 8][KF_SR], const float (&acc)[NT][4], int lane) {
+    const int g = lane >> 2, q = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         const int tk = nt * 8 + 2 * q;
-        red[warp][tk][g] = acc[nt][0];
-        red[warp][tk + 1][g] = acc[nt][1];
-        red[warp][tk][g + 8] = acc[nt][2];
-        red[warp][tk + 1][g + 8] = acc[nt][3];
+        red_w[tk][g] = acc[nt][0];
+        red_w[tk + 1][g] = acc[nt][1];
+        red_w[tk][g + 8] = acc[nt][2];
+        red_w[tk + 1][g + 8] = acc[nt][3];
     }
+}
+
+template <int NT>
+__device__ __forceinline__ float kf_tile_sum(const float (&red)[KF_WARPS][NT * 8][KF_SR], int tk, int r) {
+    float s = 0.0f;
+#pragma unroll
+    for (int wi = 0; wi < KF_WARPS; wi++) s += red[wi][tk][r];
+    return s;
 }
 
 template <int NT>
@@ -161,13 +169,11 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
         const int row0 = ((int)blockIdx.x * K3_KDA_FUSED_TILES_PER_BLOCK + tile) * 16;
         k3_mma_tile_accumulate<KF_WARPS, 1, KF_UNROLL, KF_PF, KF_L2B, KF_PIPE, NT>(
             acc, a.x, a.hidden, a.w, a.m, packed, a.hidden, row0, 0, chunks, ttid, pol);
-        kf_tile_partials<NT>(red[tile], acc[0], ttid);
+        kf_tile_partials<NT>(red[tile][ttid >> 5], acc[0], ttid & 31);
         kf_tile_sync(tile);
         for (int e = ttid; e < a.m * 16; e += KF_WARPS * 32) {
             const int tk = e / 16, r = e % 16;
-            float s = 0.0f;
-#pragma unroll
-            for (int wi = 0; wi < KF_WARPS; wi++) s += red[tile][wi][tk][r];
+            const float s = kf_tile_sum<NT>(red[tile], tk, r);
             a.qkvg[(size_t)tk * (size_t)a.qkvg_rows + (size_t)(row0 + r)] = k3_f32_to_bf16_dev(s);
         }
         K3_KF_STAMP(3);
@@ -227,15 +233,13 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
         /* the group's four warps added per tile in warp order; this block's K range of each tile to part */
 #pragma unroll
         for (int t = 0; t < KF_FAB_TILES; t++) {
-            kf_tile_partials<NT>(red[tile], fa[t], ttid);
+            kf_tile_partials<NT>(red[tile][ttid >> 5], fa[t], ttid & 31);
             kf_tile_sync(tile);
             const int ft = tile + 3 * t;
             if (ft < ftiles) {
                 unsigned long long *dst = a.part + (size_t)(bb * ftiles + ft) * 256;
                 for (int e = ttid; e < a.m * 16; e += KF_WARPS * 32) {
-                    float s = 0.0f;
-#pragma unroll
-                    for (int wi = 0; wi < KF_WARPS; wi++) s += red[tile][wi][e / 16][e % 16];
+                    const float s = kf_tile_sum<NT>(red[tile], e / 16, e % 16);
                     kf_st_relaxed_u64(dst + e, (unsigned long long)epoch << 32 | __float_as_uint(s));
                 }
             }
