@@ -1,14 +1,16 @@
 /* A diagnostic, not part of the library or of the build: per-block globaltimer stamps of the one-launch KDA
- * projection (src/cuda/kda_fused.cu) for the last launch of a graph of 24 back-to-back calls over 3 cold weight
- * copies, at m 1, 9 and 16 (Kimi-K3 TP8 shapes, random bf16 data as in `k3 bench kda`: power, and so the clocks,
+ * projection (src/cuda/kda_fused.cu) for the last two launches of a graph of 24 back-to-back calls over 3 cold
+ * weight copies (Kimi-K3 TP8 shapes, random bf16 data as in `k3 bench kda`: power, and so the clocks,
  * depend on the data; the timeline, not the values, is the output).
  * Build a trace library and link this against it:
  *   cmake -S . -B build-trace -DCMAKE_BUILD_TYPE=Release -DK3_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
  *         -DCMAKE_CUDA_FLAGS=-DK3_KDA_FUSED_TRACE && cmake --build build-trace --target k3_static
  *   gcc -O2 -std=c11 -Iinclude bench/kda_fused_trace.c -o kda_fused_trace build-trace/libk3.a \
  *       -L/usr/local/cuda/lib64 -lcudart -lcublasLt -lstdc++ -lm -ldl -lpthread
- * Prints, per m: the graph's time per call, the QKVG blocks' start and end spread, and each branch block's phases
- * (start, F_AB sums stored, their reads done, fab summed, end), in us from the first block's start. */
+ * Usage: kda_fused_trace [M...] (default 1 9 16). Prints, per m: the graph's time per call, and for each of the last
+ * two launches the QKVG blocks' start and end spread and each branch block's phases (start, griddepcontrol.wait
+ * returned, x staged, F_AB sums stored, their reads done, fab summed, end), in us from the earlier launch's first
+ * block start. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,7 +19,7 @@
 
 #include "k3.h"
 
-int k3x_kda_fused_trace(unsigned long long *out);
+unsigned k3x_kda_fused_trace(unsigned long long *out);
 
 enum { H = 7168, P = 6288, G = 1536, COPIES = 3, CALLS = 24 };
 
@@ -26,7 +28,7 @@ static int cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     k3_ctx_options o;
     k3_ctx_options_init(&o);
     o.backend = K3_BACKEND_CUDA;
@@ -65,9 +67,12 @@ int main(void) {
     free(hw), free(hfb), free(hx);
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    const int ms[] = {1, 9, 16};
-    for (int mi = 0; mi < 3; mi++) {
-        const int m = ms[mi];
+    for (int mi = 1; mi < (argc > 1 ? argc : 4); mi++) {
+        const int m = argc > 1 ? atoi(argv[mi]) : (const int[]){0, 1, 9, 16}[mi];
+        if (m < 1 || m > 16) {
+            fprintf(stderr, "m must be 1..16: %s\n", argv[mi]);
+            return 1;
+        }
         cudaGraph_t gr;
         cudaGraphExec_t ex;
         cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
@@ -83,20 +88,28 @@ int main(void) {
         if (cudaStreamSynchronize(s) != cudaSuccess) return 2;
         float ms_ = 0;
         cudaEventElapsedTime(&ms_, e0, e1);
-        unsigned long long t[160][5];
-        const int nb = k3x_kda_fused_trace(&t[0][0]);
-        const int qb = 128, grid = 132;
-        unsigned long long t0 = ~0ull;
-        for (int b = 0; b < grid && b < nb; b++) t0 = t[b][0] < t0 ? t[b][0] : t0;
-        double qs[128], qe[128];
-        for (int b = 0; b < qb; b++) qs[b] = (t[b][0] - t0) / 1e3, qe[b] = (t[b][3] - t0) / 1e3;
-        qsort(qs, qb, sizeof(double), cmp), qsort(qe, qb, sizeof(double), cmp);
-        printf("M=%d graph %.2f us/call; QKVG blocks start min/med/max %.2f %.2f %.2f, end min/med/max %.2f %.2f %.2f\n",
-               m, 1000.0 * ms_ / CALLS, qs[0], qs[64], qs[127], qe[0], qe[64], qe[127]);
-        for (int b = qb; b < grid; b++)
-            printf("  branch block %d: start %.2f  F_AB stored %.2f  reads done %.2f  fab summed %.2f  end %.2f\n", b - qb,
-                   (t[b][0] - t0) / 1e3, (t[b][1] - t0) / 1e3, (t[b][2] - t0) / 1e3, (t[b][4] - t0) / 1e3,
-                   (t[b][3] - t0) / 1e3);
+        static unsigned long long t[2][160][8];
+        const unsigned n = k3x_kda_fused_trace(&t[0][0][0]);
+        if (n < 2) return 3;
+        const int qb = 128, grid = 132, last = (int)((n - 1) & 1u);
+        unsigned long long t0 = ~0ull; /* the earlier launch's first block start */
+        for (int b = 0; b < grid; b++) t0 = t[1 - last][b][0] < t0 ? t[1 - last][b][0] : t0;
+        printf("M=%d graph %.2f us/call\n", m, 1000.0 * ms_ / CALLS);
+        for (int l = 0; l < 2; l++) {
+            const int sl = l ? last : 1 - last;
+            double qs[128], qe[128];
+            for (int b = 0; b < qb; b++) qs[b] = (t[sl][b][0] - t0) / 1e3, qe[b] = (t[sl][b][3] - t0) / 1e3;
+            qsort(qs, qb, sizeof(double), cmp), qsort(qe, qb, sizeof(double), cmp);
+            printf(" launch %s: QKVG blocks start min/med/max %.2f %.2f %.2f, end min/10%%/med/90%%/max %.2f %.2f %.2f "
+                   "%.2f %.2f\n",
+                   l ? "N  " : "N-1", qs[0], qs[64], qs[127], qe[0], qe[12], qe[64], qe[115], qe[127]);
+            for (int b = qb; b < grid; b++) {
+                const unsigned long long *u = t[sl][b];
+                printf("  branch %d: start %.2f wait %.2f x %.2f F_AB %.2f reads %.2f fab %.2f end %.2f\n", b - qb,
+                       (u[0] - t0) / 1e3, (u[5] - t0) / 1e3, (u[6] - t0) / 1e3, (u[1] - t0) / 1e3,
+                       (u[2] - t0) / 1e3, (u[4] - t0) / 1e3, (u[3] - t0) / 1e3);
+            }
+        }
         cudaGraphExecDestroy(ex), cudaGraphDestroy(gr);
     }
     printf("done\n");

@@ -71,20 +71,26 @@ __device__ __forceinline__ void kf_fab_group(float (&acc)[KF_FAB_TILES][NT][4], 
 }
 
 /* Diagnostic builds only (-DK3_KDA_FUSED_TRACE; bench/kda_fused_trace.c prints them): globaltimer stamps per block
- * of the last launch: [0] start, [1] the branch's F_AB sums stored, [2] the branch's reads of them done, [3] end,
- * [4] the branch's fab summed. */
+ * of the last two launches (slot = the block's launch count & 1, counted per block index, so one launch's blocks
+ * agree): [0] start, [1] the branch's F_AB sums stored, [2] the branch's reads of them done, [3] end, [4] the
+ * branch's fab summed, [5] the branch's griddepcontrol.wait returned, [6] its x slice staged. Kept in thread 0's
+ * registers, stored at the block's end. */
 #ifdef K3_KDA_FUSED_TRACE
-__device__ unsigned long long kf_trace[160][5];
-#define K3_KF_STAMP(i)                                                                                           \
+__device__ unsigned long long kf_trace[2][160][8];
+__device__ unsigned int kf_launches[160];
+#define K3_KF_TRACE_DECL                                                                                         \
+    unsigned long long kf_t_[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                      \
+    const unsigned kf_n_ = threadIdx.x == 0 && blockIdx.x < 160 ? atomicAdd(&kf_launches[blockIdx.x], 1u) : 0u
+#define K3_KF_STAMP(i) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(kf_t_[i]))
+#define K3_KF_TRACE_FLUSH()                                                                                      \
     do {                                                                                                         \
-        if (threadIdx.x == 0 && blockIdx.x < 160) {                                                              \
-            unsigned long long t_;                                                                               \
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                               \
-            kf_trace[blockIdx.x][i] = t_;                                                                        \
-        }                                                                                                        \
+        if (threadIdx.x == 0 && blockIdx.x < 160)                                                                \
+            for (int i_ = 0; i_ < 8; i_++) kf_trace[kf_n_ & 1u][blockIdx.x][i_] = kf_t_[i_];                     \
     } while (0)
 #else
+#define K3_KF_TRACE_DECL ((void)0)
 #define K3_KF_STAMP(i) ((void)0)
+#define K3_KF_TRACE_FLUSH() ((void)0)
 #endif
 
 struct kf_args {
@@ -146,6 +152,7 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
     const int packed = a.qkvg_rows + a.fab_rows, chunks = a.hidden / 32;
     const uint64_t pol = k3_policy_evict_first();
     float acc[1][NT][4];
+    K3_KF_TRACE_DECL;
     K3_KF_STAMP(0);
 
     if ((int)blockIdx.x < a.qkvg_blocks) { /* three QKVG tiles */
@@ -177,6 +184,7 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
             a.qkvg[(size_t)tk * (size_t)a.qkvg_rows + (size_t)(row0 + r)] = k3_f32_to_bf16_dev(s);
         }
         K3_KF_STAMP(3);
+        K3_KF_TRACE_FLUSH();
         return;
     }
 
@@ -209,6 +217,7 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
         k3_pdl_launch();
         k3_pdl_wait(); /* x, and the previous launch's epoch, come from the previous kernels */
         epoch = kf_ld_relaxed_u32(a.epoch) + 1u;
+        K3_KF_STAMP(5);
         for (int i = tid; i < 16 * (nc * 4); i += KF_THREADS) { /* 16-byte vectors; tokens >= m: zeros */
             const int tk = i / (nc * 4), v = i - tk * (nc * 4);
             *reinterpret_cast<uint4 *>(xs + tk * a.xs_stride + v * 8) =
@@ -216,6 +225,7 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
                          : make_uint4(0, 0, 0, 0);
         }
         __syncthreads();
+        K3_KF_STAMP(6);
         float fa[KF_FAB_TILES][NT][4];
 #pragma unroll
         for (int t = 0; t < KF_FAB_TILES; t++)
@@ -344,13 +354,20 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
             }
     }
     K3_KF_STAMP(3);
+    K3_KF_TRACE_FLUSH();
 }
 
 } // namespace
 
 #ifdef K3_KDA_FUSED_TRACE
-extern "C" int k3x_kda_fused_trace(unsigned long long *out) {
-    return cudaMemcpyFromSymbol(out, kf_trace, sizeof kf_trace) == cudaSuccess ? 160 : 0;
+/* out: kf_trace ([2][160][8]); returns the number of launches block 0 has run (the last one's slot is (n - 1) & 1),
+ * or 0 on failure */
+extern "C" unsigned k3x_kda_fused_trace(unsigned long long *out) {
+    unsigned n[160];
+    if (cudaMemcpyFromSymbol(out, kf_trace, sizeof kf_trace) != cudaSuccess ||
+        cudaMemcpyFromSymbol(n, kf_launches, sizeof n) != cudaSuccess)
+        return 0;
+    return n[0];
 }
 #endif
 
