@@ -64,15 +64,21 @@ __device__ __forceinline__ void k3_mma_prefetch_step(const uint16_t *const (&pfr
     }
 }
 
+/* The default of k3_mma_tile_accumulate's after_wait: nothing. */
+struct k3_mma_no_hook {
+    __device__ __forceinline__ void operator()() const {}
+};
+
 /* The K loop of one tile: the warps 0..WARPS-1 of the tile (tid = thread index among them) split the chunks
  * [c_lo, c_hi) of weight rows row0 .. row0 + TILES * 16 - 1 (rows past n read row n - 1 and must not be stored) and
  * leave their partial sums in acc (C fragment: c0/c1 = row g, tokens 2q/2q+1; c2/c3 = row g+8). Triggers the next
- * PDL launch and waits for the previous grid between the weight and the x loads. */
-template <int WARPS, int TILES, int UNROLL, int PF, int L2B, int PIPE, int NT>
+ * PDL launch and waits for the previous grid between the weight and the x loads; after_wait() runs right after that
+ * wait (the KDA one launch asks its branch's weights into L2 there). */
+template <int WARPS, int TILES, int UNROLL, int PF, int L2B, int PIPE, int NT, class AfterWait = k3_mma_no_hook>
 __device__ __forceinline__ void k3_mma_tile_accumulate(float (&acc)[TILES][NT][4], const uint16_t *__restrict__ x,
                                                        int64_t x_stride, const uint16_t *__restrict__ w, int m,
                                                        int n, int k, int row0, int c_lo, int c_hi, int tid,
-                                                       uint64_t pol) {
+                                                       uint64_t pol, AfterWait after_wait = AfterWait()) {
     constexpr int ROWS = TILES * 16;
     const int lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
@@ -157,6 +163,7 @@ __device__ __forceinline__ void k3_mma_tile_accumulate(float (&acc)[TILES][NT][4
      * completion; its blocks then prefetch their weights while ours finish. */
     k3_pdl_launch();
     k3_pdl_wait(); /* x and residual come from the previous kernel */
+    after_wait();
     k3_mma_load_x<UNROLL, NT>(xa, xrow, xok, c0, c_hi);
     if constexpr (PIPE == 2) k3_mma_load_x<UNROLL, NT>(xb, xrow, xok, c0 + step, c_hi);
 

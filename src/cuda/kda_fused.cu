@@ -9,8 +9,9 @@
  * SMs whole to the branch, whose bytes (F_AB 2 MB, f_b 0.4 MB, x) about fill them for as long.
  *
  * Block b < qkvg_blocks: three QKVG tiles of 16 rows, each by four warps, with the tile code and summation order of
- * the linear plan's w4_t1_u4_l_h2 (gemm_mma_tile.cuh): qkvg is that kernel's, bit for bit. These blocks also ask the
- * branch's weights into L2 (4 KB requests spread over them), so the branch SMs read them from L2.
+ * the linear plan's w4_t1_u4_l_h2 (gemm_mma_tile.cuh; only the head prefetch differs, per m): qkvg is that kernel's,
+ * bit for bit. Right after their griddepcontrol.wait these blocks also ask the branch's weights into L2 (4 KB requests
+ * spread over them), so the branch SMs read them from L2.
  * Block b >= qkvg_blocks (a branch block, bb = b - qkvg_blocks of nbb):
  * 1. F_AB over its share of K (nbb near-equal chunk ranges): x's slice staged in shared memory (dynamic, xs_bytes),
  *    warp group j (4 warps) holds F_AB tiles j, j + 3, j + 6 and its warps split the chunks, two register groups of
@@ -36,8 +37,10 @@
 
 namespace {
 
-/* The QKVG tile configuration: w4_t1_u4_l_h2 (src/plan/gemm_configs.def), the SM90 table's 6144x7168 at m 9-16. */
-constexpr int KF_WARPS = 4, KF_UNROLL = 4, KF_PF = K3_PF_HEAD + 2, KF_L2B = 256, KF_PIPE = 1;
+/* The QKVG tile configuration: w4_t1_u4_l_h2 (src/plan/gemm_configs.def), the SM90 table's 6144x7168 at m 9-16. Its
+ * head prefetch (the weight steps asked into L2 before griddepcontrol.wait) is a template parameter of the kernel,
+ * chosen per m by kf_kernel_for; it does not change the arithmetic, so qkvg keeps that configuration's bits. */
+constexpr int KF_WARPS = 4, KF_UNROLL = 4, KF_L2B = 256, KF_PIPE = 1;
 constexpr int KF_THREADS = K3_KDA_FUSED_TILES_PER_BLOCK * KF_WARPS * 32; /* 384: one block per SM at <= 168 regs */
 constexpr int KF_SR = 16 + 4;               /* padded row stride of the reduction buffer (as the GEMM kernel's) */
 constexpr int KF_FA_SR = K3_KDA_FA_DIM + 8; /* f_a row stride in shared memory (bf16 elements) */
@@ -144,7 +147,31 @@ __device__ __forceinline__ float kf_tile_sum(const float (&red)[KF_WARPS][NT * 8
     return s;
 }
 
-template <int NT>
+/* The branch's weights (F_AB rows, then f_b) asked into L2 by the QKVG blocks, 4 KB per request spread over them:
+ * DRAM serves each SM about the same share, and a branch SM that also had to fetch them would end its F_AB after
+ * QKVG; from L2 its loads only cross to the SM. Asked for right after griddepcontrol.wait (k3_mma_tile_accumulate's
+ * after_wait), not at the block's start: there the requests competed with the previous launch's last blocks, which
+ * decide when the wait returns. */
+struct kf_branch_prefetch {
+    const kf_args *a;
+    int tid;
+    __device__ __forceinline__ void operator()() const {
+        const size_t fab_bytes = (size_t)a->fab_rows * (size_t)a->hidden * 2, fb_bytes = (size_t)a->fb_rows * 256;
+        const size_t reqs = (fab_bytes + fb_bytes + 4095) / 4096;
+        const size_t stride = (size_t)KF_THREADS * a->qkvg_blocks;
+        for (size_t i = blockIdx.x + (size_t)tid * a->qkvg_blocks; i < reqs; i += stride) {
+            const size_t off = i * 4096;
+            if (off < fab_bytes)
+                k3_prefetch_l2((const char *)(a->w + (size_t)a->qkvg_rows * (size_t)a->hidden) + off,
+                               (uint32_t)min((size_t)4096, fab_bytes - off));
+            else
+                k3_prefetch_l2((const char *)a->w_fb + (off - fab_bytes),
+                               (uint32_t)min((size_t)4096, fb_bytes - (off - fab_bytes)));
+        }
+    }
+};
+
+template <int NT, int PF>
 __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args a) {
     __shared__ float red[K3_KDA_FUSED_TILES_PER_BLOCK][KF_WARPS][NT * 8][KF_SR];
     __shared__ __align__(16) uint16_t fa_s[16][KF_FA_SR];
@@ -156,26 +183,9 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
     K3_KF_STAMP(0);
 
     if ((int)blockIdx.x < a.qkvg_blocks) { /* three QKVG tiles */
-        /* the branch's weights (F_AB rows, then f_b) asked into L2 from here, 4 KB per request spread over the QKVG
-         * blocks: DRAM serves each SM about the same share, and a branch SM that also had to fetch them would end
-         * its F_AB after QKVG; from L2 its loads only cross to the SM */
-        {
-            const size_t fab_bytes = (size_t)a.fab_rows * (size_t)a.hidden * 2, fb_bytes = (size_t)a.fb_rows * 256;
-            const size_t reqs = (fab_bytes + fb_bytes + 4095) / 4096;
-            const size_t stride = (size_t)KF_THREADS * a.qkvg_blocks;
-            for (size_t i = blockIdx.x + (size_t)tid * a.qkvg_blocks; i < reqs; i += stride) {
-                const size_t off = i * 4096;
-                if (off < fab_bytes)
-                    k3_prefetch_l2((const char *)(a.w + (size_t)a.qkvg_rows * (size_t)a.hidden) + off,
-                                   (uint32_t)min((size_t)4096, fab_bytes - off));
-                else
-                    k3_prefetch_l2((const char *)a.w_fb + (off - fab_bytes),
-                                   (uint32_t)min((size_t)4096, fb_bytes - (off - fab_bytes)));
-            }
-        }
         const int row0 = ((int)blockIdx.x * K3_KDA_FUSED_TILES_PER_BLOCK + tile) * 16;
-        k3_mma_tile_accumulate<KF_WARPS, 1, KF_UNROLL, KF_PF, KF_L2B, KF_PIPE, NT>(
-            acc, a.x, a.hidden, a.w, a.m, packed, a.hidden, row0, 0, chunks, ttid, pol);
+        k3_mma_tile_accumulate<KF_WARPS, 1, KF_UNROLL, PF, KF_L2B, KF_PIPE, NT>(
+            acc, a.x, a.hidden, a.w, a.m, packed, a.hidden, row0, 0, chunks, ttid, pol, kf_branch_prefetch{&a, tid});
         kf_tile_partials<NT>(red[tile][ttid >> 5], acc[0], ttid & 31);
         kf_tile_sync(tile);
         for (int e = ttid; e < a.m * 16; e += KF_WARPS * 32) {
@@ -357,6 +367,15 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
     K3_KF_TRACE_FLUSH();
 }
 
+/* The kernel instance for m: NT = 1 up to m 8; the QKVG tiles' head prefetch two steps at m 1-4 and one from m 5
+ * (measured with `k3 bench kda` on H200s, bench/NOTES-kda.md session 26: one step instead of two was 0.15-0.25 us
+ * slower at m 1-4, 0.1-0.2 us faster at m 5-8 and ~0.2 us faster at m 9-16; none and four steps were 0.4-1.4 us
+ * slower at m 1-8). */
+typedef void (*kf_kernel)(const kf_args);
+constexpr kf_kernel kf_kernels[] = {kda_fused_kernel<1, K3_PF_HEAD + 2>, kda_fused_kernel<1, K3_PF_HEAD + 1>,
+                                    kda_fused_kernel<2, K3_PF_HEAD + 1>};
+kf_kernel kf_kernel_for(int64_t m) { return kf_kernels[m <= 4 ? 0 : m <= 8 ? 1 : 2]; }
+
 } // namespace
 
 #ifdef K3_KDA_FUSED_TRACE
@@ -380,11 +399,9 @@ extern "C" k3_status k3_cuda_kda_fused_create(k3_ctx *ctx, const k3_kda_fused_la
     const size_t part =
         (size_t)layout->branch_blocks * (size_t)(layout->fab_rows / 16) * 256 * sizeof(unsigned long long);
     /* the staged x slice: above the 48 KB a launch gets by default */
-    cudaError_t e = cudaFuncSetAttribute(kda_fused_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)layout->xs_bytes);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(kda_fused_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)layout->xs_bytes);
+    cudaError_t e = cudaSuccess;
+    for (size_t i = 0; i < sizeof kf_kernels / sizeof kf_kernels[0] && e == cudaSuccess; i++)
+        e = cudaFuncSetAttribute(kf_kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)layout->xs_bytes);
     if (e == cudaSuccess) e = cudaMalloc((void **)&f->part, part);
     if (e == cudaSuccess) e = cudaMalloc((void **)&f->epoch, sizeof(uint32_t));
     if (e == cudaSuccess) e = cudaMemset(f->epoch, 0, sizeof(uint32_t)); /* epoch 0: no launch yet */
@@ -418,8 +435,7 @@ extern "C" k3_status k3_cuda_kda_fused_run(k3_ctx *ctx, const k3_cuda_kda_fused 
                        (int)l->xs_stride};
     const dim3 grid((unsigned)(l->qkvg_blocks + l->branch_blocks)), block(KF_THREADS);
     const size_t smem = (size_t)l->xs_bytes;
-    const cudaError_t e = m <= 8 ? k3_launch_pdl(kda_fused_kernel<1>, grid, block, smem, (cudaStream_t)stream, a)
-                                 : k3_launch_pdl(kda_fused_kernel<2>, grid, block, smem, (cudaStream_t)stream, a);
+    const cudaError_t e = k3_launch_pdl(kf_kernel_for(m), grid, block, smem, (cudaStream_t)stream, a);
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the kda one-launch projection failed: %s",
                        cudaGetErrorString(e));
