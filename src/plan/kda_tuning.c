@@ -2,10 +2,10 @@
 
 #include <string.h>
 
-/* SM90, measured with `k3 bench kda` on H200s (the history and the numbers: bench/NOTES-kda.md, sessions 9-25):
+/* SM90, measured with `k3 bench kda` on H200s (the history and the numbers: bench/NOTES-kda.md, sessions 9-26):
  * - every m 1-16: the whole projection in one launch (K3_KDA_RUN_N_FUSED, src/cuda/kda_fused.cu): QKVG tiles three
- *   to a block on 128 SMs, F_AB and f_b on the other 4 (session 25: +0.2..+0.8 us over the faster QKVG alone at
- *   m 9-14 and +0.4..+1.0 at m 1-8, against +2.6..+3.5 and +0.7..+1.0 for the two-stream overlaps below);
+ *   to a block on 128 SMs, F_AB and f_b on the other 4 (session 26: -0.1..+0.4 us over the faster QKVG alone at
+ *   m 9-14 and +0.4..+0.9 at m 1-8, against +2.6..+3.5 and +0.7..+1.0 for the two-stream overlaps below);
  * - where it does not fit the device (k3_kda_tuning_drop_fused): m 1-8 the linear plan's table kernel for QKVG
  *   (`w2_t1_u4_c2_l_h2`, 768 two-warp blocks, one wave) with the sliced F_AB blocks (128 threads, about one per SM)
  *   and f_b started by PDL; m 9-16 cuBLASLt's QKVG (96 one-SM blocks, 36 SMs idle) with the two-row F_AB blocks,
