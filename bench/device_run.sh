@@ -25,8 +25,11 @@ for stage in "$@"; do
         {
             for t in ${SANITIZE_TESTS:-gpu_kda_proj gpu_gemm_kernels}; do
                 for tool in memcheck racecheck; do
-                    echo "--- $tool $t"
-                    K3T_GEMM_QUICK=1 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/$t 2>&1 | tail -3
+                    # racecheck of gpu_kda_proj without its cuBLASLt variant: cuBLASLt's own kernels report hazards
+                    args=""
+                    [ "$tool" = racecheck ] && [ "$t" = gpu_kda_proj ] && args=--no-cublaslt
+                    echo "--- $tool $t $args"
+                    K3T_GEMM_QUICK=1 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $B/$t $args 2>&1 | tail -3
                     echo "exit ${PIPESTATUS[0]}"
                 done
             done

@@ -33,9 +33,12 @@ for stage in ${STAGES:-build test san moe gemm kda demo}; do
             g=""
             [ "$spec" != "$t" ] && g=${spec#*:}
             for tool in ${SAN_TOOLS:-memcheck racecheck}; do
-                echo "--- $tool $t ${g:+groups $g}"
+                # racecheck of gpu_kda_proj without its cuBLASLt variant: cuBLASLt's own kernels report hazards
+                args=""
+                [ "$tool" = racecheck ] && [ "$t" = gpu_kda_proj ] && args=--no-cublaslt
+                echo "--- $tool $t ${g:+groups $g} $args"
                 env K3T_GEMM_QUICK=1 K3_MOE_QUICK=1 K3_MOE_NOFORK=1 ${g:+K3_MOE_GROUPS=$g} timeout 90 \
-                    compute-sanitizer --tool $tool --error-exitcode 9 $B/$t >/tmp/san.log 2>&1
+                    compute-sanitizer --tool $tool --error-exitcode 9 $B/$t $args >/tmp/san.log 2>&1
                 echo "exit $?"
                 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed, " /tmp/san.log | tail -2
                 grep -oE "(Race reported|Invalid|Error:).{0,60}at [A-Za-z_0-9]+" /tmp/san.log | sort | uniq -c | head -4
