@@ -105,6 +105,24 @@ static void test_fused_layout(void) {
           "more than 144 F_AB rows refused");
 }
 
+/* Every architecture's tuning names, for every m, a head prefetch the one-launch kernel was compiled with (an
+ * uncompiled value would make every such run fail), and a run_n shape the plan knows. */
+static void test_tuning_data(void) {
+    const k3_table_id ids[] = {K3_TABLE_NONE, K3_TABLE_SM90, K3_TABLE_SM100, K3_TABLE_SM103};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        k3_kda_tuning t;
+        k3_kda_tuning_for(ids[i], &t);
+        CHECK(t.overlap_max_tokens >= 0 && t.overlap_max_tokens <= 16, "table %d: overlap through %lld", (int)ids[i],
+              (long long)t.overlap_max_tokens);
+        for (int m = 1; m <= 16; m++) {
+            CHECK(t.fused_head_steps[m] >= 1 && t.fused_head_steps[m] <= K3_KDA_FUSED_MAX_HEAD_STEPS,
+                  "table %d m %d: head steps %d", (int)ids[i], m, (int)t.fused_head_steps[m]);
+            CHECK(t.run_n_shape[m] >= K3_KDA_RUN_N_ROWS1 && t.run_n_shape[m] <= K3_KDA_RUN_N_FUSED,
+                  "table %d m %d: run_n shape %d", (int)ids[i], m, (int)t.run_n_shape[m]);
+        }
+    }
+}
+
 /* A small instance (hidden 512, 2 heads of 64: qkvg 512 rows, F_AB 136 rows) on the CPU backend. */
 static void test_cpu_results(k3_ctx *ctx, uint64_t seed) {
     k3_kda_proj_desc d;
@@ -163,6 +181,7 @@ int main(void) {
     if (!ctx) return k3t_finish();
     test_validation(ctx);
     test_fused_layout();
+    test_tuning_data();
     test_cpu_results(ctx, seed);
     k3_ctx_destroy(ctx);
     return k3t_finish();

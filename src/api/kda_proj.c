@@ -213,7 +213,8 @@ k3_status k3_kda_proj_run(k3_kda_proj_plan *p, int64_t m, const void *x, const v
 
     const int fused = p->tuning.run_n_shape[m] == K3_KDA_RUN_N_FUSED;
     if (ctx->backend == K3_BACKEND_CUDA && fused && m <= p->d.overlap_max_tokens) /* one launch, no fork */
-        return k3_cuda_kda_fused_run(ctx, p->fused, m, x, w_packed, w_fb, qkvg, fab, g1, stream);
+        return k3_cuda_kda_fused_run(ctx, p->fused, m, p->tuning.fused_head_steps[m], x, w_packed, w_fb, qkvg, fab,
+                                     g1, stream);
     if (p->fj && m <= p->d.overlap_max_tokens) {
         /* QKVG is queued before the branch (the fork is recorded first, so the branch still depends only on what
          * precedes this call): cuBLASLt's QKVG kernel takes a whole SM per block (96 blocks of 384 threads x 168

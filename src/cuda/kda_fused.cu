@@ -39,7 +39,8 @@ namespace {
 
 /* The QKVG tile configuration: w4_t1_u4_l_h2 (src/plan/gemm_configs.def), the SM90 table's 6144x7168 at m 9-16. Its
  * head prefetch (the weight steps asked into L2 before griddepcontrol.wait) is a template parameter of the kernel,
- * chosen per m by kf_kernel_for; it does not change the arithmetic, so qkvg keeps that configuration's bits. */
+ * chosen per m by the tuning data (fused_head_steps, src/plan/kda_tuning.c); it does not change the arithmetic, so
+ * qkvg keeps that configuration's bits. */
 constexpr int KF_WARPS = 4, KF_UNROLL = 4, KF_L2B = 256, KF_PIPE = 1;
 constexpr int KF_THREADS = K3_KDA_FUSED_TILES_PER_BLOCK * KF_WARPS * 32; /* 384: one block per SM at <= 168 regs */
 constexpr int KF_SR = 16 + 4;               /* padded row stride of the reduction buffer (as the GEMM kernel's) */
@@ -367,14 +368,11 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
     K3_KF_TRACE_FLUSH();
 }
 
-/* The kernel instance for m: NT = 1 up to m 8; the QKVG tiles' head prefetch two steps at m 1-4 and one from m 5
- * (measured with `k3 bench kda` on H200s, bench/NOTES-kda.md session 26: one step instead of two was 0.15-0.25 us
- * slower at m 1-4, 0.1-0.2 us faster at m 5-8 and ~0.2 us faster at m 9-16; none and four steps were 0.4-1.4 us
- * slower at m 1-8). */
+/* The kernel instances: [NT - 1][head steps - 1] (NT = 1 up to m 8). */
 typedef void (*kf_kernel)(const kf_args);
-constexpr kf_kernel kf_kernels[] = {kda_fused_kernel<1, K3_PF_HEAD + 2>, kda_fused_kernel<1, K3_PF_HEAD + 1>,
-                                    kda_fused_kernel<2, K3_PF_HEAD + 1>};
-kf_kernel kf_kernel_for(int64_t m) { return kf_kernels[m <= 4 ? 0 : m <= 8 ? 1 : 2]; }
+constexpr kf_kernel kf_kernels[2][K3_KDA_FUSED_MAX_HEAD_STEPS] = {
+    {kda_fused_kernel<1, K3_PF_HEAD + 1>, kda_fused_kernel<1, K3_PF_HEAD + 2>},
+    {kda_fused_kernel<2, K3_PF_HEAD + 1>, kda_fused_kernel<2, K3_PF_HEAD + 2>}};
 
 } // namespace
 
@@ -400,8 +398,10 @@ extern "C" k3_status k3_cuda_kda_fused_create(k3_ctx *ctx, const k3_kda_fused_la
         (size_t)layout->branch_blocks * (size_t)(layout->fab_rows / 16) * 256 * sizeof(unsigned long long);
     /* the staged x slice: above the 48 KB a launch gets by default */
     cudaError_t e = cudaSuccess;
-    for (size_t i = 0; i < sizeof kf_kernels / sizeof kf_kernels[0] && e == cudaSuccess; i++)
-        e = cudaFuncSetAttribute(kf_kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)layout->xs_bytes);
+    for (int nt = 0; nt < 2; nt++)
+        for (int h = 0; h < K3_KDA_FUSED_MAX_HEAD_STEPS && e == cudaSuccess; h++)
+            e = cudaFuncSetAttribute(kf_kernels[nt][h], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)layout->xs_bytes);
     if (e == cudaSuccess) e = cudaMalloc((void **)&f->part, part);
     if (e == cudaSuccess) e = cudaMalloc((void **)&f->epoch, sizeof(uint32_t));
     if (e == cudaSuccess) e = cudaMemset(f->epoch, 0, sizeof(uint32_t)); /* epoch 0: no launch yet */
@@ -423,19 +423,21 @@ extern "C" void k3_cuda_kda_fused_destroy(k3_cuda_kda_fused *f) {
     free(f);
 }
 
-extern "C" k3_status k3_cuda_kda_fused_run(k3_ctx *ctx, const k3_cuda_kda_fused *f, int64_t m, const void *x,
-                                           const void *w_packed, const void *w_fb, void *qkvg, void *fab, void *g1,
-                                           void *stream) {
+extern "C" k3_status k3_cuda_kda_fused_run(k3_ctx *ctx, const k3_cuda_kda_fused *f, int64_t m, int32_t head_steps,
+                                           const void *x, const void *w_packed, const void *w_fb, void *qkvg,
+                                           void *fab, void *g1, void *stream) {
     const k3_kda_fused_layout *l = &f->layout;
-    if (m < 1 || m > K3_KDA_MAX_TOKENS)
-        return k3_fail(ctx, K3_STATUS_INTERNAL_ERROR, "kda one-launch: unchecked m reached the launcher");
+    if (m < 1 || m > K3_KDA_MAX_TOKENS || head_steps < 1 || head_steps > K3_KDA_FUSED_MAX_HEAD_STEPS)
+        return k3_fail(ctx, K3_STATUS_INTERNAL_ERROR, "kda one-launch: unchecked m (%lld) or head steps (%d)",
+                       (long long)m, (int)head_steps);
     const kf_args a = {(const uint16_t *)x, (const uint16_t *)w_packed, (const uint16_t *)w_fb, (uint16_t *)qkvg,
                        (uint16_t *)fab, (uint16_t *)g1, f->part, f->epoch, (int)m, (int)l->hidden,
                        (int)l->qkvg_rows, (int)l->fab_rows, (int)l->fb_rows, (int)l->qkvg_blocks,
                        (int)l->xs_stride};
     const dim3 grid((unsigned)(l->qkvg_blocks + l->branch_blocks)), block(KF_THREADS);
     const size_t smem = (size_t)l->xs_bytes;
-    const cudaError_t e = k3_launch_pdl(kf_kernel_for(m), grid, block, smem, (cudaStream_t)stream, a);
+    const cudaError_t e =
+        k3_launch_pdl(kf_kernels[m <= 8 ? 0 : 1][head_steps - 1], grid, block, smem, (cudaStream_t)stream, a);
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the kda one-launch projection failed: %s",
                        cudaGetErrorString(e));

@@ -47,10 +47,11 @@ typedef struct k3_cuda_kda_fused {
 k3_status k3_cuda_kda_fused_create(k3_ctx *ctx, const k3_kda_fused_layout *layout, k3_cuda_kda_fused **out);
 void k3_cuda_kda_fused_destroy(k3_cuda_kda_fused *f);
 /* qkvg[m, qkvg_rows], fab[m, fab_rows] and g1[m, fb_rows] from x[m, hidden], the packed weight and W_fb[fb_rows,
- * 128], on `stream`, launched with programmatic dependent launch. */
-k3_status k3_cuda_kda_fused_run(k3_ctx *ctx, const k3_cuda_kda_fused *f, int64_t m, const void *x,
-                                const void *w_packed, const void *w_fb, void *qkvg, void *fab, void *g1,
-                                void *stream);
+ * 128], on `stream`, launched with programmatic dependent launch; head_steps (1..K3_KDA_FUSED_MAX_HEAD_STEPS) is the
+ * tuning's fused_head_steps[m]. */
+k3_status k3_cuda_kda_fused_run(k3_ctx *ctx, const k3_cuda_kda_fused *f, int64_t m, int32_t head_steps,
+                                const void *x, const void *w_packed, const void *w_fb, void *qkvg, void *fab,
+                                void *g1, void *stream);
 
 #ifdef __cplusplus
 }

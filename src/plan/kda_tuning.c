@@ -6,6 +6,9 @@
  * - every m 1-16: the whole projection in one launch (K3_KDA_RUN_N_FUSED, src/cuda/kda_fused.cu): QKVG tiles three
  *   to a block on 128 SMs, F_AB and f_b on the other 4 (session 26: -0.1..+0.4 us over the faster QKVG alone at
  *   m 9-14 and +0.4..+0.9 at m 1-8, against +2.6..+3.5 and +0.7..+1.0 for the two-stream overlaps below);
+ *   its QKVG tiles ask two weight steps into L2 before their PDL wait at m 1-4 and one from m 5 (session 26: one
+ *   step was 0.15-0.25 us slower at m 1-4, 0.1-0.2 us faster at m 5-8 and ~0.2 us faster at m 9-16; none and four
+ *   steps were 0.4-1.4 us slower at m 1-8);
  * - where it does not fit the device (k3_kda_tuning_drop_fused): m 1-8 the linear plan's table kernel for QKVG
  *   (`w2_t1_u4_c2_l_h2`, 768 two-warp blocks, one wave) with the sliced F_AB blocks (128 threads, about one per SM)
  *   and f_b started by PDL; m 9-16 cuBLASLt's QKVG (96 one-SM blocks, 36 SMs idle) with the two-row F_AB blocks,
@@ -19,6 +22,7 @@ void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out) {
     out->run_n_shape[0] = K3_KDA_RUN_N_ROWS1;
     for (int m = 1; m <= 16; m++) out->run_n_shape[m] = sm90 ? K3_KDA_RUN_N_FUSED : K3_KDA_RUN_N_ROWS1;
     for (int m = 0; m <= 16; m++) out->qkvg_kernel[m] = K3_KERNEL_AUTO;
+    for (int m = 0; m <= 16; m++) out->fused_head_steps[m] = sm90 && m >= 5 ? 1 : 2;
 }
 
 void k3_kda_tuning_drop_fused(k3_kda_tuning *t) {

@@ -10,6 +10,9 @@ typedef struct k3_kda_tuning {
                                          or FUSED (the whole projection in one launch) */
     int32_t qkvg_kernel[17];          /* index m (1..16): K3_KERNEL_AUTO (the linear plan's table) or
                                          K3_KERNEL_FALLBACK (cuBLASLt) for QKVG */
+    int32_t fused_head_steps[17];     /* index m (1..16), where the one launch runs: the QKVG tiles' weight steps
+                                         asked into L2 before griddepcontrol.wait, 1..K3_KDA_FUSED_MAX_HEAD_STEPS
+                                         (the bits do not depend on it) */
 } k3_kda_tuning;
 
 /* The tuning for a table id; architectures without measurements get the defaults (overlap through 14, the
@@ -29,6 +32,7 @@ void k3_kda_tuning_drop_fused(k3_kda_tuning *t);
 #define K3_KDA_FUSED_MAX_FAB_ROWS 144 /* 9 F_AB tiles: 3 per warp group */
 #define K3_KDA_FUSED_MAX_FB_TILES 2   /* 16-row f_b tiles per branch warp (registers held across the wait) */
 #define K3_KDA_FUSED_MAX_XS_BYTES (100 * 1024)
+#define K3_KDA_FUSED_MAX_HEAD_STEPS 2 /* head prefetch steps compiled (kernel instances 1..2) */
 typedef struct k3_kda_fused_layout {
     int64_t hidden, qkvg_rows, fab_rows, fb_rows;
     int32_t qkvg_blocks, branch_blocks;
