@@ -1,11 +1,11 @@
-/* KDA projection on the GPU at Kimi-K3 TP8 shapes: the overlapped path captured into a CUDA graph on a
- * non-default stream and replayed; qkvg, beta and g1 vs an independent fp64 evaluation; every element written;
- * replays bitwise identical; overlapped == sequential bit for bit (qkvg only where the overlapped path is the
- * one-launch projection, whose fab and g1 add K in another order than the sequential kernels); with the tuned QKVG
- * kernel, the linear plan table's and cuBLASLt's. The one-launch projection (K3_KDA_RUN_N_FUSED) besides: its qkvg bit for bit that of the
+/* KDA projection on the GPU at Kimi-K3 TP8 shapes: the overlapped path captured into a CUDA graph on a non-default
+ * stream and replayed; qkvg, beta and g1 vs an independent fp64 evaluation; every element written; replays bitwise
+ * identical; overlapped == sequential bit for bit (qkvg only where the overlapped path is the one-launch projection,
+ * whose fab and g1 add K in another order than the sequential kernels); with the tuned QKVG kernel, the linear plan
+ * table's and cuBLASLt's. The one-launch projection (K3_KDA_RUN_N_FUSED) besides: its qkvg bit for bit that of the
  * linear plan's mma w4_t1_u4_l_h2 (the tile code it shares), and a run on the token rows reversed gives the reversed
- * rows bit for bit (which would catch device counts not returned to zero between launches: a stale count lets the
- * branch read partial sums before they are written). Exit 77 (skipped) without a GPU.
+ * rows bit for bit (which would catch a stale launch epoch: the branch would add an earlier launch's partial sums).
+ * Exit 77 (skipped) without a GPU.
  * Usage: gpu_kda_proj [--no-cublaslt]. --no-cublaslt leaves out the variant whose QKVG is cuBLASLt's, for
  * compute-sanitizer racecheck of this library's kernels alone: cuBLASLt's nvjet kernels report shared-memory hazards
  * of their own, and excluding them by kernel name (--kernel-name-exclude) made the sanitizer fail on a hardware

@@ -68,6 +68,7 @@ void k3_cuda_kda_fused_destroy(k3_cuda_kda_fused *f) { (void)f; }
 k3_status k3_cuda_kda_fused_run(k3_ctx *ctx, const k3_cuda_kda_fused *f, int64_t m, int32_t head_steps,
                                 const void *x, const void *w_packed, const void *w_fb, void *qkvg, void *fab,
                                 void *g1, void *stream) {
-    (void)f, (void)m, (void)head_steps, (void)x, (void)w_packed, (void)w_fb, (void)qkvg, (void)fab, (void)g1, (void)stream;
+    (void)f, (void)m, (void)head_steps, (void)x, (void)w_packed, (void)w_fb, (void)qkvg, (void)fab, (void)g1;
+    (void)stream;
     return k3_fail(ctx, K3_STATUS_NOT_AVAILABLE, "this build of k3kernels has no CUDA backend");
 }
