@@ -35,7 +35,14 @@ __device__ __forceinline__ void k3_mma_load_x(uint4 (&xv)[UNROLL][NT], const uin
             xv[j][nt] = xok[nt] && c + j < c_hi ? k3_ld_act(xrow[nt] + (c + j) * 32) : make_uint4(0, 0, 0, 0);
 }
 
-/* The MMAs of one group: two k16 steps per 32-element chunk (the k map of the file comment). */
+/* The two k16 MMAs of one 32-element chunk (the k map of gemm_mma.cu's file comment): lo and hi hold this lane's
+ * 16 bytes of weight rows g and g + 8, xq its 16 bytes of token g. */
+__device__ __forceinline__ void k3_mma_chunk(float (&acc)[4], const uint4 &lo, const uint4 &hi, const uint4 &xq) {
+    k3_mma_bf16_16816(acc, lo.x, hi.x, lo.y, hi.y, xq.x, xq.y);
+    k3_mma_bf16_16816(acc, lo.z, hi.z, lo.w, hi.w, xq.z, xq.w);
+}
+
+/* The MMAs of one group: k3_mma_chunk per chunk, tile and n tile. */
 template <int UNROLL, int TILES, int NT>
 __device__ __forceinline__ void k3_mma_group(float (&acc)[TILES][NT][4], const uint4 (&wv)[UNROLL][TILES][2],
                                              const uint4 (&xv)[UNROLL][NT]) {
@@ -44,11 +51,7 @@ __device__ __forceinline__ void k3_mma_group(float (&acc)[TILES][NT][4], const u
 #pragma unroll
         for (int t = 0; t < TILES; t++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const uint4 lo = wv[j][t][0], hi = wv[j][t][1], xq = xv[j][nt];
-                k3_mma_bf16_16816(acc[t][nt], lo.x, hi.x, lo.y, hi.y, xq.x, xq.y);
-                k3_mma_bf16_16816(acc[t][nt], lo.z, hi.z, lo.w, hi.w, xq.z, xq.w);
-            }
+            for (int nt = 0; nt < NT; nt++) k3_mma_chunk(acc[t][nt], wv[j][t][0], wv[j][t][1], xv[j][nt]);
 }
 
 /* In-loop L2 prefetch (PF_LOOP configurations): one request per weight row of the block for the UNROLL chunks of

@@ -66,11 +66,7 @@ __device__ __forceinline__ void kf_fab_group(float (&acc)[KF_FAB_TILES][NT][4], 
 #pragma unroll
         for (int t = 0; t < KF_FAB_TILES; t++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const uint4 lo = wv[j][t][0], hi = wv[j][t][1];
-                k3_mma_bf16_16816(acc[t][nt], lo.x, hi.x, lo.y, hi.y, xq[nt].x, xq[nt].y);
-                k3_mma_bf16_16816(acc[t][nt], lo.z, hi.z, lo.w, hi.w, xq[nt].z, xq[nt].w);
-            }
+            for (int nt = 0; nt < NT; nt++) k3_mma_chunk(acc[t][nt], wv[j][t][0], wv[j][t][1], xq[nt]);
     }
 }
 
@@ -237,13 +233,7 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
         }
         __syncthreads();
         K3_KF_STAMP(6);
-        float fa[KF_FAB_TILES][NT][4];
-#pragma unroll
-        for (int t = 0; t < KF_FAB_TILES; t++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) fa[t][nt][i] = 0.0f;
+        float fa[KF_FAB_TILES][NT][4] = {};
         for (; c0 < c_hi; c0 += 2 * STEP) { /* steps past c_hi hold zero weights: they add exact zeros */
             kf_fab_group<U, NT>(fa, wa, xs, a.xs_stride, c0 - c_lo, nc, g, q);
             if (c0 + STEP >= c_hi) break;
@@ -339,21 +329,13 @@ __global__ void __launch_bounds__(KF_THREADS, 1) kda_fused_kernel(const kf_args 
     for (int i = 0; i < K3_KDA_FUSED_MAX_FB_TILES; i++) {
         const int tt = gw + i * gwarps;
         if (tt >= fbtiles) break;
-        float c[4][NT][4];
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int k = 0; k < 4; k++) c[j][nt][k] = 0.0f;
+        float c[4][NT][4] = {}; /* one accumulator per K chunk, added pairwise below */
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const uint4 xq = *reinterpret_cast<const uint4 *>(&fa_s[nt * 8 + g][j * 32 + q * 8]);
-                const uint4 lo = wf[i][j][0], hi = wf[i][j][1];
-                k3_mma_bf16_16816(c[j][nt], lo.x, hi.x, lo.y, hi.y, xq.x, xq.y);
-                k3_mma_bf16_16816(c[j][nt], lo.z, hi.z, lo.w, hi.w, xq.z, xq.w);
+                k3_mma_chunk(c[j][nt], wf[i][j][0], wf[i][j][1], xq);
             }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
