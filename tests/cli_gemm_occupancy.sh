@@ -5,9 +5,8 @@
 # slower on the H200 with no change to that kernel's code (bench/NOTES-gemm.md, session 21). So a change of any
 # instance's occupancy must be seen, and the table re-tuned (or the change undone), before it ships.
 # The expected list, tests/data/sm90_gemm_occupancy.txt, holds the blocks per SM of the build the table was tuned
-# with (commit 20fbcde, nvcc 13.0; the GEMM kernels' SASS is unchanged since). It is compared only under the nvcc
-# release it names; under another release this test reports skipped, since the table's measurements then say
-# nothing about the compiled kernels.
+# with (session 27's tuner run, nvcc 13.0). It is compared only under the nvcc release it names; under another
+# release this test reports skipped, since the table's measurements then say nothing about the compiled kernels.
 # Needs nvcc only (no GPU); skipped (77) without it or in a build without the CUDA backend. Usage: bash tests/cli_gemm_occupancy.sh path/to/k3 (unused).
 set -u
 NAME=cli_gemm_occupancy
@@ -24,8 +23,8 @@ if [ "$have_ver" != "$want_ver" ]; then
     exit 77
 fi
 
-# ptxas's resource report of both kernel families for sm_90a, as the library builds them
-for f in gemm_mma gemm_skinny; do
+# ptxas's resource report of the kernel families for sm_90a, as the library builds them
+for f in gemm_mma gemm_mma_wt gemm_skinny; do
     if "$nvcc_bin" -c -DK3_HAVE_CUDA=1 -I"$src/include" -I"$src/src" -O3 -DNDEBUG --expt-relaxed-constexpr -std=c++17 -lineinfo \
         -gencode arch=compute_90a,code=sm_90a -Xptxas -v "$src/src/cuda/$f.cu" -o "$T/$f.o" >"$T/$f.log" 2>&1; then
         ok
@@ -35,10 +34,12 @@ for f in gemm_mma gemm_skinny; do
 done
 [ "$fail" -eq 0 ] || { finish; exit 1; }
 
-# "mma W,T,U,C,PF,MINB,L2B,PIPE,NT regs smem" / "skinny THR,ROWS,UNROLL,SK,M regs smem" for every entry function
-cat "$T/gemm_mma.log" "$T/gemm_skinny.log" | awk '
+# "mma W,T,U,C,PF,MINB,L2B,PIPE,NT regs smem" / "mmawt W,T,U,MINB,NT regs smem" / "skinny THR,ROWS,UNROLL,SK,M
+# regs smem" for every entry function
+cat "$T/gemm_mma.log" "$T/gemm_mma_wt.log" "$T/gemm_skinny.log" | awk '
     /Compiling entry function/ {
-        name = $0; sub(/.*entry function .*k3_/, "", name); kind = name ~ /^mma_kernel/ ? "mma" : "skinny"
+        name = $0; sub(/.*entry function .*k3_/, "", name)
+        kind = name ~ /^mma_wt_kernel/ ? "mmawt" : name ~ /^mma_kernel/ ? "mma" : "skinny"
         args = ""; s = name
         while (match(s, /L[ib][0-9]+E/)) {
             a = substr(s, RSTART + 2, RLENGTH - 3); args = args (args == "" ? "" : ",") a
@@ -56,8 +57,9 @@ cat "$T/gemm_mma.log" "$T/gemm_skinny.log" | awk '
 awk -F'[(),]' '
     function num(x,   n, p, i, v) { gsub(/K3_PF_HEAD/, "100", x); gsub(/K3_PF_ALL/, "99", x); gsub(/ /, "", x)
                                     n = split(x, p, "+"); v = 0; for (i = 1; i <= n; i++) v += p[i]; return v }
-    /^K3_GEMM_MMA\(/    { gsub(/ /, "", $2); print "mma", $2, num($3) "," num($4) "," num($5) "," num($6) "," num($7) "," num($8) "," num($9) "," num($10) }
-    /^K3_GEMM_SKINNY\(/ { gsub(/ /, "", $2); print "skinny", $2, num($3) "," num($4) "," num($5) "," num($6) }
+    /^K3_GEMM_MMA\(/    { gsub(/ /, "", $2); print "mma", $2, "mma", num($3) "," num($4) "," num($5) "," num($6) "," num($7) "," num($8) "," num($9) "," num($10) }
+    /^K3_GEMM_MMA_WT\(/ { gsub(/ /, "", $2); print "mma", $2, "mmawt", num($3) "," num($4) "," num($5) "," num($6) }
+    /^K3_GEMM_SKINNY\(/ { gsub(/ /, "", $2); print "skinny", $2, "skinny", num($3) "," num($4) "," num($5) "," num($6) }
 ' "$src/src/plan/gemm_configs.def" >"$T/cfg.txt"
 
 # every (configuration, token tiles or M) a row of the table chooses, its blocks per SM on an SM90 SM (65,536
@@ -65,7 +67,7 @@ awk -F'[(),]' '
 # per block)
 awk -v cfgf="$T/cfg.txt" -v resf="$T/res.txt" '
     BEGIN {
-        while ((getline l < cfgf) > 0) { split(l, f, " "); cfg[f[1] " " f[2]] = f[3] }
+        while ((getline l < cfgf) > 0) { split(l, f, " "); rkind[f[1] " " f[2]] = f[3]; cfg[f[1] " " f[2]] = f[4] }
         while ((getline l < resf) > 0) { split(l, f, " "); regs[f[1] " " f[2]] = f[3]; smem[f[1] " " f[2]] = f[4] }
     }
     $1 ~ /^[0-9]+$/ && ($4 == "mma" || $4 == "skinny") {
@@ -75,7 +77,7 @@ awk -v cfgf="$T/cfg.txt" -v resf="$T/res.txt" '
             if (!(key in cfg)) { print "UNKNOWN", key; continue }
             if ($4 == "mma") { split(cfg[key], a, ","); arg = cfg[key] "," (m <= 8 ? 1 : 2); thr = 32 * a[1]; unit = "nt" (m <= 8 ? 1 : 2) }
             else { split(cfg[key], a, ","); arg = cfg[key] "," m; thr = a[1]; unit = "m" m }
-            rk = $4 " " arg
+            rk = rkind[key] " " arg
             if (!(rk in regs)) { print "NOINSTANCE", key, unit; continue }
             wregs = int((regs[rk] * 32 + 255) / 256) * 256
             b = int(int(65536 / wregs) / (thr / 32))

@@ -175,8 +175,10 @@ static void test_configs_on(k3_ctx *ctx, problem *p, int quick) {
         char what[160];
         snprintf(what, sizeof what, "%s %s n=%lld k=%lld xs=%lld", cfg->kernel == K3_KERNEL_MMA ? "mma" : "skinny",
                  cfg->name, (long long)p->s.n, (long long)p->s.k, (long long)p->s.x_stride);
-        /* What must be rejected: K not a multiple of the K step, or a static-K mismatch. */
-        const int expect_ok = p->s.k % cfg->k_align == 0 && (cfg->static_k == 0 || cfg->static_k == p->s.k);
+        /* What must be rejected: K not a multiple of the K step, a static-K mismatch, or K over a whole-K warp
+         * tile's max_k. */
+        const int expect_ok = p->s.k % cfg->k_align == 0 && (cfg->static_k == 0 || cfg->static_k == p->s.k) &&
+                              (cfg->max_k == 0 || p->s.k <= cfg->max_k);
         CHECK(ok == expect_ok, "%s: supports %d, expected %d (%s)", what, ok, expect_ok, why ? why : "");
         if (!ok) {
             CHECK(why != NULL && why[0] != '\0', "%s: rejection without a reason", what);
@@ -264,6 +266,21 @@ static void test_rejections(k3_ctx *ctx, problem *p) {
         fetch(p);
         check_output(p, 0, 0, "rejected launches"); /* nothing written */
     }
+    /* a whole-K warp tile refuses K over its max_k, naming it */
+    const k3_gemm_config *wt = k3_gemm_config_find(K3_KERNEL_MMA, "n1_t2_u4");
+    CHECK(wt != NULL && wt->max_k == 128 && wt->k_split == 1, "registry: n1_t2_u4 with max_k 128");
+    if (wt) {
+        const char *why = NULL;
+        CHECK(!k3_gemm_config_supports(wt, 1536, 160, 8, 160, &why) && why && strstr(why, "max_k"),
+              "n1_t2_u4 accepted k=160 (%s)", why ? why : "");
+        CHECK(k3_gemm_config_supports(wt, 1536, 128, 16, 144, &why), "n1_t2_u4 refused k=128: %s", why ? why : "");
+        k3_gemm_args a = args_of(p, 1, 0); /* p: k = 7168 */
+        poison(p);
+        CHECK(k3_cuda_gemm_launch(ctx, wt, &a, NULL, 0) == K3_STATUS_INVALID_ARGUMENT, "n1_t2_u4 launched k=7168");
+        CHECK(strstr(k3_ctx_last_error(ctx), "max_k") != NULL, "message names max_k: %s", k3_ctx_last_error(ctx));
+        fetch(p);
+        check_output(p, 0, 0, "rejected whole-K launch"); /* nothing written */
+    }
     k3_gemm_config fake = *sk; /* a copy is not a registry entry: its instance cannot be trusted */
     k3_gemm_args a = args_of(p, 1, 0);
     CHECK(k3_cuda_gemm_launch(ctx, &fake, &a, NULL, 0) == K3_STATUS_INVALID_ARGUMENT, "config outside registry");
@@ -282,8 +299,7 @@ static void test_rejections(k3_ctx *ctx, problem *p) {
 /* Producer -> consumer chain with PDL, run directly and replayed from a captured graph: y1 = x w1^T (n1 = k2),
  * then y2 = y1 w2^T + res. If the consumer read y1 before griddepcontrol.wait, the result would be wrong or
  * would differ run to run. Outputs must be bitwise identical across direct runs and graph replays. */
-static void test_chain_graph(k3_ctx *ctx, uint64_t seed) {
-    const int64_t m = 5, k1 = 7168, n1 = 1536, n2 = 2304; /* K3 shapes: x w(1536x7168) then 2304x1536 */
+static void test_chain_graph(k3_ctx *ctx, uint64_t seed, int64_t m, int64_t k1, int64_t n1, int64_t n2) {
     k3t_rng r = {seed};
     uint16_t *hx = malloc((size_t)m * k1 * 2), *hw1 = malloc((size_t)n1 * k1 * 2), *hw2 = malloc((size_t)n2 * n1 * 2);
     uint16_t *hres = malloc((size_t)m * n2 * 2), *hy1 = malloc((size_t)m * n1 * 2), *hy2 = malloc((size_t)m * n2 * 2);
@@ -318,9 +334,14 @@ static void test_chain_graph(k3_ctx *ctx, uint64_t seed) {
     int32_t count = 0;
     const k3_gemm_config *cfgs = k3_gemm_configs(&count);
     for (int32_t c = 0; c < count; c++) {
-        const k3_gemm_config *c1 = &cfgs[c], *c2 = &cfgs[(c + 1) % count]; /* mixes kernel families */
-        if (!k3_gemm_config_supports(c1, n1, k1, m, k1, NULL) || !k3_gemm_config_supports(c2, n2, n1, m, n1, NULL))
-            continue;
+        /* every configuration that can consume, after the next one in the registry that can produce (mixes the
+         * kernel families) */
+        const k3_gemm_config *c2 = &cfgs[c], *c1 = NULL;
+        if (!k3_gemm_config_supports(c2, n2, n1, m, n1, NULL)) continue;
+        for (int32_t d = 1; d <= count && !c1; d++)
+            if (k3_gemm_config_supports(&cfgs[(c + d) % count], n1, k1, m, k1, NULL)) c1 = &cfgs[(c + d) % count];
+        CHECK(c1 != NULL, "no producer configuration for the chain %lldx%lld", (long long)n1, (long long)k1);
+        if (!c1) continue;
         k3_gemm_args a1 = {m, n1, k1, dx, k1, dw1, NULL, dy1, n1};
         k3_gemm_args a2 = {m, n2, n1, dy1, n1, dw2, dres, dy2, n2};
         /* direct, PDL on both */
@@ -397,7 +418,7 @@ static void test_chain_graph(k3_ctx *ctx, uint64_t seed) {
 static int same_geometry(const k3_gemm_config *a, const k3_gemm_config *b) {
     return a->kernel == b->kernel && a->threads == b->threads && a->rows_per_block == b->rows_per_block &&
            a->k_unroll == b->k_unroll && a->k_split == b->k_split && a->max_m == b->max_m &&
-           a->static_k == b->static_k && a->cluster_k == b->cluster_k;
+           a->static_k == b->static_k && a->cluster_k == b->cluster_k && a->max_k == b->max_k;
 }
 
 /* Two runs of every configuration on the same inputs: bitwise identical. Configurations of the same geometry
@@ -452,18 +473,19 @@ int main(void) {
     const shape shapes[] = {
         {144, 7168, 7168}, {200, 1536, 1560}, {1536, 128, 144}, {96, 768, 768},
         {72, 3584, 3648},  {48, 4224, 4224},  {40, 7176, 7176}, {24, 32, 32},
+        {40, 96, 104}, /* K under a whole-K warp tile's 128: the chunks past K hold zeros */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         problem p;
         problem_init(&p, shapes[i], seed + i);
         test_configs_on(ctx, &p, quick);
-        if (i == 0) {
-            test_rejections(ctx, &p);
-            test_bitwise(ctx, &p);
-        }
+        if (i == 0) test_rejections(ctx, &p);
+        if (i == 0 || shapes[i].k == 128) test_bitwise(ctx, &p); /* 128: the whole-K warp tiles run there */
         problem_free(&p);
     }
-    test_chain_graph(ctx, seed + 100);
+    test_chain_graph(ctx, seed + 100, 5, 7168, 1536, 2304); /* K3 shapes: x w(1536x7168) then 2304x1536 */
+    /* then a K = 128 consumer (the whole-K warp tiles read x after the wait too), two token tiles */
+    test_chain_graph(ctx, seed + 101, 12, 7168, 128, 1536);
     k3_ctx_destroy(ctx);
     return k3t_finish();
 }

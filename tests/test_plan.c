@@ -14,8 +14,9 @@
 
 /* Configuration names come from the registry (it changes as kernels are tuned): {SK}, {SK2} = the first two
  * skinny configurations for any K, {SKK} = a static-K skinny one (else {SK}), {MM}, {MM2} = the first and last
- * mma configurations. S() substitutes them into a text (a ring of buffers, valid for a while). */
-static char SK[40], SK2[40], SKK[40], MM[40], MM2[40];
+ * mma configurations for any K, {MW} = the first whole-K warp tile (max_k > 0). S() substitutes them into a text
+ * (a ring of buffers, valid for a while). */
+static char SK[40], SK2[40], SKK[40], MM[40], MM2[40], MW[40];
 static int have_skk;
 
 static void pick_configs(void) {
@@ -31,16 +32,17 @@ static void pick_configs(void) {
             snprintf(SKK, sizeof SKK, "%s", c->name);
             have_skk = 1;
         }
-        if (c->kernel == K3_KERNEL_MMA) {
+        if (c->kernel == K3_KERNEL_MMA && c->max_k == 0) {
             if (!MM[0]) snprintf(MM, sizeof MM, "%s", c->name);
             snprintf(MM2, sizeof MM2, "%s", c->name);
         }
+        if (c->kernel == K3_KERNEL_MMA && c->max_k > 0 && !MW[0]) snprintf(MW, sizeof MW, "%s", c->name);
     }
     if (!SK2[0]) snprintf(SK2, sizeof SK2, "%s", SK);
     if (!have_skk) snprintf(SKK, sizeof SKK, "%s", SK);
-    CHECK(SK[0] && MM[0], "the registry has skinny and mma configurations");
-    printf("configurations used: SK %s, SK2 %s, SKK %s%s, MM %s, MM2 %s\n", SK, SK2, SKK,
-           have_skk ? "" : " (no static-K config)", MM, MM2);
+    CHECK(SK[0] && MM[0] && MW[0], "the registry has skinny, mma and whole-K mma configurations");
+    printf("configurations used: SK %s, SK2 %s, SKK %s%s, MM %s, MM2 %s, MW %s\n", SK, SK2, SKK,
+           have_skk ? "" : " (no static-K config)", MM, MM2, MW);
 }
 
 static const char *S(const char *tmpl) {
@@ -57,6 +59,7 @@ static const char *S(const char *tmpl) {
         else if (!strncmp(p, "{SKK}", 5)) name = SKK, skip = 5;
         else if (!strncmp(p, "{MM}", 4)) name = MM, skip = 4;
         else if (!strncmp(p, "{MM2}", 5)) name = MM2, skip = 5;
+        else if (!strncmp(p, "{MW}", 4)) name = MW, skip = 4;
         if (name) {
             for (const char *q = name; *q && o < sizeof ring[0] - 1; q++) out[o++] = *q;
             p += skip;
@@ -186,6 +189,7 @@ static void test_parse_bad(void) {
     if (have_skk) expect_bad(S("arch sm90\n1536 1536 1 skinny {SKK}\n"), 2, "static");
     expect_bad(S("arch sm90\n1536 7168 1-32 skinny {SK}\n"), 2, "max_m");
     expect_bad(S("arch sm90\n1536 7176 1-16 mma {MM}\n"), 2, "cannot run N=1536 K=7176");
+    expect_bad(S("arch sm90\n1536 7168 1-16 mma {MW}\n"), 2, "cannot run N=1536 K=7168");
     /* M out of range */
     expect_bad("arch sm90\n1536 7168 0-4 cublaslt\n", 2, "out of range");
     expect_bad("arch sm90\n1536 7168 1-33 cublaslt\n", 2, "out of range");
@@ -525,6 +529,19 @@ static void test_forced(void) {
     d.force_kernel = K3_KERNEL_MMA;
     d.force_config = NULL;
     expect_plan_error(ctx, &d, "no mma configuration can run");
+    /* a whole-K warp tile runs K up to its max_k (k_unroll x 32) and refuses more, naming max_k */
+    k3_linear_desc_init(&d, 1536, 128);
+    d.force_kernel = K3_KERNEL_MMA;
+    d.force_config = S("{MW}");
+    p = NULL;
+    CHECK(k3_linear_plan_create(ctx, &d, &p) == K3_STATUS_SUCCESS, "forced whole-K: %s", k3_ctx_last_error(ctx));
+    for (int64_t m = 1; p && m <= 16; m++) check_choice(p, m, K3_KERNEL_MMA, S("{MW}"), K3_CHOICE_FORCED);
+    k3_linear_plan_destroy(p);
+    p = NULL;
+    k3_linear_desc_init(&d, 1536, 7168);
+    d.force_kernel = K3_KERNEL_MMA;
+    d.force_config = S("{MW}");
+    expect_plan_error(ctx, &d, "max_k");
     /* max_m beyond the configuration's */
     k3_linear_desc_init(&d, 1536, 7168);
     d.force_kernel = K3_KERNEL_SKINNY;

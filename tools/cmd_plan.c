@@ -25,20 +25,21 @@ static void print_configs(int json) {
     int32_t count = 0;
     const k3_gemm_config *all = k3_gemm_configs(&count);
     if (json) printf("{\"configs\": [");
-    else printf("%-7s %-20s %7s %5s %6s %6s %5s %7s %8s\n", "kernel", "config", "threads", "rows", "unroll", "ksplit",
-                "max_m", "k_align", "static_k");
+    else printf("%-7s %-20s %7s %5s %6s %6s %5s %7s %8s %5s\n", "kernel", "config", "threads", "rows", "unroll",
+                "ksplit", "max_m", "k_align", "static_k", "max_k");
     for (int32_t i = 0; i < count; i++) {
         const k3_gemm_config *c = &all[i];
         const char *kern = c->kernel == K3_KERNEL_SKINNY ? "skinny" : "mma";
         if (json)
             printf("%s{\"kernel\": \"%s\", \"config\": \"%s\", \"threads\": %d, \"rows_per_block\": %d, "
-                   "\"k_unroll\": %d, \"k_split\": %d, \"max_m\": %d, \"k_align\": %d, \"static_k\": %d}",
+                   "\"k_unroll\": %d, \"k_split\": %d, \"max_m\": %d, \"k_align\": %d, \"static_k\": %d, "
+                   "\"max_k\": %d}",
                    i ? ", " : "", kern, c->name, (int)c->threads, (int)c->rows_per_block, (int)c->k_unroll,
-                   (int)c->k_split, (int)c->max_m, (int)c->k_align, (int)c->static_k);
+                   (int)c->k_split, (int)c->max_m, (int)c->k_align, (int)c->static_k, (int)c->max_k);
         else
-            printf("%-7s %-20s %7d %5d %6d %6d %5d %7d %8d\n", kern, c->name, (int)c->threads,
+            printf("%-7s %-20s %7d %5d %6d %6d %5d %7d %8d %5d\n", kern, c->name, (int)c->threads,
                    (int)c->rows_per_block, (int)c->k_unroll, (int)c->k_split, (int)c->max_m, (int)c->k_align,
-                   (int)c->static_k);
+                   (int)c->static_k, (int)c->max_k);
     }
     if (json) printf("]}\n");
 }

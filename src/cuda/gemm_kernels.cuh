@@ -1,6 +1,6 @@
 /* Shared by the specialized BF16 GEMM kernels: memory-access and PDL primitives (inline PTX, sm_90+), and the
  * launch templates that src/cuda/gemm_launch.cu dispatches to (instantiated from src/plan/gemm_configs.def in
- * gemm_skinny.cu and gemm_mma.cu). */
+ * gemm_skinny.cu, gemm_mma.cu and gemm_mma_wt.cu). */
 #ifndef K3_CUDA_GEMM_KERNELS_CUH
 #define K3_CUDA_GEMM_KERNELS_CUH
 
@@ -102,6 +102,8 @@ template <int THREADS, int ROWS, int UNROLL, int STATIC_K>
 cudaError_t k3_skinny_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
 template <int WARPS, int TILES, int UNROLL, int CLUSTER_K, int PF, int MINB, int L2B, int PIPE>
 cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
+template <int WARPS, int TILES, int UNROLL, int MINB>
+cudaError_t k3_mma_wt_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
 
 /* L2B (mma): the L2 prefetch size of the weight loads (k3_ld_stream_pf): 0 or 256 bytes. (Measured on the skinny
  * kernel too, 1-2% slower there: its warps already ask for 512 contiguous bytes; bench/NOTES-gemm.md.)

@@ -19,9 +19,12 @@ const k3_gemm_instance k3_instances[] = {
 #define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk) {K3_KERNEL_SKINNY, #nm, &k3_skinny_launch<thr, rows, unroll, sk>},
 #define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe) \
     {K3_KERNEL_MMA, #nm, &k3_mma_launch<warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe>},
+#define K3_GEMM_MMA_WT(nm, warps, tiles, unroll, minb) \
+    {K3_KERNEL_MMA, #nm, &k3_mma_wt_launch<warps, tiles, unroll, minb>},
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
 #undef K3_GEMM_MMA
+#undef K3_GEMM_MMA_WT
 };
 
 bool k3_aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }

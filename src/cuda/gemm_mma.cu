@@ -182,6 +182,8 @@ cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
 #define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe) \
     template cudaError_t k3_mma_launch<warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe>(const k3_gemm_args *, \
                                                                                             cudaStream_t, int);
+#define K3_GEMM_MMA_WT(nm, warps, tiles, unroll, minb)
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
 #undef K3_GEMM_MMA
+#undef K3_GEMM_MMA_WT

@@ -14,12 +14,18 @@
 
 static const k3_gemm_config k3_configs[] = {
 #define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk) \
-    {K3_KERNEL_SKINNY, #nm, (thr), (rows), (unroll), 1, K3_SKINNY_MAX_M, K3_SKINNY_K_ALIGN, (sk), 1},
-#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe) \
-    {K3_KERNEL_MMA, #nm, 32 * (warps), 16 * (tiles), (unroll), (warps), K3_MMA_MAX_M, K3_MMA_K_ALIGN, 0, (cluster_k)},
+    {K3_KERNEL_SKINNY, #nm, (thr), (rows), (unroll), 1, K3_SKINNY_MAX_M, K3_SKINNY_K_ALIGN, (sk), 1, 0},
+#define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe)                                         \
+    {K3_KERNEL_MMA, #nm, 32 * (warps), 16 * (tiles), (unroll), (warps), K3_MMA_MAX_M, K3_MMA_K_ALIGN, 0, (cluster_k), \
+     0},
+/* whole-K warp tiles: the warps split N (k_split 1), and K is at most the k_unroll chunks a warp holds */
+#define K3_GEMM_MMA_WT(nm, warps, tiles, unroll, minb)                                                                \
+    {K3_KERNEL_MMA, #nm, 32 * (warps), 16 * (tiles) * (warps), (unroll), 1, K3_MMA_MAX_M, K3_MMA_K_ALIGN, 0, 1,      \
+     32 * (unroll)},
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
 #undef K3_GEMM_MMA
+#undef K3_GEMM_MMA_WT
 };
 
 const k3_gemm_config *k3_gemm_configs(int32_t *count) {
@@ -60,6 +66,10 @@ int32_t k3_gemm_config_supports(const k3_gemm_config *cfg, int64_t n, int64_t k,
     if (k % cfg->k_align != 0) {
         *why = cfg->k_align == K3_MMA_K_ALIGN ? "k must be a multiple of 32 for this configuration"
                                               : "k must be a multiple of 8 for this configuration";
+        return 0;
+    }
+    if (cfg->max_k != 0 && k > cfg->max_k) {
+        *why = "k exceeds the configuration's max_k (a whole-K warp tile holds k_unroll x 32 elements of K)";
         return 0;
     }
     if (cfg->static_k != 0 && k != cfg->static_k) {

@@ -15,11 +15,12 @@ typedef struct k3_gemm_config {
     int32_t threads;        /* threads per block */
     int32_t rows_per_block; /* weight rows (outputs) per block */
     int32_t k_unroll;       /* skinny: 16-byte loads in flight per thread; mma: 32-element K chunks per warp step */
-    int32_t k_split;        /* mma: K split over the block's warps; skinny: 1 */
+    int32_t k_split;        /* mma: K split over the block's warps (1 for the whole-K warp tiles); skinny: 1 */
     int32_t max_m;          /* the largest token count it supports */
     int32_t k_align;        /* K (and x's row stride) must be a multiple of this many elements */
     int32_t static_k;       /* 0 = any K that is a multiple of k_align; else K must equal this */
     int32_t cluster_k;      /* mma: blocks of a thread-block cluster splitting K (1 = none); skinny: 1 */
+    int32_t max_k;          /* 0 = any K; else the largest K (whole-K warp tiles hold all of K in registers) */
 } k3_gemm_config;
 
 /* Every compiled configuration; *count receives the number. The order is stable. */
