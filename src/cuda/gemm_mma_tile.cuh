@@ -8,6 +8,34 @@
 #include "cuda/gemm_kernels.cuh"
 #include "cuda/mma.cuh"
 
+/* This lane's (g = lane / 4, q = lane % 4) weight rows: g and g + 8 of every 16-row tile from row0, at its 8
+ * elements of a 32-element chunk; rows past n read row n - 1 and must never be stored. */
+template <int TILES>
+__device__ __forceinline__ void k3_mma_lane_rows(const uint16_t *(&wrow)[TILES][2], const uint16_t *w, int n, int k,
+                                                 int row0, int g, int q) {
+#pragma unroll
+    for (int t = 0; t < TILES; t++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int row = row0 + t * 16 + h * 8 + g;
+            row = row < n ? row : n - 1;
+            wrow[t][h] = w + (size_t)row * (size_t)k + q * 8;
+        }
+}
+
+/* This lane's tokens: g (+ 8 for the second token tile); absent tokens (xok false) contribute zeros, loaded from
+ * nowhere. */
+template <int NT>
+__device__ __forceinline__ void k3_mma_lane_tokens(const uint16_t *(&xrow)[NT], bool (&xok)[NT], const uint16_t *x,
+                                                   int64_t x_stride, int m, int g, int q) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int tok = nt * 8 + g;
+        xok[nt] = tok < m;
+        xrow[nt] = x + (size_t)(xok[nt] ? tok : 0) * (size_t)x_stride + q * 8;
+    }
+}
+
 /* One group of UNROLL chunks of this lane's weight rows (16 bytes per row and chunk); chunks at or past c_hi
  * read nothing and hold zeros. */
 template <int UNROLL, int TILES, int L2B>
@@ -85,25 +113,11 @@ __device__ __forceinline__ void k3_mma_tile_accumulate(float (&acc)[TILES][NT][4
     constexpr int ROWS = TILES * 16;
     const int lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
-    /* This lane's weight rows: g and g + 8 of every tile; rows past n read row n-1 and are never stored. */
     const uint16_t *wrow[TILES][2];
-#pragma unroll
-    for (int t = 0; t < TILES; t++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int row = row0 + t * 16 + h * 8 + g;
-            row = row < n ? row : n - 1;
-            wrow[t][h] = w + (size_t)row * (size_t)k + q * 8;
-        }
-    /* This lane's tokens: g (+ 8 for the second n tile); absent tokens contribute zeros, loaded from nowhere. */
+    k3_mma_lane_rows<TILES>(wrow, w, n, k, row0, g, q);
     const uint16_t *xrow[NT];
     bool xok[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int tok = nt * 8 + g;
-        xok[nt] = tok < m;
-        xrow[nt] = x + (size_t)(xok[nt] ? tok : 0) * (size_t)x_stride + q * 8;
-    }
+    k3_mma_lane_tokens<NT>(xrow, xok, x, x_stride, m, g, q);
 
 #pragma unroll
     for (int t = 0; t < TILES; t++)

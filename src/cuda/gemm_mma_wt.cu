@@ -26,26 +26,12 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
     const int g = lane >> 2, q = lane & 3;
     const int row0 = ((int)blockIdx.x * WARPS + warp) * TILES * 16;
     const int chunks = k / 32; /* <= UNROLL (validated at launch); the chunks past it read nothing and hold zeros */
-    /* This lane's weight rows: g and g + 8 of every tile; rows past n read row n - 1 and are never stored (a
-     * warp wholly past n still runs, so that every thread reaches the PDL trigger). */
+    /* (a warp wholly past n still runs, reading row n - 1, so that every thread reaches the PDL trigger) */
     const uint16_t *wrow[TILES][2];
-#pragma unroll
-    for (int t = 0; t < TILES; t++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int row = row0 + t * 16 + h * 8 + g;
-            row = row < n ? row : n - 1;
-            wrow[t][h] = w + (size_t)row * (size_t)k + q * 8;
-        }
-    /* This lane's tokens: g (+ 8 for the second token tile); absent tokens contribute zeros, loaded from nowhere. */
+    k3_mma_lane_rows<TILES>(wrow, w, n, k, row0, g, q);
     const uint16_t *xrow[NT];
     bool xok[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int tok = nt * 8 + g;
-        xok[nt] = tok < m;
-        xrow[nt] = x + (size_t)(xok[nt] ? tok : 0) * (size_t)x_stride + q * 8;
-    }
+    k3_mma_lane_tokens<NT>(xrow, xok, x, x_stride, m, g, q);
 
     uint4 wv[UNROLL][TILES][2], xv[UNROLL][NT];
     k3_mma_load_w<UNROLL, TILES, 0>(wv, wrow, 0, chunks, k3_policy_evict_first());
