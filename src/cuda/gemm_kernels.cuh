@@ -97,6 +97,18 @@ static inline cudaError_t k3_gemm_launch_cfg_init(cudaLaunchConfig_t *lc, cudaLa
     return cudaSuccess;
 }
 
+/* The tensor-core kernels' parameter list (gemm_mma.cu and gemm_mma_wt.cu): x, x_stride, w, residual, y,
+ * y_stride, m, n, k; k3_mma_launch_ex launches one of them with lc on the call's arguments. */
+typedef void (*k3_mma_kernel_fn)(const uint16_t *, int64_t, const uint16_t *, const uint16_t *, uint16_t *, int64_t,
+                                 int32_t, int32_t, int32_t);
+static inline cudaError_t k3_mma_launch_ex(const cudaLaunchConfig_t *lc, k3_mma_kernel_fn kernel,
+                                           const k3_gemm_args *a) {
+    return cudaLaunchKernelEx(lc, kernel, static_cast<const uint16_t *>(a->x), (int64_t)a->x_stride,
+                              static_cast<const uint16_t *>(a->w), static_cast<const uint16_t *>(a->residual),
+                              static_cast<uint16_t *>(a->y), (int64_t)a->y_stride, (int32_t)a->m, (int32_t)a->n,
+                              (int32_t)a->k);
+}
+
 /* One per configuration in src/plan/gemm_configs.def. The args were validated by k3_cuda_gemm_launch. */
 template <int THREADS, int ROWS, int UNROLL, int STATIC_K>
 cudaError_t k3_skinny_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);

@@ -159,11 +159,7 @@ cudaError_t k3_mma_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl
         attr[lc.numAttrs].val.clusterDim.z = 1;
         lc.numAttrs++;
     }
-    return cudaLaunchKernelEx(&lc, k3_mma_kernel<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, PIPE, NT>,
-                              static_cast<const uint16_t *>(a->x), (int64_t)a->x_stride,
-                              static_cast<const uint16_t *>(a->w), static_cast<const uint16_t *>(a->residual),
-                              static_cast<uint16_t *>(a->y), (int64_t)a->y_stride, (int32_t)a->m, (int32_t)a->n,
-                              (int32_t)a->k);
+    return k3_mma_launch_ex(&lc, k3_mma_kernel<WARPS, TILES, UNROLL, CLUSTER_K, PF, MINB, L2B, PIPE, NT>, a);
 }
 
 } // namespace

@@ -82,11 +82,7 @@ cudaError_t k3_mma_wt_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int 
     cudaLaunchConfig_t lc;
     cudaLaunchAttribute attr[1];
     k3_gemm_launch_cfg_init(&lc, attr, dim3((unsigned)((a->n + ROWS - 1) / ROWS)), dim3(WARPS * 32), stream, pdl);
-    return cudaLaunchKernelEx(&lc, k3_mma_wt_kernel<WARPS, TILES, UNROLL, MINB, NT>,
-                              static_cast<const uint16_t *>(a->x), (int64_t)a->x_stride,
-                              static_cast<const uint16_t *>(a->w), static_cast<const uint16_t *>(a->residual),
-                              static_cast<uint16_t *>(a->y), (int64_t)a->y_stride, (int32_t)a->m, (int32_t)a->n,
-                              (int32_t)a->k);
+    return k3_mma_launch_ex(&lc, k3_mma_wt_kernel<WARPS, TILES, UNROLL, MINB, NT>, a);
 }
 
 } // namespace
@@ -94,7 +90,7 @@ cudaError_t k3_mma_wt_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int 
 template <int WARPS, int TILES, int UNROLL, int MINB>
 cudaError_t k3_mma_wt_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
     static_assert(UNROLL >= 1 && UNROLL <= 8, "whole-K warp tiles: k <= 256");
-    if (a->k > 32 * UNROLL || a->k % 32 != 0) return cudaErrorInvalidValue; /* the registry's max_k refuses it */
+    /* k <= 32 * UNROLL and k % 32 == 0: the registry's max_k and k_align, checked by k3_cuda_gemm_launch */
     if (a->m <= 8) return k3_mma_wt_launch_nt<WARPS, TILES, UNROLL, MINB, 1>(a, stream, pdl);
     if (a->m <= 16) return k3_mma_wt_launch_nt<WARPS, TILES, UNROLL, MINB, 2>(a, stream, pdl);
     return cudaErrorInvalidValue;
