@@ -22,7 +22,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "../src/cuda/nvfp4_decode.cuh" /* the library's decode, not a copy */
+#include "../src/cuda/moe/nvfp4_decode.cuh" /* the library's decode, not a copy */
 #define CK(x)                                                                                                        \
     do {                                                                                                             \
         cudaError_t e_ = (x);                                                                                        \

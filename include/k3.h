@@ -112,6 +112,8 @@ typedef struct k3_ctx_options {
      * and so every plan's table choice, are those of that capability. Used by tests and `k3 plan --arch`. */
     int32_t sim_major;
     int32_t sim_minor;
+    int32_t sim_sm_count;  /* with sim_major: the simulated multiprocessor count; 0 = the sm_count key of the
+                              architecture's table (the device it was tuned on) */
     k3_log_fn log_fn;      /* optional; NULL = silent */
     void *log_user;
     k3_log_level log_level; /* default K3_LOG_WARN */
@@ -145,7 +147,7 @@ typedef struct k3_arch_info {
     int32_t has_vendor_qkvg;      /* a vendor (FlashInfer cute-dsl) BF16 QKVG backend would exist: 10.0, 10.3 */
     k3_table_id table;            /* which projection table applies */
     int32_t cuda_backend_usable;  /* 1 when this context can run CUDA kernels */
-    int32_t sm_count;             /* multiprocessors (real devices only, else 0) */
+    int32_t sm_count;             /* multiprocessors (real devices, or k3_ctx_options.sim_sm_count; else 0) */
     int64_t l2_bytes;             /* L2 size (real devices only, else 0) */
     int32_t driver_version;       /* cudaDriverGetVersion (real devices only, else 0) */
     int32_t runtime_version;      /* cudaRuntimeGetVersion (real devices only, else 0) */
@@ -355,7 +357,35 @@ typedef struct k3_moe_desc {
     k3_moe_mode mode;
     k3_act_desc act;
     int64_t max_tokens;    /* default 16 */
+    int32_t force_shape;   /* K3_MOE_FORCE_* bits: launch-shape choices of the CUDA plan turned off (tests and
+                              benchmarks compare them; each gives bitwise the same output); default 0 = the plan's
+                              own choice at every m. Ignored by the CPU backend. */
 } k3_moe_desc;
+
+/* Launch-shape choices of the CUDA routed experts that k3_moe_desc.force_shape can turn off. */
+typedef enum k3_moe_force {
+    K3_MOE_FORCE_NONE = 0,
+    K3_MOE_FORCE_NO_FOLD = 1,  /* keep the dispatch kernel where the GEMMs would route themselves from topk_ids */
+    K3_MOE_FORCE_NO_PAIR = 2,  /* GEMM1 in 16-output blocks where it would put gate and up rows in one tile */
+    K3_MOE_FORCE_NO_TILES = 4, /* GEMM2 one 16-row tile per warp where it would take two or four */
+    K3_MOE_FORCE_NO_EARLY = 8, /* GEMM1's first wave waits for the dispatch kernel where it would route itself */
+} k3_moe_force;
+
+/* What a CUDA MoE plan launches for m tokens (k3_moe_plan_kernel): the instance names of the registry
+ * (src/plan/moe_configs.def), their grids, and the launch-shape choices. */
+typedef struct k3_moe_launch_info {
+    char gemm1[64];             /* "g1_nvfp4_gated_nt1_async_fold"; "cpu" on the CPU backend */
+    char gemm2[64];
+    int64_t gemm1_grid[2], gemm2_grid[2]; /* blocks (x: expert slots or units, y: row tiles) */
+    int32_t dispatch;           /* 1: the dispatch kernel runs first (0: the GEMMs route themselves) */
+    int32_t combine;            /* 1: a combine kernel sums the slots (0: top_k 1, GEMM2 writes out) */
+    int32_t token_tiles;        /* 8-token tiles per pass */
+    int32_t tokens_per_unit;    /* the dispatch's pairs per unit */
+    int32_t fold, pair, early, wide, dense, direct;
+    int32_t gemm2_split_k;      /* GEMM2's warps split K */
+    int32_t gemm2_tiles;        /* GEMM2 16-row tiles per warp */
+    int64_t early_blocks;       /* GEMM1 blocks that route themselves ahead of the dispatch kernel */
+} k3_moe_launch_info;
 
 /* The tensors of the routed experts; every pointer is device memory on CUDA, host on CPU. */
 typedef struct k3_moe_weights {
@@ -377,6 +407,10 @@ K3_API void k3_moe_desc_init(k3_moe_desc *d);
 K3_API k3_status k3_moe_plan_create(k3_ctx *ctx, const k3_moe_desc *d, k3_moe_plan **out);
 K3_API void k3_moe_plan_destroy(k3_moe_plan *plan);
 K3_API k3_status k3_moe_workspace_size(const k3_moe_plan *plan, size_t *out_bytes);
+/* What a run of m tokens (1 <= m <= max_tokens) launches. Plans on CUDA contexts, and on CPU contexts with a
+ * simulated capability whose architecture table names an SM count (or sim_sm_count), resolve the CUDA launches
+ * once per m at plan time; a plain CPU plan reports "cpu". */
+K3_API k3_status k3_moe_plan_kernel(const k3_moe_plan *plan, int64_t m, k3_moe_launch_info *out);
 /*
  * out[m, L] = bf16( sum_j topk_weights[t, j] * W2_e(act(bf16(W13_e x_t))) ), e = topk_ids[t, j], fp32 sum.
  * x [m, L] BF16; topk_ids [m, top_k] int32 in [0, E); topk_weights [m, top_k] f32.
@@ -385,8 +419,9 @@ K3_API k3_status k3_moe_workspace_size(const k3_moe_plan *plan, size_t *out_byte
  * (W4A4, where x is too, per row, with gs = 1/w13_input_scale); expert outputs are summed unrounded. A row of
  * out does not depend on the other tokens of the batch. An id outside [0, E) is K3_STATUS_INVALID_ARGUMENT
  * naming the token and slot on the CPU backend; on CUDA (ids live in device memory and are not read back, so the
- * call stays capturable) such a slot contributes nothing. CUDA requires L and I to be multiples of 32. CUDA runs
- * refuse host pointers with INVALID_ARGUMENT (outside graph capture).
+ * call stays capturable) such a slot contributes nothing. CUDA requires L and I to be multiples of 32, x, w13 and
+ * w2 16-byte aligned and (NVFP4) the block-scale pointers 4-byte aligned. CUDA runs refuse host pointers with
+ * INVALID_ARGUMENT (outside graph capture).
  */
 K3_API k3_status k3_moe_run(k3_moe_plan *plan, int64_t m, const void *x, const int32_t *topk_ids,
                             const float *topk_weights, const k3_moe_weights *w, void *out, float *out_f32,

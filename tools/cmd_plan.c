@@ -18,7 +18,8 @@ static void plan_help(void) {
            "  --shapes SET   tp8, all (default: all, plus every shape of the table), N,K[,N,K...] or a file\n"
            "  --max-m M      the largest token count to resolve (1..32, default 16)\n"
            "  --configs      list the compiled kernel configurations (the registry) instead\n"
-           "  --json         one JSON object on stdout\n");
+           "  --json         one JSON object on stdout\n"
+           "  --moe          the routed-experts plan instead (k3 plan --moe --help)\n");
 }
 
 static void print_configs(int json) {
@@ -118,6 +119,8 @@ static int print_shape(k3_ctx *ctx, k3_shape s, int64_t max_m, int json, int fir
 }
 
 int k3_cmd_plan(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--moe")) return k3_cmd_plan_moe(argc, argv);
     int json = 0, force = 0, configs = 0;
     const char *arch = NULL, *device = "auto", *table = NULL, *shapes_arg = NULL;
     int64_t max_m = 16;

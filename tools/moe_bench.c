@@ -124,6 +124,8 @@ int k3_bench_moe(int argc, char **argv) {
 #else
 #include <cuda_runtime.h>
 
+/* internals: the per-stage breakdown cuts the plan's own launch sequence after each stage */
+#include "api/moe_internal.h"
 #include "cuda/moe.h"
 
 typedef struct moe_bench {
@@ -182,8 +184,8 @@ static k3_status call_stages(void *u, int32_t c, void *s, char *err, size_t err_
     moe_bench *b = (moe_bench *)u;
     (void)err, (void)err_size;
     return mb_report(b,
-                     k3_cuda_moe_run_stages(b->ctx, &b->cm, b->m, b->x, b->ids, b->wts, &b->w[c], b->out, NULL, b->ws,
-                                            s, b->stages),
+                     k3_cuda_moe_run_stages(b->ctx, &b->cm, k3_moe_plan_launch(b->plan, b->m), b->m, b->x, b->ids,
+                                            b->wts, &b->w[c], b->out, NULL, b->ws, s, b->stages),
                      "moe stages");
 }
 

@@ -22,7 +22,13 @@ static k3_status ctx_init_cpu(k3_ctx *ctx, const k3_ctx_options *opt) {
         if (st != K3_STATUS_SUCCESS)
             return k3_fail(ctx, st, "simulated capability %d.%d is out of range (major 1..99, minor 0..9)",
                            (int)opt->sim_major, (int)opt->sim_minor);
+        if (opt->sim_sm_count < 0 || opt->sim_sm_count > 4096)
+            return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT, "simulated SM count %d is out of range (0..4096)",
+                           (int)opt->sim_sm_count);
+        ctx->arch.sm_count = opt->sim_sm_count;
     } else {
+        if (opt->sim_sm_count != 0)
+            return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT, "sim_sm_count needs a simulated capability (sim_major)");
         k3_arch_facts(0, 0, &ctx->arch);
         snprintf(ctx->arch.device_name, sizeof ctx->arch.device_name, "cpu");
     }

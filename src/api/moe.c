@@ -2,6 +2,9 @@
 #include "api/moe_internal.h"
 #include "core/act_check.h"
 #include "cuda/moe.h"
+#include "plan/linear_plan.h"
+#include "plan/moe_plan.h"
+#include "plan/table.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +15,15 @@
 #define K3_MOE_MAX_TOKENS 65536
 #define K3_MOE_MAX_DIM (INT64_C(1) << 24)
 #define K3_MOE_MAX_EXPERT_ELEMS (INT64_C(1) << 40)
+#define K3_MOE_FORCE_ALL                                                                                     \
+    (K3_MOE_FORCE_NO_FOLD | K3_MOE_FORCE_NO_PAIR | K3_MOE_FORCE_NO_TILES | K3_MOE_FORCE_NO_EARLY)
 
 struct k3_moe_plan {
     k3_ctx *ctx;
     k3_cpu_moe cpu;  /* cpu.d is the validated descriptor on every backend */
-    int32_t is_cuda; /* CUDA context: run through src/cuda/moe_*.cu */
+    int32_t is_cuda; /* CUDA context: run through src/cuda/moe/ */
     k3_cuda_moe cuda;
+    k3_moe_launch *launch; /* [max_tokens + 1], indexed by m: the CUDA launches (CUDA or simulated contexts) */
     size_t ws_bytes;
 };
 
@@ -80,6 +86,9 @@ k3_status k3_moe_desc_check(k3_ctx *ctx, const k3_moe_desc *d, const char *what)
                  "%s: w13_separate_scale_2 = 1 needs NVFP4 weights (format is %s)", what, format_name(d->format));
     K3_CHECK_ARG(ctx, !d->w13_separate_scale_2 || d->act.kind != K3_ACT_RELU2_NO_MUL,
                  "%s: w13_separate_scale_2 = 1 needs a gated activation (relu2 has no gate/up halves)", what);
+    K3_CHECK_ARG(ctx, (d->force_shape & ~K3_MOE_FORCE_ALL) == 0,
+                 "%s: force_shape 0x%x has unknown bits (expected K3_MOE_FORCE_* bits, 0x%x)", what,
+                 (unsigned)d->force_shape, (unsigned)K3_MOE_FORCE_ALL);
     K3_CHECK_ARG(ctx, d->max_tokens >= 1 && d->max_tokens <= K3_MOE_MAX_TOKENS,
                  "%s: max_tokens must be in [1, %d] (got %lld)", what, K3_MOE_MAX_TOKENS, (long long)d->max_tokens);
     K3_CHECK_ARG(ctx, 2 * d->inter * d->hidden <= K3_MOE_MAX_EXPERT_ELEMS / d->num_experts,
@@ -121,6 +130,31 @@ k3_status k3_moe_ids_check(k3_ctx *ctx, const k3_moe_desc *d, int64_t m, const i
     return K3_STATUS_SUCCESS;
 }
 
+/* Every m's CUDA launch, resolved once (src/plan/moe_plan.h): on CUDA contexts with the device's SM count, on a
+ * simulated capability with its count or that of the device the architecture's table was tuned on; plain CPU
+ * contexts have none. */
+static k3_status moe_plan_launches(k3_ctx *ctx, k3_moe_plan *p) {
+    int32_t sms = ctx->arch.sm_count;
+    if (!p->is_cuda) {
+        if (!ctx->arch.simulated) return K3_STATUS_SUCCESS;
+        if (sms <= 0) {
+            const k3_table *t = NULL;
+            K3_TRY(k3_linear_ctx_table(ctx, &t));
+            sms = t ? t->key.sm_count : 0;
+        }
+        if (sms <= 0) return K3_STATUS_SUCCESS;
+    } else if (sms <= 0) {
+        return k3_fail(ctx, K3_STATUS_INTERNAL_ERROR, "moe plan: the device reports no multiprocessors");
+    }
+    k3_table_moe tuning;
+    K3_TRY(k3_moe_ctx_tuning(ctx, &tuning));
+    const k3_moe_desc *d = &p->cpu.d;
+    p->launch = (k3_moe_launch *)calloc((size_t)d->max_tokens + 1, sizeof *p->launch);
+    if (!p->launch) return k3_fail(ctx, K3_STATUS_OUT_OF_MEMORY, "moe plan: out of host memory");
+    for (int64_t m = 1; m <= d->max_tokens; m++) K3_TRY(k3_moe_launch_resolve(ctx, d, sms, &tuning, m, &p->launch[m]));
+    return K3_STATUS_SUCCESS;
+}
+
 k3_status k3_moe_plan_create(k3_ctx *ctx, const k3_moe_desc *d, k3_moe_plan **out) {
     if (!ctx) return K3_STATUS_INVALID_ARGUMENT;
     k3_clear_error(ctx);
@@ -152,11 +186,43 @@ k3_status k3_moe_plan_create(k3_ctx *ctx, const k3_moe_desc *d, k3_moe_plan **ou
         p->ws_bytes = k3_cuda_moe_ws_bytes(&p->cuda);
     }
 #endif
+    st = moe_plan_launches(ctx, p);
+    if (st != K3_STATUS_SUCCESS) {
+        k3_moe_plan_destroy(p);
+        return st;
+    }
     *out = p;
     return K3_STATUS_SUCCESS;
 }
 
-void k3_moe_plan_destroy(k3_moe_plan *plan) { free(plan); }
+void k3_moe_plan_destroy(k3_moe_plan *plan) {
+    if (!plan) return;
+    free(plan->launch);
+    free(plan);
+}
+
+const k3_moe_launch *k3_moe_plan_launch(const k3_moe_plan *plan, int64_t m) {
+    if (!plan || !plan->launch || m < 1 || m > plan->cpu.d.max_tokens) return NULL;
+    return &plan->launch[m];
+}
+
+k3_status k3_moe_plan_kernel(const k3_moe_plan *plan, int64_t m, k3_moe_launch_info *out) {
+    if (!plan) return K3_STATUS_INVALID_ARGUMENT;
+    k3_ctx *ctx = plan->ctx;
+    k3_clear_error(ctx);
+    K3_CHECK_ARG(ctx, out != NULL, "moe plan kernel: out is NULL");
+    K3_CHECK_ARG(ctx, m >= 1 && m <= plan->cpu.d.max_tokens,
+                 "moe plan kernel: m must be in [1, max_tokens = %lld] (got %lld)", (long long)plan->cpu.d.max_tokens,
+                 (long long)m);
+    if (plan->launch) {
+        k3_moe_launch_describe(&plan->launch[m], out);
+    } else {
+        memset(out, 0, sizeof *out);
+        snprintf(out->gemm1, sizeof out->gemm1, "cpu");
+        snprintf(out->gemm2, sizeof out->gemm2, "cpu");
+    }
+    return K3_STATUS_SUCCESS;
+}
 
 k3_status k3_moe_workspace_size(const k3_moe_plan *plan, size_t *out_bytes) {
     if (!plan) return K3_STATUS_INVALID_ARGUMENT;
@@ -186,7 +252,8 @@ k3_status k3_moe_run(k3_moe_plan *plan, int64_t m, const void *x, const int32_t 
 #ifdef K3_HAVE_CUDA
     /* device ids cannot be checked without a sync: the kernels skip ids outside [0, E) (see cuda/moe.h) */
     if (plan->is_cuda)
-        return k3_cuda_moe_run(ctx, &plan->cuda, m, x, topk_ids, topk_weights, w, out, out_f32, ws, stream);
+        return k3_cuda_moe_run(ctx, &plan->cuda, &plan->launch[m], m, x, topk_ids, topk_weights, w, out, out_f32, ws,
+                               stream);
 #endif
     K3_TRY(k3_moe_ids_check(ctx, d, m, topk_ids, "moe run"));
     k3_cpu_moe_run(&plan->cpu, m, (const uint16_t *)x, topk_ids, topk_weights, w, (uint16_t *)out, out_f32, ws);

@@ -13,6 +13,10 @@ k3_status k3_moe_weights_check(k3_ctx *ctx, const k3_moe_desc *d, const k3_moe_w
 /* Every topk id of m tokens in [0, E); the first bad one is reported with its token and slot. */
 k3_status k3_moe_ids_check(k3_ctx *ctx, const k3_moe_desc *d, int64_t m, const int32_t *ids, const char *what);
 
+/* The CUDA launch a plan resolved for m tokens, or NULL (a plain CPU plan, or m out of range): the benchmark's
+ * per-stage cuts (k3_cuda_moe_run_stages) run the plan's own launch. */
+const struct k3_moe_launch *k3_moe_plan_launch(const k3_moe_plan *plan, int64_t m);
+
 /* The CPU form of a latent-MoE plan (for tools that run its stages one by one, e.g. the demo's timings). */
 const k3_cpu_latent *k3_latent_moe_plan_cpu(const k3_latent_moe_plan *plan);
 

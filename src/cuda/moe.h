@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "core/internal.h"
+#include "plan/moe_plan.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -22,7 +23,7 @@ size_t k3_cuda_router_ws_bytes(const k3_router_desc *d);
 k3_status k3_cuda_router_run(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const void *x, const void *gate,
                              const float *bias, int32_t *topk_ids, float *topk_weights, void *ws, void *stream);
 
-/* ---- routed experts (src/cuda/moe_dispatch.cu, src/cuda/moe_nvfp4.cu) ------------------------------- */
+/* ---- routed experts (src/cuda/moe_dispatch.cu, src/cuda/moe/) ------------------------------------------- */
 
 /* What the CUDA MoE needs beyond the validated descriptor. */
 typedef struct k3_cuda_moe {
@@ -37,43 +38,22 @@ typedef struct k3_cuda_moe {
 k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_moe_desc *d);
 /* Device workspace for d.max_tokens tokens (dispatch lists, activations, per-(token, slot) outputs). */
 size_t k3_cuda_moe_ws_bytes(const k3_cuda_moe *p);
-/* The routed experts of k3_moe_run on `stream`. Ids outside [0, E) cannot be reported without a host sync:
- * such (token, slot) pairs are skipped (they contribute nothing). Pointers were checked by the caller. */
-k3_status k3_cuda_moe_run(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const void *x, const int32_t *topk_ids,
-                          const float *topk_weights, const k3_moe_weights *w, void *out, float *out_f32, void *ws,
-                          void *stream);
+/* The routed experts of k3_moe_run on `stream`, launched as the plan's row `l` for this m says
+ * (src/plan/moe_plan.h). Ids outside [0, E) cannot be reported without a host sync: such (token, slot) pairs are
+ * skipped (they contribute nothing). Pointers were checked by the caller. */
+k3_status k3_cuda_moe_run(k3_ctx *ctx, const k3_cuda_moe *p, const k3_moe_launch *l, int64_t m, const void *x,
+                          const int32_t *topk_ids, const float *topk_weights, const k3_moe_weights *w, void *out,
+                          float *out_f32, void *ws, void *stream);
 
 /* The launch sequence cut after a stage (the per-stage breakdown of `k3 bench moe`): stages =
- * K3_CUDA_MOE_STAGE_DISPATCH runs the dispatch only, _GEMM1 adds the W4A4 quantization and GEMM1 (with the
- * activation), _GEMM2 adds GEMM2 (the weighted per-pair outputs), _ALL the combine (= k3_cuda_moe_run). */
+ * K3_CUDA_MOE_STAGE_DISPATCH runs the dispatch only (also where the plan folds it into the GEMMs: then it is not
+ * part of the call and runs for reference), _GEMM1 adds the W4A4 quantization and GEMM1 (with the activation),
+ * _GEMM2 adds GEMM2 (the weighted per-pair outputs), _ALL the combine (= k3_cuda_moe_run). */
 enum { K3_CUDA_MOE_STAGE_DISPATCH = 1, K3_CUDA_MOE_STAGE_GEMM1 = 2, K3_CUDA_MOE_STAGE_GEMM2 = 3, K3_CUDA_MOE_STAGE_ALL = 4 };
-/* OR'd into stages: keep the dispatch kernel even where the GEMMs would route themselves (decode sizes, W4A16),
- * so tests can compare the two paths bitwise. With the fold, the stage cut after the dispatch runs the dispatch
- * kernel alone (for reference: it is then not part of the call). */
-enum { K3_CUDA_MOE_NO_FOLD = 0x100 };
-/* OR'd into stages: GEMM1 in its 16-output blocks even where k3_cuda_moe_pairs says it pairs (tests: both must give
- * bitwise the same output). */
-enum { K3_CUDA_MOE_NO_PAIR = 0x200 };
-/* OR'd into stages: GEMM2 with one row tile per warp even where k3_cuda_moe_g2_tiles says two or four (tests: both
- * must give bitwise the same output). */
-enum { K3_CUDA_MOE_NO_T2 = 0x400 };
-/* OR'd into stages: GEMM1's first wave waits for the dispatch kernel even where k3_cuda_moe_early says it routes
- * itself ahead of it (tests: both must give bitwise the same output). */
-enum { K3_CUDA_MOE_NO_EARLY = 0x800 };
-/* 1 when k3_cuda_moe_run at this m folds the dispatch into the GEMMs (W4A16, NVFP4 scales the cp.async ring can
- * copy, <= 256 pairs, grids of at most two waves), else 0 (tests). */
-int k3_cuda_moe_folds(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w);
-/* 1 when GEMM1 at this m runs in paired tiles (gate and up rows of 8 outputs in one 16-row MMA tile: gated, W4A16,
- * NVFP4 with the cp.async ring, m <= 8, twice the 16-output grid within one wave), else 0 (tests). */
-int k3_cuda_moe_pairs(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w);
-/* GEMM2's row tiles per warp at this m: 2 or 4 in the unfolded KS 1 NT 1 cp.async instance, else 1 (tests). */
-int k3_cuda_moe_g2_tiles(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w);
-/* 1 when GEMM1 at this m routes its first wave from topk_ids ahead of the dispatch kernel (W4A16, NVFP4 cp.async,
- * NT 1, <= 256 pairs, not folded, a GEMM1 grid of at most 8 waves), else 0 (tests). */
-int k3_cuda_moe_early(const k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const k3_moe_weights *w);
-k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, int64_t m, const void *x,
-                                 const int32_t *topk_ids, const float *topk_weights, const k3_moe_weights *w,
-                                 void *out, float *out_f32, void *ws, void *stream, int32_t stages);
+k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, const k3_moe_launch *l, int64_t m,
+                                 const void *x, const int32_t *topk_ids, const float *topk_weights,
+                                 const k3_moe_weights *w, void *out, float *out_f32, void *ws, void *stream,
+                                 int32_t stages);
 
 /* The dispatch step alone (exposed for tests and the benchmark): from ids [np] in [0, E), writes
  * offs [E + 1] (prefix offsets of the per-expert counts); the units: each touched expert's pairs cut into runs of

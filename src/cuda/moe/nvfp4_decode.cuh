@@ -1,7 +1,7 @@
-/* The NVFP4 E2M1 -> BF16 expansion of the MoE expert GEMMs (moe_nvfp4.cu), in a header so that the diagnostic
+/* The NVFP4 E2M1 -> BF16 expansion of the MoE expert GEMMs (src/cuda/moe/), in a header so that the diagnostic
  * probes (bench/moe_ws_probe.cu) time exactly the library's per-word work. */
-#ifndef K3_CUDA_NVFP4_DECODE_CUH
-#define K3_CUDA_NVFP4_DECODE_CUH
+#ifndef K3_CUDA_MOE_NVFP4_DECODE_CUH
+#define K3_CUDA_MOE_NVFP4_DECODE_CUH
 
 #include <stdint.h>
 
