@@ -76,20 +76,6 @@ k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32_t np, int3
 k3_status k3_cuda_check_device_ptrs(k3_ctx *ctx, void *stream, const char *what, int32_t n, const void *const *ptrs,
                                     const char *const *names);
 
-/* ---- the latent-MoE block (src/cuda/moe_latent.cu) ------------------------------------------------ */
-
-typedef struct k3_cuda_latent k3_cuda_latent;
-
-/* Builds the block's sub-plans (router, MoE, four linear plans, the fork/join of the shared branch) from a
- * validated descriptor whose router/experts max_tokens equal the block's. UNSUPPORTED above 32 tokens. */
-k3_status k3_cuda_latent_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_cuda_latent **out);
-void k3_cuda_latent_destroy(k3_cuda_latent *p);
-size_t k3_cuda_latent_ws_bytes(const k3_cuda_latent *p);
-/* The block of k3_latent_moe_run on `stream` (topk_ids / topk_weights / residual may be NULL). */
-k3_status k3_cuda_latent_run(k3_cuda_latent *p, int64_t m, const void *x, const k3_latent_moe_weights *w,
-                             const void *residual, void *y, int32_t *topk_ids, float *topk_weights, void *ws,
-                             void *stream);
-
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,36 @@
+/* C-callable launchers of the latent-MoE block's three elementwise kernels (src/cuda/latent_kernels.cu); the
+ * block itself is composed in src/api/latent.c. BF16 tensors are uint16_t bit patterns, rows dense unless a
+ * stride is given. Arguments were validated by the caller. Each launcher queues one kernel on `stream` (a
+ * cudaStream_t), checks the launch and returns CUDA_ERROR with a message when it failed; none allocates or
+ * synchronizes, so they record into a CUDA graph. Only compiled into CUDA builds. */
+#ifndef K3_CUDA_LATENT_KERNELS_H
+#define K3_CUDA_LATENT_KERNELS_H
+
+#include <stdint.h>
+
+#include "core/internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* v[t, c] = bf16(bf16(u[t, c] * r_t) * norm[c]) for t < m, c < l, with r_t = 1 / sqrt(mean_c(u[t, c]^2) + eps):
+ * the RMSNorm of the experts' fp32 sum. One block per token; the sum of squares in a fixed tree order
+ * (deterministic run to run; it may differ from a sequential sum in the last bit). m >= 1. */
+k3_status k3_cuda_latent_rmsnorm_launch(k3_ctx *ctx, const float *u, const uint16_t *norm, int64_t m, int64_t l,
+                                        float eps, uint16_t *v, void *stream);
+
+/* a[t, c] = bf16(act(g row t)) for t < m, c < inter, g rows g_stride elements apart, in the layout of act->kind:
+ * RELU2_NO_MUL reads g[t, c]; SWIGLUOAI the interleaved pair (g[t, 2c], g[t, 2c + 1]); the other gated kinds
+ * (g[t, c], g[t, inter + c]). The descriptor is passed to the kernel by value. m * inter >= 1. */
+k3_status k3_cuda_latent_act_launch(k3_ctx *ctx, const uint16_t *g, int64_t m, int64_t inter, int64_t g_stride,
+                                    const k3_act_desc *act, uint16_t *a, void *stream);
+
+/* y[i] = bf16((z[i] + s[i]) + r[i]) for i < n in fp32, one rounding; s and r may be NULL (not added). n >= 1. */
+k3_status k3_cuda_latent_sum_launch(k3_ctx *ctx, const uint16_t *z, const uint16_t *s, const uint16_t *r, int64_t n,
+                                    uint16_t *y, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
