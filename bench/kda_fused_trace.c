@@ -1,5 +1,5 @@
 /* A diagnostic, not part of the library or of the build: per-block globaltimer stamps of the one-launch KDA
- * projection (src/cuda/kda_fused.cu) for the last two launches of a graph of 24 back-to-back calls over 3 cold
+ * projection (src/cuda/kda/fused.cu) for the last two launches of a graph of 24 back-to-back calls over 3 cold
  * weight copies (Kimi-K3 TP8 shapes, random bf16 data as in `k3 bench kda`: power, and so the clocks,
  * depend on the data; the timeline, not the values, is the output).
  * Build a trace library and link this against it:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proves the fp32-accumulating BF16 FMA is chosen per architecture at compile time (src/cuda/fma.cuh), in every
+# Proves the fp32-accumulating BF16 FMA is chosen per architecture at compile time (src/cuda/common/fma.cuh), in every
 # source that uses it: the skinny GEMM (gemm_skinny.cu) and the KDA run_n / run_k kernels (kda_proj.cu). Their
 # sm_90a PTX has no mixed-precision fma.rn.f32.bf16 (it would not compile there) and does have the convert-then-fma
 # fma.rn.f32; their sm_100a PTX uses the mixed-precision instruction. Needs nvcc only (no GPU); skipped (77) without it.
@@ -11,12 +11,12 @@ src="${K3_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}"
 nvcc_bin="$(nvcc_path)"
 if [ -z "$nvcc_bin" ]; then echo "SKIPPED: no nvcc"; exit 77; fi
 
-for unit in gemm_skinny kda_proj; do
+for unit in gemm/skinny kda/proj; do
     for arch in 90a 100a; do
-        ptx="$T/${unit}_${arch}.ptx"
+        ptx="$T/${unit//\//_}_${arch}.ptx"
         if ! "$nvcc_bin" -ptx -gencode "arch=compute_${arch},code=compute_${arch}" -I"$src/include" -I"$src/src" \
-            --expt-relaxed-constexpr "$src/src/cuda/${unit}.cu" -o "$ptx" 2>"$T/err_${unit}_${arch}"; then
-            bad "nvcc -ptx of ${unit}.cu for compute_${arch} failed: $(head -5 "$T/err_${unit}_${arch}")"
+            --expt-relaxed-constexpr "$src/src/cuda/${unit}.cu" -o "$ptx" 2>"$T/err_${unit//\//_}_${arch}"; then
+            bad "nvcc -ptx of ${unit}.cu for compute_${arch} failed: $(head -5 "$T/err_${unit//\//_}_${arch}")"
             continue
         fi
         ok

@@ -24,9 +24,9 @@ if [ "$have_ver" != "$want_ver" ]; then
 fi
 
 # ptxas's resource report of the kernel families for sm_90a, as the library builds them
-for f in gemm_mma gemm_mma_wt gemm_skinny; do
+for f in mma mma_wt skinny; do
     if "$nvcc_bin" -c -DK3_HAVE_CUDA=1 -I"$src/include" -I"$src/src" -O3 -DNDEBUG --expt-relaxed-constexpr -std=c++17 -lineinfo \
-        -gencode arch=compute_90a,code=sm_90a -Xptxas -v "$src/src/cuda/$f.cu" -o "$T/$f.o" >"$T/$f.log" 2>&1; then
+        -gencode arch=compute_90a,code=sm_90a -Xptxas -v "$src/src/cuda/gemm/$f.cu" -o "$T/$f.o" >"$T/$f.log" 2>&1; then
         ok
     else
         bad "nvcc $f.cu: $(grep -m3 error "$T/$f.log")"
@@ -36,7 +36,7 @@ done
 
 # "mma W,T,U,C,PF,MINB,L2B,PIPE,NT regs smem" / "mmawt W,T,U,MINB,NT regs smem" / "skinny THR,ROWS,UNROLL,SK,M
 # regs smem" for every entry function
-cat "$T/gemm_mma.log" "$T/gemm_mma_wt.log" "$T/gemm_skinny.log" | awk '
+cat "$T/mma.log" "$T/mma_wt.log" "$T/skinny.log" | awk '
     /Compiling entry function/ {
         name = $0; sub(/.*entry function .*k3_/, "", name)
         kind = name ~ /^mma_wt_kernel/ ? "mmawt" : name ~ /^mma_kernel/ ? "mma" : "skinny"

@@ -17,7 +17,7 @@
 
 #include "core/bf16.h"
 #include "cpu/cpu.h"
-#include "cuda/gemm.h"
+#include "cuda/gemm/gemm.h"
 #include "plan/gemm_configs.h"
 
 #define POISON 0xFFFFu

@@ -24,7 +24,7 @@ int main(void) { K3T_SKIP("built without CUDA"); }
 
 #include <cuda_runtime.h>
 
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 
 #define SEED 0x6D6F45u
 

@@ -126,7 +126,7 @@ int k3_bench_moe(int argc, char **argv) {
 
 /* internals: the per-stage breakdown cuts the plan's own launch sequence after each stage */
 #include "api/moe_internal.h"
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 
 typedef struct moe_bench {
     k3_ctx *ctx;

@@ -1,6 +1,6 @@
 /* Context creation: resolves the backend, reads (or simulates) the architecture facts. */
 #include "arch/arch.h"
-#include "cuda/backend.h"
+#include "cuda/common/backend.h"
 #include "plan/table.h"
 
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* CPU-only builds: the CUDA backend's entry points, each answering "not available". */
-#include "cuda/backend.h"
-#include "cuda/fork_join.h"
-#include "cuda/kda_proj.h"
+#include "cuda/common/backend.h"
+#include "cuda/common/fork_join.h"
+#include "cuda/kda/proj.h"
 
 int32_t k3_cuda_built(void) { return 0; }
 
@@ -19,7 +19,7 @@ k3_status k3_cuda_state_create(k3_ctx *ctx) {
 
 void k3_cuda_state_destroy(struct k3_cuda_state *state) { (void)state; }
 
-/* ---- KDA projection kernels and the fork/join primitive (src/cuda/kda_proj.cu, src/cuda/fork_join.cu) ---- */
+/* ---- KDA projection kernels and the fork/join primitive (src/cuda/kda/proj.cu, src/cuda/common/fork_join.cu) ---- */
 
 k3_status k3_cuda_kda_sliced_create(k3_ctx *ctx, int64_t hidden, int64_t rows, k3_cuda_kda_sliced **out) {
     (void)hidden, (void)rows;

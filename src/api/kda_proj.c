@@ -1,13 +1,13 @@
 /* The KDA projection (LOW-LATENCY-GEMM.md section 4): QKVG through the linear plan on the caller's stream;
  * F_AB (run_n) then F_B (run_k) on an auxiliary stream, forked and joined by events made at plan time. Where the
  * tuning chooses K3_KDA_RUN_N_FUSED and the plan overlaps, the three instead run concurrently inside one launch on
- * the caller's stream, on disjoint SMs (src/cuda/kda_fused.cu). */
+ * the caller's stream, on disjoint SMs (src/cuda/kda/fused.cu). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu.h"
-#include "cuda/fork_join.h"
-#include "cuda/kda_proj.h"
+#include "cuda/common/fork_join.h"
+#include "cuda/kda/proj.h"
 #include "plan/kda_tuning.h"
 
 struct k3_kda_proj_plan {

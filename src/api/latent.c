@@ -5,9 +5,9 @@
 #include "core/act.h"
 #include "core/act_check.h"
 #ifdef K3_HAVE_CUDA
-#include "cuda/fork_join.h"
-#include "cuda/latent_kernels.h"
-#include "cuda/moe.h"
+#include "cuda/common/fork_join.h"
+#include "cuda/latent/kernels.h"
+#include "cuda/common/ptr_check.h"
 #endif
 
 #include <math.h>
@@ -79,7 +79,7 @@ static k3_status latent_check_desc(k3_ctx *ctx, const k3_latent_moe_desc *d) {
  *   aux stream:   shared gate_up = bf16(x W_gu^T) -> bf16(act) -> s = bf16(a W_sd^T)
  *   join, then    y = bf16((up + s) + residual)
  * The BF16 projections go through linear plans, the routed experts through a MoE plan, the router through a
- * router plan; the three elementwise steps are the kernels of src/cuda/latent_kernels.cu. The shared branch
+ * router plan; the three elementwise steps are the kernels of src/cuda/latent/kernels.cu. The shared branch
  * depends on x alone, so it runs concurrently with the routed path, forked and joined by events and an aux stream
  * made at plan time (capturable: no allocation, no sync, no host decision at run time).
  */

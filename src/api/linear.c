@@ -6,8 +6,8 @@
 #include "cpu/cpu.h"
 #include "plan/linear_plan.h"
 #ifdef K3_HAVE_CUDA
-#include "cuda/cublaslt.h"
-#include "cuda/gemm.h"
+#include "cuda/gemm/cublaslt.h"
+#include "cuda/gemm/gemm.h"
 #endif
 
 /* Shapes beyond this are rejected: the kernels index within a row with 32-bit integers. */

@@ -1,7 +1,7 @@
 /* The public routed-experts (MoE) API: descriptor defaults, plan validation, run-time checks, CPU dispatch. */
 #include "api/moe_internal.h"
 #include "core/act_check.h"
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 #include "plan/linear_plan.h"
 #include "plan/moe_plan.h"
 #include "plan/table.h"

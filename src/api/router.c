@@ -1,7 +1,7 @@
 /* The public router API: descriptor defaults, plan validation, run-time checks, dispatch to the backend. */
 #include "core/internal.h"
 #include "cpu/cpu.h"
-#include "cuda/moe.h"
+#include "cuda/router/router.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -13,7 +13,7 @@ struct k3_router_plan {
     k3_ctx *ctx;
     k3_router_desc desc;
     float *scratch; /* [E] logits / probabilities of one token; made here so run calls allocate nothing */
-    int32_t is_cuda; /* CUDA context: the kernels of src/cuda/moe_route.cu, logits in the workspace */
+    int32_t is_cuda; /* CUDA context: the kernels of src/cuda/router/router.cu, logits in the workspace */
 };
 
 void k3_router_desc_init(k3_router_desc *d) {

@@ -1,5 +1,5 @@
 /* The one place that turns a compute capability (real or simulated) into facts. No other file tests
- * compute capability; kernels choose instructions by __CUDA_ARCH__ in src/cuda/fma.cuh only. */
+ * compute capability; kernels choose instructions by __CUDA_ARCH__ in src/cuda/common/fma.cuh only. */
 #ifndef K3_ARCH_ARCH_H
 #define K3_ARCH_ARCH_H
 

@@ -3,7 +3,7 @@
 #include <string.h>
 
 /* SM90, measured with `k3 bench kda` on H200s (the history and the numbers: bench/NOTES-kda.md, sessions 9-26):
- * - every m 1-16: the whole projection in one launch (K3_KDA_RUN_N_FUSED, src/cuda/kda_fused.cu): QKVG tiles three
+ * - every m 1-16: the whole projection in one launch (K3_KDA_RUN_N_FUSED, src/cuda/kda/fused.cu): QKVG tiles three
  *   to a block on 128 SMs, F_AB and f_b on the other 4 (session 26: -0.1..+0.4 us over the faster QKVG alone at
  *   m 9-14 and +0.4..+0.9 at m 1-8, against +2.6..+3.5 and +0.7..+1.0 for the two-stream overlaps below);
  *   its QKVG tiles ask two weight steps into L2 before their PDL wait at m 1-4 and one from m 5 (session 26: one

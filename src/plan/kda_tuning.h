@@ -22,7 +22,7 @@ void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out);
  * tuning's measured alternative at those m. */
 void k3_kda_tuning_drop_fused(k3_kda_tuning *t);
 
-/* The grid of the one-launch projection (src/cuda/kda_fused.cu): QKVG tiles of 16 rows, TILES_PER_BLOCK to a
+/* The grid of the one-launch projection (src/cuda/kda/fused.cu): QKVG tiles of 16 rows, TILES_PER_BLOCK to a
  * block (one block per SM), then branch blocks on the remaining SMs, each taking every F_AB tile over its share
  * of K (its x slice staged in xs_bytes of shared memory, rows xs_stride elements apart). */
 #define K3_KDA_FUSED_TILES_PER_BLOCK 3

@@ -20,7 +20,7 @@ typedef enum k3_choice_source {
     K3_CHOICE_DEMOTED = 3,  /* the table's configuration cannot run this plan's strides: the fallback */
 } k3_choice_source;
 
-struct k3_lt_plan; /* src/cuda/cublaslt.h */
+struct k3_lt_plan; /* src/cuda/gemm/cublaslt.h */
 
 struct k3_linear_plan {
     k3_ctx *ctx;

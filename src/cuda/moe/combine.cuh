@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 #include "core/bf16.h"
-#include "cuda/pdl.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/moe/params.cuh"
 
 namespace {

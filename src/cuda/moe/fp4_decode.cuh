@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 #include "core/formats.h"
-#include "cuda/gemm_kernels.cuh"
+#include "cuda/common/loads.cuh"
 #include "cuda/moe/config.cuh"
 
 namespace {

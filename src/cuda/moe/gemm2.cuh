@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 #include "core/bf16.h"
-#include "cuda/pdl.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/moe/fold.cuh"
 #include "cuda/moe/mainloop_async.cuh"
 

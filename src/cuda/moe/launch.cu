@@ -11,14 +11,15 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda/check.cuh"
-#include "cuda/moe.h"
+#include "cuda/common/check.cuh"
+#include "cuda/common/ptr_check.h"
+#include "cuda/moe/moe.h"
 #include "cuda/moe/combine.cuh"
 #include "cuda/moe/gemm1.cuh"
 #include "cuda/moe/gemm2.cuh"
 #include "cuda/moe/quant_x.cuh"
 #include "cuda/moe/workspace.cuh"
-#include "cuda/pdl.cuh"
+#include "cuda/common/pdl.cuh"
 #include "plan/moe_configs.h"
 
 namespace {

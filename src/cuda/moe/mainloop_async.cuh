@@ -3,7 +3,7 @@
 #define K3_CUDA_MOE_MAINLOOP_ASYNC_CUH
 
 #include <stdint.h>
-#include "cuda/cp_async.cuh"
+#include "cuda/common/cp_async.cuh"
 #include "cuda/moe/mainloop_ring.cuh"
 
 namespace {

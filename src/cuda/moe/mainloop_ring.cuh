@@ -4,8 +4,8 @@
 #define K3_CUDA_MOE_MAINLOOP_RING_CUH
 
 #include <stdint.h>
-#include "cuda/mma.cuh"
-#include "cuda/pdl.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/moe/fp4_decode.cuh"
 #include "cuda/moe/nvfp4_decode.cuh"
 

@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include "core/bf16.h"
 #include "core/formats.h"
-#include "cuda/pdl.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/moe/fp4_decode.cuh"
 #include "cuda/moe/params.cuh"
 

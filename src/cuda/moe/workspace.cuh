@@ -4,7 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 
 namespace {
 

@@ -8,11 +8,11 @@
 
 #include <type_traits>
 
-#include "cuda/check.cuh"
-#include "cuda/fma.cuh"
-#include "cuda/gemm_kernels.cuh"
-#include "cuda/kda_proj.h"
-#include "cuda/pdl.cuh"
+#include "cuda/common/check.cuh"
+#include "cuda/common/fma.cuh"
+#include "cuda/gemm/kernels.cuh"
+#include "cuda/kda/proj.h"
+#include "cuda/common/pdl.cuh"
 
 
 namespace {

@@ -5,8 +5,8 @@
 #ifndef K3_CUDA_GEMM_MMA_TILE_CUH
 #define K3_CUDA_GEMM_MMA_TILE_CUH
 
-#include "cuda/gemm_kernels.cuh"
-#include "cuda/mma.cuh"
+#include "cuda/gemm/kernels.cuh"
+#include "cuda/common/mma.cuh"
 
 /* This lane's (g = lane / 4, q = lane % 4) weight rows: g and g + 8 of every 16-row tile from row0, at its 8
  * elements of a 32-element chunk; rows past n read row n - 1 and must never be stored. */

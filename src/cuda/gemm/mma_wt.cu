@@ -15,7 +15,7 @@
  * The operand layout, the k map and the loads are those of gemm_mma_tile.cuh. The sums differ in order from the
  * split-K kernel's (chunks added pairwise here), so the bits differ between the two families; each is
  * deterministic. */
-#include "cuda/gemm_mma_tile.cuh"
+#include "cuda/gemm/mma_tile.cuh"
 
 namespace {
 

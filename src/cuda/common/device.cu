@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "arch/arch.h"
-#include "cuda/check.cuh"
-#include "cuda/state.cuh"
+#include "cuda/common/check.cuh"
+#include "cuda/common/state.cuh"
 
 extern "C" int32_t k3_cuda_built(void) { return 1; }
 

@@ -1,4 +1,4 @@
-/* C-callable launchers of the latent-MoE block's three elementwise kernels (src/cuda/latent_kernels.cu); the
+/* C-callable launchers of the latent-MoE block's three elementwise kernels (src/cuda/latent/kernels.cu); the
  * block itself is composed in src/api/latent.c. BF16 tensors are uint16_t bit patterns, rows dense unless a
  * stride is given. Arguments were validated by the caller. Each launcher queues one kernel on `stream` (a
  * cudaStream_t), checks the launch and returns CUDA_ERROR with a message when it failed; none allocates or

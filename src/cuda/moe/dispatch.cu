@@ -18,9 +18,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "cuda/check.cuh"
-#include "cuda/moe.h"
-#include "cuda/pdl.cuh"
+#include "cuda/common/check.cuh"
+#include "cuda/moe/moe.h"
+#include "cuda/common/pdl.cuh"
 
 namespace {
 

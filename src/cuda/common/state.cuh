@@ -4,7 +4,7 @@
 
 #include <cublasLt.h>
 
-#include "cuda/backend.h"
+#include "cuda/common/backend.h"
 
 struct k3_cuda_state {
     int device;

@@ -1,4 +1,4 @@
-/* The cuBLASLt fallback of the linear plan (src/cuda/gemm_cublaslt.cu): one matmul descriptor per plan,
+/* The cuBLASLt fallback of the linear plan (src/cuda/gemm/cublaslt.cu): one matmul descriptor per plan,
  * layouts per M, the heuristic's top algorithms per M chosen once at plan time. CUDA builds only. */
 #ifndef K3_CUDA_CUBLASLT_H
 #define K3_CUDA_CUBLASLT_H

@@ -4,9 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/check.cuh"
-#include "cuda/cublaslt.h"
-#include "cuda/state.cuh"
+#include "cuda/common/check.cuh"
+#include "cuda/gemm/cublaslt.h"
+#include "cuda/common/state.cuh"
 
 /* Upper bound offered to the heuristic; the plan reports what its kept algorithms actually need. */
 #define K3_LT_MAX_WORKSPACE ((size_t)32 << 20)

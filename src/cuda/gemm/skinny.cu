@@ -6,8 +6,8 @@
  * parameter so the M x ROWS fp32 accumulators stay in registers. Reduction: warp shuffles, then one
  * shared-memory pass across warps, in a fixed order (bitwise reproducible).
  * With PDL the first weight batch is issued before griddepcontrol.wait: it overlaps the previous kernel. */
-#include "cuda/fma.cuh"
-#include "cuda/gemm_kernels.cuh"
+#include "cuda/common/fma.cuh"
+#include "cuda/gemm/kernels.cuh"
 
 namespace {
 

@@ -1,7 +1,7 @@
 #include <cstdlib>
 
-#include "cuda/check.cuh"
-#include "cuda/fork_join.h"
+#include "cuda/common/check.cuh"
+#include "cuda/common/fork_join.h"
 
 struct k3_fork_join {
     cudaStream_t aux;

@@ -7,8 +7,8 @@
 
 #include "core/act.h"
 #include "core/bf16.h"
-#include "cuda/check.cuh"
-#include "cuda/latent_kernels.h"
+#include "cuda/common/check.cuh"
+#include "cuda/latent/kernels.h"
 
 namespace {
 

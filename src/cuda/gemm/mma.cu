@@ -18,7 +18,7 @@
  * is multiplied (one or two steps in flight per warp: PIPE) and from L2 prefetch (PF), instead of a multi-stage
  * cp.async pipeline. The loads and the K loop live in gemm_mma_tile.cuh (shared with the KDA one-launch kernel);
  * this file holds the kernel's cluster split, its reduction epilogue and the launchers. */
-#include "cuda/gemm_mma_tile.cuh"
+#include "cuda/gemm/mma_tile.cuh"
 
 namespace {
 

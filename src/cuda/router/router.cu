@@ -24,10 +24,10 @@
 #include <stdint.h>
 
 #include "core/router_math.h"
-#include "cuda/check.cuh"
-#include "cuda/moe.h"
-#include "cuda/cp_async.cuh"
-#include "cuda/pdl.cuh"
+#include "cuda/common/check.cuh"
+#include "cuda/router/router.h"
+#include "cuda/common/cp_async.cuh"
+#include "cuda/common/pdl.cuh"
 
 namespace {
 

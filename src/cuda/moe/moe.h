@@ -1,9 +1,9 @@
-/* C-callable launchers of the GPU router and routed-experts (MoE) kernels, called by src/api/router.c and
- * src/api/moe.c for CUDA contexts. Only compiled into CUDA builds: the API files call them under
+/* C-callable launchers of the routed-experts (MoE) kernels, called by src/api/moe.c for CUDA contexts.
+ * Only compiled into CUDA builds: the API files call them under
  * #ifdef K3_HAVE_CUDA (a CPU-only build cannot create a CUDA context, so it never needs them).
  * None of them allocates, synchronizes or reads device data on the host (CUDA-graph capturable). */
-#ifndef K3_CUDA_MOE_H
-#define K3_CUDA_MOE_H
+#ifndef K3_CUDA_MOE_MOE_H
+#define K3_CUDA_MOE_MOE_H
 
 #include <stddef.h>
 
@@ -14,16 +14,7 @@
 extern "C" {
 #endif
 
-/* ---- router (src/cuda/moe_route.cu) ---------------------------------------------------------------- */
-
-/* Device workspace of k3_cuda_router_run for up to max_tokens tokens: the fp32 logits [max_tokens, E]. */
-size_t k3_cuda_router_ws_bytes(const k3_router_desc *d);
-/* The router of k3_router_run on `stream`; bitwise the CPU router's ids and weights (same summation order,
- * same sigmoid/exp from core/router_math.h, same selection and NaN rules). Arguments were validated. */
-k3_status k3_cuda_router_run(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const void *x, const void *gate,
-                             const float *bias, int32_t *topk_ids, float *topk_weights, void *ws, void *stream);
-
-/* ---- routed experts (src/cuda/moe_dispatch.cu, src/cuda/moe/) ------------------------------------------- */
+/* ---- routed experts (src/cuda/moe/dispatch.cu, src/cuda/moe/) ------------------------------------------- */
 
 /* What the CUDA MoE needs beyond the validated descriptor. */
 typedef struct k3_cuda_moe {
@@ -68,13 +59,6 @@ k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32_t np, int3
                                int32_t tokens_per_unit, int32_t *offs, int32_t *cur, int32_t *active,
                                int32_t *act_off, int32_t *n_active, int32_t *list, const float *wts, float *wsort,
                                void *stream);
-
-/* ---- pointer check (src/cuda/moe_ptr_check.cu) ------------------------------------------------------ */
-
-/* INVALID_ARGUMENT naming the first of the n pointers that is plain host memory (NULLs are skipped). Skipped
- * while `stream` is capturing. */
-k3_status k3_cuda_check_device_ptrs(k3_ctx *ctx, void *stream, const char *what, int32_t n, const void *const *ptrs,
-                                    const char *const *names);
 
 #ifdef __cplusplus
 }

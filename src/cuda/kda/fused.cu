@@ -31,9 +31,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "cuda/check.cuh"
-#include "cuda/gemm_mma_tile.cuh"
-#include "cuda/kda_proj.h"
+#include "cuda/common/check.cuh"
+#include "cuda/gemm/mma_tile.cuh"
+#include "cuda/kda/proj.h"
 
 namespace {
 

@@ -4,7 +4,7 @@
  * disturbs a CUDA-graph capture. */
 #include <cuda_runtime.h>
 
-#include "cuda/moe.h"
+#include "cuda/common/ptr_check.h"
 
 extern "C" k3_status k3_cuda_check_device_ptrs(k3_ctx *ctx, void *stream, const char *what, int32_t n,
                                                const void *const *ptrs, const char *const *names) {

@@ -2,8 +2,8 @@
  * template instance (the table below is generated from the same src/plan/gemm_configs.def as the registry). */
 #include <string.h>
 
-#include "cuda/check.cuh"
-#include "cuda/gemm_kernels.cuh"
+#include "cuda/common/check.cuh"
+#include "cuda/gemm/kernels.cuh"
 
 namespace {
 
