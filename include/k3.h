@@ -469,8 +469,8 @@ K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const vo
 
 /* ------------------------------------------------------------------ KDA projection overlap - */
 /*
- * The KDA input projection of Kimi-K3 (LOW-LATENCY-GEMM.md section 4): from x [m, hidden] and the packed
- * in_proj weight [packed_rows, hidden] (rows 0..qkvg_rows-1 = q, k, v, g; then f_a (fa_dim rows), beta
+ * The KDA input projection of Kimi-K3 (the three GEMMs that feed a KDA layer at decode): from x [m, hidden] and
+ * the packed in_proj weight [packed_rows, hidden] (rows 0..qkvg_rows-1 = q, k, v, g; then f_a (fa_dim rows), beta
  * (local_heads rows), zero padding) and f_b [qkvg_rows / 4, fa_dim]:
  *   qkvg [m, qkvg_rows]           = x . W[0:qkvg_rows]^T                      (caller's stream)
  *   fab  [m, fab_rows]            = x . W[qkvg_rows:packed_rows]^T            (aux stream)
@@ -479,27 +479,38 @@ K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const vo
  * overlap_max_tokens the aux branch runs concurrently (fork/join by events made at plan time), or all three inside
  * one launch (K3_KDA_RUN_N_FUSED, the SM90 default); otherwise all three run in order on the caller's stream, with
  * bitwise the same results (after the one launch: qkvg bitwise, fab and g1 up to rounding order). Capturable into
- * CUDA graphs.
+ * CUDA graphs. The per-m choices (overlap range, F_AB block shape, QKVG kernel) are the `kda` rows of the
+ * architecture's plan table (tables/<arch>.txt, or a table loaded with k3_ctx_load_table).
  */
 /* Block shapes of the F_AB kernel (fab = x . W_fab^T; a block spans all of K, except SLICED). */
-#define K3_KDA_RUN_N_TUNED 0
-#define K3_KDA_RUN_N_ROWS1 1  /* hidden / 16 threads, one output row per block */
-#define K3_KDA_RUN_N_ROWS2 2  /* hidden / 16 threads, two output rows per block */
-#define K3_KDA_RUN_N_NARROW 3 /* 128 threads and one row per block (hidden % 1024 == 0, else ROWS1): small
-                                 enough to sit beside a QKVG kernel that fills every SM in one wave */
-#define K3_KDA_RUN_N_SLICED 4 /* 128 threads = 16 rows x one K slice per block, about one block per SM (the
-                                 plan then owns device counts: its runs must be ordered on the GPU) */
-#define K3_KDA_RUN_N_FUSED 5  /* not a run_n shape: where the plan overlaps (m <= overlap_max_tokens), the whole
-                                 projection in ONE launch on the caller's stream, no aux stream: QKVG tiles three to a
-                                 block on qkvg_rows / 48 SMs, F_AB then f_b on the remaining SMs. The sequential path
-                                 (m > overlap_max_tokens) then runs the QKVG GEMM with the same tile configuration
-                                 (mma w4_t1_u4_l_h2: qkvg bit for bit the same) and the two-row F_AB kernel; fab and g1
-                                 differ from the one launch's in rounding only (K summed in another order). CUDA; needs
-                                 hidden % 32 == 0, qkvg_rows % 48 == 0, <= 144 F_AB rows and, every block resident at
-                                 once, qkvg_rows / 48 SMs plus enough for the branch (4 at TP8); otherwise the tuned
-                                 plan falls back to the two-stream overlap and a forced one is refused. The plan owns
-                                 device state: its runs must be ordered on the GPU (one stream, or streams ordered by
-                                 events) */
+typedef enum k3_kda_run_n {
+    K3_KDA_RUN_N_TUNED = 0,  /* the table's choice per m (the default) */
+    K3_KDA_RUN_N_ROWS1 = 1,  /* hidden / 16 threads, one output row per block */
+    K3_KDA_RUN_N_ROWS2 = 2,  /* hidden / 16 threads, two output rows per block */
+    K3_KDA_RUN_N_NARROW = 3, /* 128 threads and one row per block (hidden % 1024 == 0, else ROWS1): small
+                                enough to sit beside a QKVG kernel that fills every SM in one wave */
+    K3_KDA_RUN_N_SLICED = 4, /* 128 threads = 16 rows x one K slice per block, about one block per SM (the
+                                plan then owns device counts: its runs must be ordered on the GPU) */
+    K3_KDA_RUN_N_FUSED = 5,  /* not a run_n shape: where the plan overlaps (m <= overlap_max_tokens), the whole
+                                projection in ONE launch on the caller's stream, no aux stream: QKVG tiles three to a
+                                block on qkvg_rows / 48 SMs, F_AB then f_b on the remaining SMs. The sequential path
+                                (m > overlap_max_tokens) then runs the QKVG GEMM with the same tile configuration
+                                (mma w4_t1_u4_l_h2: qkvg bit for bit the same) and the two-row F_AB kernel; fab and g1
+                                differ from the one launch's in rounding only (K summed in another order). CUDA; needs
+                                hidden % 32 == 0, qkvg_rows % 48 == 0, <= 144 F_AB rows and, every block resident at
+                                once, qkvg_rows / 48 SMs plus enough for the branch (4 at TP8); otherwise the tuned
+                                plan takes the table's choice for a device it does not fit, and a forced one is
+                                refused. The plan owns device state: its runs must be ordered on the GPU (one stream,
+                                or streams ordered by events) */
+} k3_kda_run_n;
+
+/* The QKVG GEMM's kernel, the same for the overlapped and the sequential path (so they give the same bits). */
+typedef enum k3_kda_qkvg {
+    K3_KDA_QKVG_TUNED = 0,    /* the table's choice per m (the default) */
+    K3_KDA_QKVG_TABLE = 1,    /* the linear plan's GEMM table (the fastest QKVG alone) at every m */
+    K3_KDA_QKVG_CUBLASLT = 2, /* cuBLASLt at every m */
+} k3_kda_qkvg;
+
 typedef struct k3_kda_proj_desc {
     int64_t hidden;             /* K of the big GEMM, 7168 */
     int64_t local_heads;        /* KDA heads on this rank: 12 at TP8 (24 at TP4, 6 at TP16) */
@@ -507,20 +518,15 @@ typedef struct k3_kda_proj_desc {
     int64_t fa_dim;             /* f_a width, 128 */
     int64_t packed_rows;        /* rows of the packed weight: 6288 at TP8 (12448 at TP4, 3216 at TP16) */
     int64_t max_tokens;         /* 1..16, default 16 */
-    int64_t overlap_max_tokens; /* overlap for m <= this (0 = never); default -1 = the value measured on this
-                                   architecture (src/plan/kda_tuning.c; 14 where none was measured) */
-    int32_t run_n_shape; /* the F_AB kernel's blocks, K3_KDA_RUN_N_*: TUNED (0, default) = the per-m choice
-                            measured for this architecture (src/plan/kda_tuning.c); the others force one shape at
-                            every m (benchmarks and tests compare them) */
-    int32_t qkvg_kernel; /* the QKVG GEMM's kernel, the same for both paths (so they give the same bits):
-                            -1 (default) = the per-m choice measured for this architecture (src/plan/kda_tuning.c),
-                            K3_KERNEL_AUTO = the linear plan's table (the fastest QKVG alone) at every m,
-                            K3_KERNEL_FALLBACK = cuBLASLt at every m. Not used where the one-launch projection
-                            runs (K3_KDA_RUN_N_FUSED: its own QKVG tiles), the SM90 default at every m since
-                            session 25 (bench/NOTES-kda.md); where that does not fit the device, SM90 takes the table
-                            with the sliced F_AB blocks at m 1-8 and cuBLASLt from m 9. The sliced and fused shapes
-                            keep state in the plan's device memory: the runs of one plan must be ordered on the GPU
-                            (one stream, or streams ordered by events). */
+    int64_t overlap_max_tokens; /* overlap for m <= this (0 = never); default -1 = the table's value for this
+                                   architecture (capped at max_tokens) */
+    k3_kda_run_n run_n_shape;   /* the F_AB kernel's blocks: TUNED (default) = the table's choice per m; any other
+                                   value forces that shape at every m (benchmarks and tests compare them) */
+    k3_kda_qkvg qkvg_kernel;    /* the QKVG GEMM's kernel: TUNED (default) = the table's choice per m; TABLE or
+                                   CUBLASLT force it at every m. Not used where the one-launch projection runs
+                                   (K3_KDA_RUN_N_FUSED has its own QKVG tiles). The sliced and fused shapes keep
+                                   state in the plan's device memory: the runs of one plan must be ordered on the GPU
+                                   (one stream, or streams ordered by events). */
 } k3_kda_proj_desc;
 
 typedef struct k3_kda_proj_plan k3_kda_proj_plan;

@@ -92,12 +92,12 @@ int main(int argc, char **argv) {
     uint16_t *oq2 = malloc(2 * MT * Q), *of2 = malloc(2 * MT * F), *og2 = malloc(2 * MT * G);
     /* the QKVG kernel and the F_AB kernel's blocks tuned per m for this architecture, then forced: the linear
      * plan's table's or cuBLASLt's QKVG at every m, with every run_n shape */
-    const int32_t variants[][2] = {{-1, K3_KDA_RUN_N_TUNED},
-                                   {K3_KERNEL_AUTO, K3_KDA_RUN_N_NARROW},
-                                   {K3_KERNEL_FALLBACK, K3_KDA_RUN_N_ROWS1},
-                                   {K3_KERNEL_AUTO, K3_KDA_RUN_N_ROWS2},
-                                   {K3_KERNEL_AUTO, K3_KDA_RUN_N_SLICED},
-                                   {K3_KERNEL_AUTO, K3_KDA_RUN_N_FUSED}};
+    const int32_t variants[][2] = {{K3_KDA_QKVG_TUNED, K3_KDA_RUN_N_TUNED},
+                                   {K3_KDA_QKVG_TABLE, K3_KDA_RUN_N_NARROW},
+                                   {K3_KDA_QKVG_CUBLASLT, K3_KDA_RUN_N_ROWS1},
+                                   {K3_KDA_QKVG_TABLE, K3_KDA_RUN_N_ROWS2},
+                                   {K3_KDA_QKVG_TABLE, K3_KDA_RUN_N_SLICED},
+                                   {K3_KDA_QKVG_TABLE, K3_KDA_RUN_N_FUSED}};
     /* the fused variant's reference QKVG kernel, and the token rows of x reversed */
     k3_linear_desc ld;
     k3_linear_desc_init(&ld, Q, H);
@@ -115,15 +115,16 @@ int main(int argc, char **argv) {
     k3_arch_info ai;
     CHECK(k3_ctx_arch(ctx, &ai) == K3_STATUS_SUCCESS, "arch");
     k3_kda_tuning tuned;
-    k3_kda_tuning_for(ai.table, &tuned);
+    memset(&tuned, 0, sizeof tuned);
+    CHECK(k3_kda_tuning_for_ctx(ctx, &tuned) == K3_STATUS_SUCCESS, "tuning: %s", k3_ctx_last_error(ctx));
     const int fused_fits = k3_kda_fused_layout_for(ai.sm_count, H, Q, F, G, 128, NULL, NULL);
     for (int kv = 0; kv < (int)(sizeof variants / sizeof variants[0]); kv++) {
         k3_kda_proj_desc d, dseq;
         k3_kda_proj_desc_init(&d);
-        d.qkvg_kernel = variants[kv][0];
-        d.run_n_shape = variants[kv][1];
+        d.qkvg_kernel = (k3_kda_qkvg)variants[kv][0];
+        d.run_n_shape = (k3_kda_run_n)variants[kv][1];
         printf("qkvg_kernel %d, run_n_shape %d\n", (int)d.qkvg_kernel, (int)d.run_n_shape);
-        if (no_cublaslt && d.qkvg_kernel == K3_KERNEL_FALLBACK) {
+        if (no_cublaslt && d.qkvg_kernel == K3_KDA_QKVG_CUBLASLT) {
             printf("the cuBLASLt QKVG variant is not run (--no-cublaslt)\n");
             continue;
         }

@@ -40,18 +40,18 @@ static void test_validation(k3_ctx *ctx) {
     bad.overlap_max_tokens = -2;
     expect_plan_error(ctx, &bad, "overlap -2", "overlap_max_tokens");
     bad = d;
-    bad.run_n_shape = 6; /* one past K3_KDA_RUN_N_FUSED */
+    bad.run_n_shape = (k3_kda_run_n)6; /* one past K3_KDA_RUN_N_FUSED */
     expect_plan_error(ctx, &bad, "run_n shape 6", "run_n_shape");
-    bad.run_n_shape = -1;
+    bad.run_n_shape = (k3_kda_run_n)-1;
     expect_plan_error(ctx, &bad, "run_n shape -1", "run_n_shape");
     bad.run_n_shape = K3_KDA_RUN_N_NARROW; /* 128 threads x 8-element vectors must tile hidden */
     bad.hidden = 1536;
     expect_plan_error(ctx, &bad, "narrow with hidden 1536", "hidden % 1024");
     bad = d;
-    bad.qkvg_kernel = K3_KERNEL_SKINNY;
-    expect_plan_error(ctx, &bad, "qkvg_kernel SKINNY", "qkvg_kernel");
-    bad.qkvg_kernel = -2;
-    expect_plan_error(ctx, &bad, "qkvg_kernel -2", "qkvg_kernel");
+    bad.qkvg_kernel = (k3_kda_qkvg)3; /* one past K3_KDA_QKVG_CUBLASLT */
+    expect_plan_error(ctx, &bad, "qkvg_kernel 3", "qkvg_kernel");
+    bad.qkvg_kernel = (k3_kda_qkvg)-1; /* the old "tuned" sentinel */
+    expect_plan_error(ctx, &bad, "qkvg_kernel -1", "qkvg_kernel");
     bad = d;
     bad.local_heads = 0;
     expect_plan_error(ctx, &bad, "heads 0", "local_heads");
@@ -59,7 +59,7 @@ static void test_validation(k3_ctx *ctx) {
     CHECK(k3_kda_proj_plan_create(ctx, NULL, &p) == K3_STATUS_INVALID_ARGUMENT, "NULL desc");
     CHECK(k3_kda_proj_plan_create(ctx, &d, NULL) == K3_STATUS_INVALID_ARGUMENT, "NULL out");
 
-    /* the other TP degrees plan (K3-MODEL.md section 2): TP4 24 heads / 12448 rows, TP16 6 heads / 3216 */
+    /* the other TP degrees plan: TP4 24 heads / 12448 rows, TP16 6 heads / 3216 */
     k3_kda_proj_desc tp4 = d, tp16 = d;
     tp4.local_heads = 24;
     tp4.packed_rows = 12448;
@@ -105,22 +105,150 @@ static void test_fused_layout(void) {
           "more than 144 F_AB rows refused");
 }
 
-/* Every architecture's tuning names, for every m, a head prefetch the one-launch kernel was compiled with (an
- * uncompiled value would make every such run fail), and a run_n shape the plan knows. */
-static void test_tuning_data(void) {
-    const k3_table_id ids[] = {K3_TABLE_NONE, K3_TABLE_SM90, K3_TABLE_SM100, K3_TABLE_SM103};
-    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
-        k3_kda_tuning t;
-        k3_kda_tuning_for(ids[i], &t);
-        CHECK(t.overlap_max_tokens >= 0 && t.overlap_max_tokens <= 16, "table %d: overlap through %lld", (int)ids[i],
-              (long long)t.overlap_max_tokens);
-        for (int m = 1; m <= 16; m++) {
-            CHECK(t.fused_head_steps[m] >= 1 && t.fused_head_steps[m] <= K3_KDA_FUSED_MAX_HEAD_STEPS,
-                  "table %d m %d: head steps %d", (int)ids[i], m, (int)t.fused_head_steps[m]);
-            CHECK(t.run_n_shape[m] >= K3_KDA_RUN_N_ROWS1 && t.run_n_shape[m] <= K3_KDA_RUN_N_FUSED,
-                  "table %d m %d: run_n shape %d", (int)ids[i], m, (int)t.run_n_shape[m]);
-        }
+/* A CPU context whose architecture facts (and so its table) are those of a simulated capability. */
+static k3_ctx *sim_ctx(int major, int minor) {
+    k3_ctx_options opt;
+    k3_ctx_options_init(&opt);
+    opt.backend = K3_BACKEND_CPU;
+    opt.sim_major = major;
+    opt.sim_minor = minor;
+    k3_ctx *ctx = NULL;
+    return k3_ctx_create(&opt, &ctx) == K3_STATUS_SUCCESS ? ctx : NULL;
+}
+
+/* The choices every architecture made before they became table data, written out by hand: SM90 runs the one
+ * launch at every m (two head steps through m 4, one from m 5) and, where it does not fit, the sliced F_AB blocks
+ * with the table's QKVG through m 8 and the two-row blocks with cuBLASLt's from m 9, overlapping through 16; every
+ * other architecture (and a context with no table) overlaps through 14 with one-row blocks and the table's QKVG. */
+typedef struct kda_expect {
+    int64_t overlap;
+    k3_kda_run_n shape[17], unfused_shape[17];
+    k3_kda_qkvg qkvg[17], unfused_qkvg[17];
+    int32_t steps[17];
+} kda_expect;
+
+static void expect_sm90(kda_expect *e) {
+    e->overlap = 16;
+    for (int m = 1; m <= 16; m++) {
+        e->shape[m] = K3_KDA_RUN_N_FUSED;
+        e->qkvg[m] = K3_KDA_QKVG_TABLE;
+        e->steps[m] = m <= 4 ? 2 : 1;
+        e->unfused_shape[m] = m <= 8 ? K3_KDA_RUN_N_SLICED : K3_KDA_RUN_N_ROWS2;
+        e->unfused_qkvg[m] = m <= 8 ? K3_KDA_QKVG_TABLE : K3_KDA_QKVG_CUBLASLT;
     }
+}
+
+static void expect_unmeasured(kda_expect *e) {
+    e->overlap = 14;
+    for (int m = 1; m <= 16; m++) {
+        e->shape[m] = e->unfused_shape[m] = K3_KDA_RUN_N_ROWS1;
+        e->qkvg[m] = e->unfused_qkvg[m] = K3_KDA_QKVG_TABLE;
+        e->steps[m] = 2;
+    }
+}
+
+static void check_tuning(const char *what, const k3_kda_tuning *t, const kda_expect *e) {
+    CHECK(t->overlap_max_tokens == e->overlap, "%s: overlap through %lld, want %lld", what,
+          (long long)t->overlap_max_tokens, (long long)e->overlap);
+    int bad = 0;
+    for (int m = 1; m <= 16; m++)
+        if (t->run_n_shape[m] != e->shape[m] || t->qkvg_kernel[m] != e->qkvg[m] ||
+            t->fused_head_steps[m] != e->steps[m] || t->unfused_shape[m] != e->unfused_shape[m] ||
+            t->unfused_qkvg[m] != e->unfused_qkvg[m]) {
+            if (!bad)
+                fprintf(stderr, "%s m %d: shape %d qkvg %d steps %d unfused %d %d, want %d %d %d unfused %d %d\n",
+                        what, m, (int)t->run_n_shape[m], (int)t->qkvg_kernel[m], (int)t->fused_head_steps[m],
+                        (int)t->unfused_shape[m], (int)t->unfused_qkvg[m], (int)e->shape[m], (int)e->qkvg[m],
+                        (int)e->steps[m], (int)e->unfused_shape[m], (int)e->unfused_qkvg[m]);
+            bad++;
+        }
+    CHECK(bad == 0, "%s: %d m differ from the hand-written choices", what, bad);
+    for (int m = 1; m <= 16; m++) /* an uncompiled head prefetch would make every one-launch run fail */
+        CHECK(t->fused_head_steps[m] >= 1 && t->fused_head_steps[m] <= K3_KDA_FUSED_MAX_HEAD_STEPS,
+              "%s m %d: head steps %d compiled", what, m, (int)t->fused_head_steps[m]);
+}
+
+static int write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    fputs(text, f);
+    return fclose(f) == 0;
+}
+
+/* Each architecture's tuning, read from its embedded table, is the hand-written list above; where the one launch
+ * does not fit, the unfused choices replace it; a loaded table's kda rows win, and one without them falls back to
+ * the embedded table's. */
+static void test_tuning_tables(void) {
+    static const struct {
+        int major, minor;
+        const char *name;
+        int sm90;
+    } archs[] = {{9, 0, "sm90", 1}, {10, 0, "sm100", 0}, {10, 3, "sm103", 0}, {0, 0, "no table (CPU)", 0}};
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
+        k3_ctx *ctx = archs[i].major ? sim_ctx(archs[i].major, archs[i].minor) : k3t_cpu_ctx();
+        CHECK(ctx != NULL, "%s context", archs[i].name);
+        if (!ctx) continue;
+        k3_kda_tuning t;
+        memset(&t, 0xa5, sizeof t);
+        CHECK(k3_kda_tuning_for_ctx(ctx, &t) == K3_STATUS_SUCCESS, "%s tuning: %s", archs[i].name,
+              k3_ctx_last_error(ctx));
+        kda_expect e;
+        if (archs[i].sm90) expect_sm90(&e);
+        else expect_unmeasured(&e);
+        check_tuning(archs[i].name, &t, &e);
+        /* the choice where the one launch does not fit the device */
+        k3_kda_tuning_drop_fused(&t);
+        for (int m = 1; m <= 16; m++) {
+            CHECK(t.run_n_shape[m] == e.unfused_shape[m] && t.qkvg_kernel[m] == e.unfused_qkvg[m],
+                  "%s m %d unfused: shape %d qkvg %d", archs[i].name, m, (int)t.run_n_shape[m],
+                  (int)t.qkvg_kernel[m]);
+            CHECK(t.run_n_shape[m] != K3_KDA_RUN_N_FUSED, "%s m %d: nothing fused after the drop", archs[i].name, m);
+        }
+        k3_ctx_destroy(ctx);
+    }
+
+    /* loaded tables (a simulated sm90 context, so the key matches) */
+    const char *path = "test_kda_proj_tmp_table.txt";
+    k3_ctx *ctx = sim_ctx(9, 0);
+    CHECK(ctx != NULL, "sm90 context");
+    if (!ctx) return;
+    k3_kda_tuning t;
+    kda_expect e;
+    CHECK(write_text(path, "arch sm90\n6144 7168 1-16 cublaslt\n"), "write %s", path);
+    CHECK(k3_ctx_load_table(ctx, path, 0) == K3_STATUS_SUCCESS, "load: %s", k3_ctx_last_error(ctx));
+    CHECK(k3_kda_tuning_for_ctx(ctx, &t) == K3_STATUS_SUCCESS, "tuning: %s", k3_ctx_last_error(ctx));
+    expect_sm90(&e);
+    check_tuning("loaded sm90 table without kda rows (the embedded sm90 rows)", &t, &e);
+    CHECK(write_text(path, "arch sm90\n"
+                           "kda overlap_max_tokens 3\n"
+                           "kda 1-2 narrow cublaslt 1\n"
+                           "kda 3-16 fused table 2\n"
+                           "kda unfused 3-16 rows2 table\n"),
+          "write %s", path);
+    CHECK(k3_ctx_load_table(ctx, path, 0) == K3_STATUS_SUCCESS, "load: %s", k3_ctx_last_error(ctx));
+    CHECK(k3_kda_tuning_for_ctx(ctx, &t) == K3_STATUS_SUCCESS, "tuning: %s", k3_ctx_last_error(ctx));
+    e.overlap = 3;
+    for (int m = 1; m <= 16; m++) {
+        e.shape[m] = m <= 2 ? K3_KDA_RUN_N_NARROW : K3_KDA_RUN_N_FUSED;
+        e.qkvg[m] = m <= 2 ? K3_KDA_QKVG_CUBLASLT : K3_KDA_QKVG_TABLE;
+        e.steps[m] = m <= 2 ? 1 : 2;
+        e.unfused_shape[m] = m <= 2 ? K3_KDA_RUN_N_NARROW : K3_KDA_RUN_N_ROWS2;
+        e.unfused_qkvg[m] = m <= 2 ? K3_KDA_QKVG_CUBLASLT : K3_KDA_QKVG_TABLE;
+    }
+    check_tuning("loaded table with its own kda rows", &t, &e);
+    /* a plan is made from it */
+    k3_kda_proj_desc d;
+    k3_kda_proj_desc_init(&d);
+    k3_kda_proj_plan *p = NULL;
+    CHECK(k3_kda_proj_plan_create(ctx, &d, &p) == K3_STATUS_SUCCESS, "plan on the loaded table: %s",
+          k3_ctx_last_error(ctx));
+    k3_kda_proj_plan_destroy(p);
+    CHECK(k3_ctx_load_table(ctx, NULL, 0) == K3_STATUS_SUCCESS, "back to the embedded table");
+    CHECK(k3_kda_tuning_for_ctx(ctx, &t) == K3_STATUS_SUCCESS, "tuning: %s", k3_ctx_last_error(ctx));
+    expect_sm90(&e);
+    check_tuning("embedded sm90 again", &t, &e);
+    remove(path);
+    k3_ctx_destroy(ctx);
 }
 
 /* A small instance (hidden 512, 2 heads of 64: qkvg 512 rows, F_AB 136 rows) on the CPU backend. */
@@ -181,7 +309,7 @@ int main(void) {
     if (!ctx) return k3t_finish();
     test_validation(ctx);
     test_fused_layout();
-    test_tuning_data();
+    test_tuning_tables();
     test_cpu_results(ctx, seed);
     k3_ctx_destroy(ctx);
     return k3t_finish();

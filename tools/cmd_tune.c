@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "gemm_bench.h"
 #include "gemm_shapes.h"
+#include "plan/linear_plan.h"
 #include "plan/table.h"
 
 #define TUNE_MAX_CAND 64
@@ -200,6 +201,21 @@ int k3_cmd_tune(int argc, char **argv) {
     if (!t) {
         k3_ctx_destroy(ctx);
         return K3_EXIT_FAIL;
+    }
+    /* the tuned table replaces the GEMM rows only: the moe and kda rows of the table this context plans with carry
+     * over (the KDA and MoE choices are measured by their own benchmarks) */
+    {
+        const k3_table *base = NULL;
+        char serr[600] = "";
+        st = k3_linear_ctx_table(ctx, &base);
+        if (st == K3_STATUS_SUCCESS) st = k3_table_sections_for(base, a.table, &t->moe, &t->kda, serr, sizeof serr);
+        if (st != K3_STATUS_SUCCESS) {
+            fprintf(stderr, "k3 tune: cannot read the current table's moe and kda rows: %s\n",
+                    serr[0] ? serr : k3_ctx_last_error(ctx));
+            k3_table_destroy(t);
+            k3_ctx_destroy(ctx);
+            return K3_EXIT_FAIL;
+        }
     }
 
     progress pr = {isatty(2), 0, 0, now_s()};

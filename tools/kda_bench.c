@@ -30,7 +30,7 @@ static void kda_bench_help(void) {
            "copies to exceed 3x the L2, replayed R times (default 15); the median per-call time is reported.\n"
            "Bars (issue 5), for M = 1..14: overlapped <= the faster QKVG alone + 1.0 us and <= 0.75 x cublas.\n"
            "Also prints the largest M through which overlapping never loses to sequential (the tuned max_tokens)\n"
-           "and the fastest alternative per M (the tuning data of src/plan/kda_tuning.c).\n"
+           "and the fastest alternative per M (the data of the table's kda rows, tables/<arch>.txt).\n"
            "  --table FILE   plan the QKVG GEMM from this table file (k3_ctx_load_table); --force ignores its key\n"
            "  --diag         also time, under the bench's own fork/join, the table's QKVG with a branch of: nothing\n"
            "                 (the events alone), the sliced F_AB kernel alone (M <= 8; the narrow one above), f_b\n"
@@ -79,15 +79,16 @@ typedef struct kda_alt {
     kda_bench *b;
     k3_kda_proj_plan *plan;
     const char *name;
-    int32_t qkvg_kernel, run_n_shape;
+    k3_kda_qkvg qkvg_kernel;
+    k3_kda_run_n run_n_shape;
 } kda_alt;
 static const kda_alt kb_alt_init[KB_ALTS] = {
-    {NULL, NULL, "lt-r1", K3_KERNEL_FALLBACK, K3_KDA_RUN_N_ROWS1},
-    {NULL, NULL, "lt-r2", K3_KERNEL_FALLBACK, K3_KDA_RUN_N_ROWS2},
-    {NULL, NULL, "tab-r2", K3_KERNEL_AUTO, K3_KDA_RUN_N_ROWS2},
-    {NULL, NULL, "tab-n", K3_KERNEL_AUTO, K3_KDA_RUN_N_NARROW},
-    {NULL, NULL, "tab-s", K3_KERNEL_AUTO, K3_KDA_RUN_N_SLICED},
-    {NULL, NULL, "fused", K3_KERNEL_AUTO, K3_KDA_RUN_N_FUSED},
+    {NULL, NULL, "lt-r1", K3_KDA_QKVG_CUBLASLT, K3_KDA_RUN_N_ROWS1},
+    {NULL, NULL, "lt-r2", K3_KDA_QKVG_CUBLASLT, K3_KDA_RUN_N_ROWS2},
+    {NULL, NULL, "tab-r2", K3_KDA_QKVG_TABLE, K3_KDA_RUN_N_ROWS2},
+    {NULL, NULL, "tab-n", K3_KDA_QKVG_TABLE, K3_KDA_RUN_N_NARROW},
+    {NULL, NULL, "tab-s", K3_KDA_QKVG_TABLE, K3_KDA_RUN_N_SLICED},
+    {NULL, NULL, "fused", K3_KDA_QKVG_TABLE, K3_KDA_RUN_N_FUSED},
 };
 
 static k3_status report(kda_bench *b, k3_status st, const char *what) {

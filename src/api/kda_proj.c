@@ -1,4 +1,4 @@
-/* The KDA projection (LOW-LATENCY-GEMM.md section 4): QKVG through the linear plan on the caller's stream;
+/* The KDA projection (k3.h): QKVG through the linear plan on the caller's stream;
  * F_AB (run_n) then F_B (run_k) on an auxiliary stream, forked and joined by events made at plan time. Where the
  * tuning chooses K3_KDA_RUN_N_FUSED and the plan overlaps, the three instead run concurrently inside one launch on
  * the caller's stream, on disjoint SMs (src/cuda/kda/fused.cu). */
@@ -34,7 +34,7 @@ void k3_kda_proj_desc_init(k3_kda_proj_desc *d) {
     d->max_tokens = 16;
     d->overlap_max_tokens = -1;
     d->run_n_shape = K3_KDA_RUN_N_TUNED;
-    d->qkvg_kernel = -1;
+    d->qkvg_kernel = K3_KDA_QKVG_TUNED;
 }
 
 static k3_status kda_validate(k3_ctx *ctx, const k3_kda_proj_desc *d) {
@@ -59,16 +59,16 @@ static k3_status kda_validate(k3_ctx *ctx, const k3_kda_proj_desc *d) {
     K3_CHECK_ARG(ctx, d->overlap_max_tokens >= -1 && d->overlap_max_tokens <= d->max_tokens,
                  "kda: overlap_max_tokens must be -1 (tuned) or in [0, max_tokens], got %lld",
                  (long long)d->overlap_max_tokens);
-    K3_CHECK_ARG(ctx, d->run_n_shape >= K3_KDA_RUN_N_TUNED && d->run_n_shape <= K3_KDA_RUN_N_FUSED,
+    K3_CHECK_ARG(ctx, (int)d->run_n_shape >= K3_KDA_RUN_N_TUNED && (int)d->run_n_shape <= K3_KDA_RUN_N_FUSED,
                  "kda: run_n_shape must be K3_KDA_RUN_N_TUNED (0), _ROWS1 (1), _ROWS2 (2), _NARROW (3), _SLICED (4) or "
                  "_FUSED (5), got %d",
                  (int)d->run_n_shape);
     K3_CHECK_ARG(ctx, d->run_n_shape != K3_KDA_RUN_N_NARROW || d->hidden % 1024 == 0,
                  "kda: run_n_shape K3_KDA_RUN_N_NARROW needs hidden %% 1024 == 0 (128 threads x 8-element vectors), "
                  "got hidden %lld", (long long)d->hidden);
-    K3_CHECK_ARG(ctx, d->qkvg_kernel == -1 || d->qkvg_kernel == K3_KERNEL_AUTO || d->qkvg_kernel == K3_KERNEL_FALLBACK,
-                 "kda: qkvg_kernel must be -1 (tuned), K3_KERNEL_AUTO (%d) or K3_KERNEL_FALLBACK (%d), got %d",
-                 (int)K3_KERNEL_AUTO, (int)K3_KERNEL_FALLBACK, (int)d->qkvg_kernel);
+    K3_CHECK_ARG(ctx, (int)d->qkvg_kernel >= K3_KDA_QKVG_TUNED && (int)d->qkvg_kernel <= K3_KDA_QKVG_CUBLASLT,
+                 "kda: qkvg_kernel must be K3_KDA_QKVG_TUNED (0), _TABLE (1) or _CUBLASLT (2), got %d",
+                 (int)d->qkvg_kernel);
     return K3_STATUS_SUCCESS;
 }
 
@@ -85,17 +85,18 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
     p->qkvg_rows = 4 * d->local_heads * d->head_dim;
     p->fab_rows = d->packed_rows - p->qkvg_rows;
     p->fb_rows = d->local_heads * d->head_dim;
-    k3_kda_tuning_for(ctx->arch.table, &p->tuning);
-    if (p->d.overlap_max_tokens < 0) /* the measured crossover, never past what the plan accepts */
+    k3_status st = k3_kda_tuning_for_ctx(ctx, &p->tuning);
+    if (st != K3_STATUS_SUCCESS) {
+        free(p);
+        return st;
+    }
+    if (p->d.overlap_max_tokens < 0) /* the table's crossover, never past what the plan accepts */
         p->d.overlap_max_tokens =
             p->tuning.overlap_max_tokens < d->max_tokens ? p->tuning.overlap_max_tokens : d->max_tokens;
-    for (int i = 1; i <= K3_KDA_MAX_TOKENS; i++) { /* a forced shape; NARROW only where hidden allows it */
-        int32_t shape = d->run_n_shape != K3_KDA_RUN_N_TUNED ? d->run_n_shape : p->tuning.run_n_shape[i];
-        if (shape == K3_KDA_RUN_N_NARROW && d->hidden % 1024 != 0) shape = K3_KDA_RUN_N_ROWS1;
-        p->tuning.run_n_shape[i] = shape;
-    }
-    /* The one-launch projection needs its grid to fit this device at once. Tuned and not fitting: the tuning's
-     * measured alternative runs instead, in overlapped and sequential plans alike (so they stay bitwise equal).
+    if (d->run_n_shape != K3_KDA_RUN_N_TUNED) /* a forced shape */
+        for (int i = 1; i <= K3_KDA_MAX_TOKENS; i++) p->tuning.run_n_shape[i] = d->run_n_shape;
+    /* The one-launch projection needs its grid to fit this device at once. Tuned and not fitting: the table's
+     * unfused choice runs instead, in overlapped and sequential plans alike (so they stay bitwise equal).
      * Forced: refused where it would launch (m <= overlap_max_tokens); a sequential plan runs its sequential form. */
     int tuned_fused = 0;
     for (int64_t m = 1; m <= d->max_tokens; m++) tuned_fused |= p->tuning.run_n_shape[m] == K3_KDA_RUN_N_FUSED;
@@ -116,6 +117,9 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
         }
         if (d->run_n_shape != K3_KDA_RUN_N_FUSED) k3_kda_tuning_drop_fused(&p->tuning);
     }
+    for (int i = 1; i <= K3_KDA_MAX_TOKENS; i++) /* NARROW only where hidden allows it */
+        if (p->tuning.run_n_shape[i] == K3_KDA_RUN_N_NARROW && d->hidden % 1024 != 0)
+            p->tuning.run_n_shape[i] = K3_KDA_RUN_N_ROWS1;
     int any_fused = 0; /* the one launch runs where it is chosen and the plan overlaps */
     for (int64_t m = 1; m <= p->d.overlap_max_tokens; m++)
         any_fused |= fits && p->tuning.run_n_shape[m] == K3_KDA_RUN_N_FUSED;
@@ -123,17 +127,16 @@ k3_status k3_kda_proj_plan_create(k3_ctx *ctx, const k3_kda_proj_desc *d, k3_kda
     /* the QKVG kernel per m (tuned, or the caller's for every m), the same for both paths; where the one-launch
      * projection runs on CUDA, the sequential path takes the linear plan's configuration of its QKVG tiles, so qkvg
      * has the same bits either way */
-    k3_status st = K3_STATUS_SUCCESS;
     for (int64_t m = 1; m <= d->max_tokens && st == K3_STATUS_SUCCESS; m++) {
-        const int32_t kernel = d->qkvg_kernel >= 0 ? d->qkvg_kernel : p->tuning.qkvg_kernel[m];
+        const k3_kda_qkvg kernel = d->qkvg_kernel != K3_KDA_QKVG_TUNED ? d->qkvg_kernel : p->tuning.qkvg_kernel[m];
         const int which = ctx->backend == K3_BACKEND_CUDA && p->tuning.run_n_shape[m] == K3_KDA_RUN_N_FUSED ? 2
-                          : kernel == K3_KERNEL_FALLBACK                                                       ? 1
+                          : kernel == K3_KDA_QKVG_CUBLASLT                                                     ? 1
                                                                                                               : 0;
         if (!p->qkvg[which]) {
             k3_linear_desc ld;
             k3_linear_desc_init(&ld, p->qkvg_rows, d->hidden);
             ld.max_m = d->max_tokens;
-            ld.force_kernel = which == 2 ? K3_KERNEL_MMA : (k3_kernel)kernel;
+            ld.force_kernel = which == 2 ? K3_KERNEL_MMA : which == 1 ? K3_KERNEL_FALLBACK : K3_KERNEL_AUTO;
             if (which == 2) ld.force_config = K3_KDA_FUSED_QKVG_CONFIG;
             size_t bytes = 0;
             st = k3_linear_plan_create(ctx, &ld, &p->qkvg[which]);
@@ -187,8 +190,8 @@ static k3_status kda_branch(k3_kda_proj_plan *p, int64_t m, const uint16_t *x, c
         return K3_STATUS_SUCCESS;
     }
     /* where the one-launch projection is tuned but this run is sequential: the two-row F_AB kernel */
-    const int32_t tuned = p->tuning.run_n_shape[m];
-    const int32_t shape = tuned == K3_KDA_RUN_N_FUSED ? K3_KDA_RUN_N_ROWS2 : tuned;
+    const k3_kda_run_n tuned = p->tuning.run_n_shape[m];
+    const k3_kda_run_n shape = tuned == K3_KDA_RUN_N_FUSED ? K3_KDA_RUN_N_ROWS2 : tuned;
     K3_TRY(k3_cuda_kda_run_n(ctx, m, x, p->d.hidden, w_fab, p->fab_rows, shape, p->sliced, fab, stream));
     return k3_cuda_kda_run_k(ctx, m, fab, p->fab_rows, w_fb, p->fb_rows, shape, g1, stream);
 }

@@ -2,34 +2,54 @@
 
 #include <string.h>
 
-/* SM90, measured with `k3 bench kda` on H200s (the history and the numbers: bench/NOTES-kda.md, sessions 9-26):
- * - every m 1-16: the whole projection in one launch (K3_KDA_RUN_N_FUSED, src/cuda/kda/fused.cu): QKVG tiles three
- *   to a block on 128 SMs, F_AB and f_b on the other 4 (session 26: -0.1..+0.4 us over the faster QKVG alone at
- *   m 9-14 and +0.4..+0.9 at m 1-8, against +2.6..+3.5 and +0.7..+1.0 for the two-stream overlaps below);
- *   its QKVG tiles ask two weight steps into L2 before their PDL wait at m 1-4 and one from m 5 (session 26: one
- *   step was 0.15-0.25 us slower at m 1-4, 0.1-0.2 us faster at m 5-8 and ~0.2 us faster at m 9-16; none and four
- *   steps were 0.4-1.4 us slower at m 1-8);
- * - where it does not fit the device (k3_kda_tuning_drop_fused): m 1-8 the linear plan's table kernel for QKVG
- *   (`w2_t1_u4_c2_l_h2`, 768 two-warp blocks, one wave) with the sliced F_AB blocks (128 threads, about one per SM)
- *   and f_b started by PDL; m 9-16 cuBLASLt's QKVG (96 one-SM blocks, 36 SMs idle) with the two-row F_AB blocks,
- *   since the table's m 9-16 QKVG (168 registers x 128 threads, three per SM) leaves no room for a branch block;
- * - the overlap beats the sequential path at every m through 16, so it applies through 16.
- * Other architectures have not been measured: the upstream B300 crossover (14), one row per F_AB block and the
- * table's QKVG. */
-void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out) {
-    const int sm90 = table == K3_TABLE_SM90;
-    out->overlap_max_tokens = sm90 ? 16 : 14;
-    out->run_n_shape[0] = K3_KDA_RUN_N_ROWS1;
-    for (int m = 1; m <= 16; m++) out->run_n_shape[m] = sm90 ? K3_KDA_RUN_N_FUSED : K3_KDA_RUN_N_ROWS1;
-    for (int m = 0; m <= 16; m++) out->qkvg_kernel[m] = K3_KERNEL_AUTO;
-    for (int m = 0; m <= 16; m++) out->fused_head_steps[m] = sm90 && m >= 5 ? 1 : 2;
+#include "plan/linear_plan.h"
+#include "plan/table.h"
+
+/* The choices are data: the kda rows of tables/<arch>.txt (format in src/plan/table.h). What was measured to
+ * pick them, and the alternatives that lost, is in bench/NOTES-kda.md, beside the numbers it needs; a comment here
+ * would only go stale when the table is retuned. */
+
+void k3_kda_tuning_from_rows(const k3_table_kda *rows, k3_kda_tuning *out) {
+    memset(out, 0, sizeof *out);
+    out->overlap_max_tokens = rows->overlap_max_tokens;
+    for (int m = 1; m <= K3_TABLE_KDA_MAX_M; m++) {
+        out->run_n_shape[m] = rows->shape[m];
+        out->qkvg_kernel[m] = rows->qkvg[m];
+        out->fused_head_steps[m] = rows->head_steps[m];
+        out->unfused_shape[m] = rows->unfused_shape[m];
+        out->unfused_qkvg[m] = rows->unfused_qkvg[m];
+    }
+}
+
+/* No table for the architecture: nothing measured, so nothing clever (no one launch, no sliced state). */
+static void tuning_default(k3_kda_tuning *out) {
+    memset(out, 0, sizeof *out);
+    out->overlap_max_tokens = 14;
+    for (int m = 1; m <= K3_TABLE_KDA_MAX_M; m++) {
+        out->run_n_shape[m] = out->unfused_shape[m] = K3_KDA_RUN_N_ROWS1;
+        out->qkvg_kernel[m] = out->unfused_qkvg[m] = K3_KDA_QKVG_TABLE;
+        out->fused_head_steps[m] = 2;
+    }
+}
+
+k3_status k3_kda_tuning_for_ctx(k3_ctx *ctx, k3_kda_tuning *out) {
+    const k3_table *t = NULL;
+    K3_TRY(k3_linear_ctx_table(ctx, &t));
+    k3_table_kda rows;
+    char err[600];
+    const k3_status st = k3_table_sections_for(t, ctx->arch.table, NULL, &rows, err, sizeof err);
+    if (st == K3_STATUS_OUT_OF_MEMORY) return k3_fail(ctx, st, "out of host memory parsing the embedded table");
+    if (st != K3_STATUS_SUCCESS) return k3_fail(ctx, st, "%s", err);
+    if (rows.present) k3_kda_tuning_from_rows(&rows, out);
+    else tuning_default(out);
+    return K3_STATUS_SUCCESS;
 }
 
 void k3_kda_tuning_drop_fused(k3_kda_tuning *t) {
-    for (int m = 1; m <= 16; m++)
+    for (int m = 1; m <= K3_TABLE_KDA_MAX_M; m++)
         if (t->run_n_shape[m] == K3_KDA_RUN_N_FUSED) {
-            t->run_n_shape[m] = m <= 8 ? K3_KDA_RUN_N_SLICED : K3_KDA_RUN_N_ROWS2;
-            t->qkvg_kernel[m] = m <= 8 ? K3_KERNEL_AUTO : K3_KERNEL_FALLBACK;
+            t->run_n_shape[m] = t->unfused_shape[m];
+            t->qkvg_kernel[m] = t->unfused_qkvg[m];
         }
 }
 

@@ -1,25 +1,34 @@
-/* Per-architecture tuning data of the KDA projection (measured numbers, not constants of nature). */
+/* The KDA projection's per-m choices, read from the context's plan table (its kda rows, src/plan/table.h), and
+ * the layout of the one-launch projection. */
 #ifndef K3_PLAN_KDA_TUNING_H
 #define K3_PLAN_KDA_TUNING_H
 
 #include "k3.h"
 
+struct k3_table_kda;
+
 typedef struct k3_kda_tuning {
-    int64_t overlap_max_tokens;  /* overlap the aux branch for m <= this */
-    int32_t run_n_shape[17];          /* index m (1..16): the run_n block shape, K3_KDA_RUN_N_ROWS1/ROWS2/NARROW/SLICED,
-                                         or FUSED (the whole projection in one launch) */
-    int32_t qkvg_kernel[17];          /* index m (1..16): K3_KERNEL_AUTO (the linear plan's table) or
-                                         K3_KERNEL_FALLBACK (cuBLASLt) for QKVG */
+    int64_t overlap_max_tokens;       /* overlap the aux branch for m <= this */
+    k3_kda_run_n run_n_shape[17];     /* index m (1..16): the run_n block shape, K3_KDA_RUN_N_ROWS1/ROWS2/NARROW/
+                                         SLICED, or FUSED (the whole projection in one launch) */
+    k3_kda_qkvg qkvg_kernel[17];      /* index m (1..16): K3_KDA_QKVG_TABLE (the linear plan's table) or
+                                         K3_KDA_QKVG_CUBLASLT for QKVG */
     int32_t fused_head_steps[17];     /* index m (1..16), where the one launch runs: the QKVG tiles' weight steps
                                          asked into L2 before griddepcontrol.wait, 1..K3_KDA_FUSED_MAX_HEAD_STEPS
                                          (the bits do not depend on it) */
+    k3_kda_run_n unfused_shape[17];   /* index m (1..16): what k3_kda_tuning_drop_fused puts in place of FUSED */
+    k3_kda_qkvg unfused_qkvg[17];     /* index m (1..16): and the QKVG kernel beside it */
 } k3_kda_tuning;
 
-/* The tuning for a table id; architectures without measurements get the defaults (overlap through 14, the
- * crossover measured upstream on B300). */
-void k3_kda_tuning_for(k3_table_id table, k3_kda_tuning *out);
-/* Where the one-launch projection (K3_KDA_RUN_N_FUSED) cannot run on this device (k3_kda_fused_layout_for), the
- * tuning's measured alternative at those m. */
+/* The tuning of a table's kda rows (rows->present must be 1). */
+void k3_kda_tuning_from_rows(const struct k3_table_kda *rows, k3_kda_tuning *out);
+/* The tuning plans on ctx use: the kda rows of the context's table (k3_linear_ctx_table), or, where a loaded table
+ * has none, of the embedded table of the context's architecture; on an architecture without a table (a CPU
+ * context without a simulated capability) the unmeasured defaults: overlap through 14, one-row F_AB blocks and the
+ * table's QKVG at every m, two head steps. Errors as k3_linear_ctx_table's (with a message on ctx). */
+k3_status k3_kda_tuning_for_ctx(k3_ctx *ctx, k3_kda_tuning *out);
+/* Where the one-launch projection (K3_KDA_RUN_N_FUSED) cannot run on this device (k3_kda_fused_layout_for): the
+ * table's unfused choice at those m. */
 void k3_kda_tuning_drop_fused(k3_kda_tuning *t);
 
 /* The grid of the one-launch projection (src/cuda/kda/fused.cu): QKVG tiles of 16 rows, TILES_PER_BLOCK to a

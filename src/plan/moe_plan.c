@@ -13,20 +13,9 @@ k3_status k3_moe_ctx_tuning(k3_ctx *ctx, k3_table_moe *out) {
     memset(out, 0, sizeof *out);
     const k3_table *t = NULL;
     K3_TRY(k3_linear_ctx_table(ctx, &t));
-    if (t && t->moe.present) {
-        *out = t->moe;
-        return K3_STATUS_SUCCESS;
-    }
-    /* a loaded table without moe rows (a GEMM-only file): the architecture's own rows */
-    const char *text = k3_table_embedded_text(ctx->arch.table);
-    if (!text) return K3_STATUS_SUCCESS;
     char err[256];
-    k3_table *e = NULL;
-    const k3_status st = k3_table_parse(text, "embedded table", &e, err, sizeof err);
-    if (st != K3_STATUS_SUCCESS)
-        return k3_fail(ctx, K3_STATUS_INTERNAL_ERROR, "the library's own table does not parse (%s)", err);
-    *out = e->moe;
-    k3_table_destroy(e);
+    const k3_status st = k3_table_sections_for(t, ctx->arch.table, out, NULL, err, sizeof err);
+    if (st != K3_STATUS_SUCCESS) return k3_fail(ctx, st, "moe plan: the table's moe rows: %s", err);
     return K3_STATUS_SUCCESS;
 }
 

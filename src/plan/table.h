@@ -1,14 +1,16 @@
 /*
- * GEMM plan tables: the data model, the text parser and the writer.
+ * Plan tables: the data model, the text parser and the writer.
  *
- * A table says, for a local weight shape (N, K) and a token count M, which kernel and configuration runs
- * y[M, N] = x[M, K] W[N, K]^T. It is data: tables/<arch>.txt are embedded into the library at build time
- * (k3_embedded_tables[], looked up by k3_table_name()), `k3 tune` writes new ones, k3_ctx_load_table() loads one.
+ * A table holds an architecture's tuned choices as data: tables/<arch>.txt are embedded into the library at build
+ * time (k3_embedded_tables[], looked up by k3_table_name()), `k3 tune` writes new ones, k3_ctx_load_table() loads
+ * one. Its GEMM rows say, for a local weight shape (N, K) and a token count M, which kernel and configuration runs
+ * y[M, N] = x[M, K] W[N, K]^T; its moe rows hold the routed-experts MoE thresholds; its kda rows the KDA
+ * projection's per-M choices.
  *
  * Text format (version 1), one item per line; '#' starts a comment that runs to the end of the line; blank
  * lines are ignored; tokens are separated by spaces or tabs.
  *
- *   Header (every field before the first row, each at most once; `arch` is required):
+ *   Header (every field before the first row of any kind, each at most once; `arch` is required):
  *     format 1                    the format version (optional; when present it must be 1)
  *     arch sm90                   the architecture table this is: sm90, sm100 or sm103
  *     gpu NVIDIA H200             device key: the GPU name as the CUDA runtime reports it (rest of the line)
@@ -20,7 +22,7 @@
  *     date 2026-11-29             when it was measured (informational)
  *     note free text              anything (informational; rest of the line)
  *
- *   Rows:   N K M-RANGE KERNEL [CONFIG]
+ *   GEMM rows:   N K M-RANGE KERNEL [CONFIG]
  *     N, K       the local weight shape, 1 .. 2^31-1
  *     M-RANGE    "4" or "1-6": token counts 1 .. K3_TABLE_MAX_M; ranges of one (N, K) must not overlap
  *     KERNEL     skinny | mma     (CONFIG required: a configuration name of src/plan/gemm_configs.h that can
@@ -28,6 +30,40 @@
  *                cublaslt         the explicit fallback; CONFIG optional: "hI" = the I-th algorithm (0-based)
  *                                  of cuBLASLt's heuristic list for that M, default h0
  *   (N, K, M) not listed -> the fallback (cuBLASLt h0) at plan time.
+ *
+ *   MoE rows:    moe KEY VALUE   (an integer). Optional as a section; once any moe row is present every key below
+ *   must appear exactly once (k3_table_moe, field for field; the kernels' code says how each is applied):
+ *     async_nt1_max_m      [1, 4096]  cp.async (NVFP4) kernels: 1 token tile per pass through this m, 2 past it
+ *     ring_nt1_max_m       [1, 4096]  register-ring kernels: 1 token tile through this m
+ *     ring_nt2_max_m       [1, 4096]  register-ring kernels: 2 token tiles through this m, 4 past it
+ *                                     (>= ring_nt1_max_m)
+ *     fold_waves           [0, 64]    the GEMMs route themselves (no dispatch kernel) where both grids fit this
+ *                                     many waves
+ *     early_waves          [0, 64]    GEMM1's first wave routes itself where GEMM1's grid is at most this many waves
+ *     pair_waves           [0, 64]    GEMM1 pairs tiles where the doubled grid fits this many waves
+ *     wide_blocks_per_sm   [0, 64]    GEMM2 wide split-K where its grid is at most this many blocks per SM
+ *     dense_split_waves    [0, 64]    GEMM2's denser split-K instance where its grid exceeds this many waves
+ *     dense_k1_waves       [0, 64]    GEMM2's denser KS 1 instance where its grid exceeds this many waves
+ *     g2_t4_waves          [0, 64]    GEMM2 four row tiles per warp where the two-tile grid exceeds this many waves
+ *     g2_split_chunks      [1, 64]    GEMM2 splits K where inter / 128 >= this x 4 (chunks of 128 per warp)
+ *
+ *   KDA rows:    the KDA projection's choices per token count m (1 .. K3_TABLE_KDA_MAX_M). Optional as a
+ *   section; once any kda row is present the overlap row is required, every m needs exactly one choice row, every
+ *   m whose shape is `fused` exactly one unfused row, and no other m may have one:
+ *     kda overlap_max_tokens N             overlap the aux branch for m <= N (0 .. 16)
+ *     kda M-RANGE SHAPE QKVG HEAD_STEPS    the choice at each m of the range:
+ *       SHAPE       the F_AB kernel's blocks: rows1 | rows2 | narrow | sliced, or fused (the whole projection
+ *                   in one launch; see k3_kda_run_n in k3.h)
+ *       QKVG        the QKVG GEMM's kernel where it runs on its own: table (the GEMM rows) | cublaslt
+ *       HEAD_STEPS  the one launch's QKVG weight steps requested into L2 before its dependency wait,
+ *                   1 .. K3_KDA_FUSED_MAX_HEAD_STEPS (used wherever the one launch runs, forced or tuned)
+ *     kda unfused M-RANGE SHAPE QKVG       where the m's shape is fused but the one launch does not fit the device:
+ *                                          the shape (not fused) and QKVG kernel it runs instead
+ *
+ * Sections: a table loaded from a file without moe or kda rows takes that section from the embedded table of
+ * the context's architecture (k3_table_sections_for). A context with no architecture table at all (the CPU
+ * backend without a simulated capability) has no moe section (present 0) and the KDA defaults of
+ * k3_kda_tuning_for_ctx.
  *
  * Keys: a table loaded from a file whose header names a gpu is matched against the device on gpu, sm_count and
  * capability (a mismatch is refused unless forced); driver/runtime/library differences are only logged. A table
@@ -75,10 +111,36 @@ typedef struct k3_table_key {
     char note[256];
 } k3_table_key;
 
+/* The moe rows (see the top of this file); present 0 when the table has none. */
+typedef struct k3_table_moe {
+    int32_t present;            /* 1 when the table has the moe rows (all keys), else 0 */
+    int32_t async_nt1_max_m, ring_nt1_max_m, ring_nt2_max_m;
+    int32_t fold_waves, early_waves, pair_waves, wide_blocks_per_sm;
+    int32_t dense_split_waves, dense_k1_waves, g2_t4_waves, g2_split_chunks;
+    int32_t line;               /* the first moe line (messages), 0 when set by code */
+} k3_table_moe;
+
+#define K3_TABLE_KDA_MAX_M 16 /* the KDA projection's largest m */
+
+/* The kda rows (see the top of this file), indexed by m (1..K3_TABLE_KDA_MAX_M; [0] unused); present 0 when the
+ * table has none. */
+typedef struct k3_table_kda {
+    int32_t present;
+    int32_t overlap_max_tokens;                          /* 0 .. K3_TABLE_KDA_MAX_M */
+    k3_kda_run_n shape[K3_TABLE_KDA_MAX_M + 1];          /* ROWS1 .. FUSED */
+    k3_kda_qkvg qkvg[K3_TABLE_KDA_MAX_M + 1];            /* TABLE or CUBLASLT */
+    int32_t head_steps[K3_TABLE_KDA_MAX_M + 1];          /* 1 .. K3_KDA_FUSED_MAX_HEAD_STEPS */
+    k3_kda_run_n unfused_shape[K3_TABLE_KDA_MAX_M + 1];  /* where shape is FUSED: ROWS1 .. SLICED; else = shape */
+    k3_kda_qkvg unfused_qkvg[K3_TABLE_KDA_MAX_M + 1];    /* where shape is FUSED: TABLE or CUBLASLT; else = qkvg */
+    int32_t line;                                        /* the first kda line (messages), 0 when set by code */
+} k3_table_kda;
+
 typedef struct k3_table {
     k3_table_key key;
     k3_table_row *rows;
     int32_t n_rows, cap_rows;
+    k3_table_moe moe;
+    k3_table_kda kda;
     char source[128]; /* where it came from: "embedded sm90" or a file path (messages) */
 } k3_table;
 
@@ -99,9 +161,23 @@ k3_status k3_table_set(k3_table *t, int64_t n, int64_t k, int64_t m, k3_table_ch
  */
 k3_status k3_table_parse(const char *text, const char *source, k3_table **out, char *err, size_t err_size);
 
-/* The text of t in the format above (rows sorted by N then K, equal neighbouring M merged into ranges), with
- * a comment block that documents the format. Returns a malloc'd string (caller frees) or NULL (out of memory). */
+/* The text of t in the format above (the header, the moe and kda rows when present, then the GEMM rows sorted by
+ * N then K; equal neighbouring M merged into ranges), with a comment block that documents the format. Parsing it
+ * gives t back. Returns a malloc'd string (caller frees) or NULL (out of memory). */
 char *k3_table_format(const k3_table *t);
+
+/* SUCCESS when the section is well formed (every value in its range; kda: every m set, unfused choices exactly
+ * where the shape is fused); else FORMAT_ERROR with the reason in err. present 0 is well formed. The parser checks
+ * the same rules; these serve sections set by code. */
+k3_status k3_table_moe_check(const k3_table_moe *moe, char *err, size_t err_size);
+k3_status k3_table_kda_check(const k3_table_kda *kda, char *err, size_t err_size);
+
+/* The moe and kda sections the plans of a context use, from its table t (k3_linear_ctx_table: loaded, or the
+ * embedded one; NULL when the architecture has none): t's own section where present, else the embedded table's of
+ * `arch` (parsed here), else present 0. moe or kda may be NULL (not wanted). Errors: OUT_OF_MEMORY; INTERNAL_ERROR
+ * with err when the embedded table does not parse (a build bug). */
+k3_status k3_table_sections_for(const k3_table *t, k3_table_id arch, k3_table_moe *moe, k3_table_kda *kda, char *err,
+                                size_t err_size);
 
 /* The embedded text of an architecture's table (tables/<name>.txt at build time), or NULL when none. */
 const char *k3_table_embedded_text(k3_table_id id);

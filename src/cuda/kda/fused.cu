@@ -39,7 +39,7 @@ namespace {
 
 /* The QKVG tile configuration: w4_t1_u4_l_h2 (src/plan/gemm_configs.def), the SM90 table's 6144x7168 at m 9-16. Its
  * head prefetch (the weight steps asked into L2 before griddepcontrol.wait) is a template parameter of the kernel,
- * chosen per m by the tuning data (fused_head_steps, src/plan/kda_tuning.c); it does not change the arithmetic, so
+ * chosen per m by the table's kda rows (HEAD_STEPS, read into fused_head_steps); it does not change the arithmetic, so
  * qkvg keeps that configuration's bits. */
 constexpr int KF_WARPS = 4, KF_UNROLL = 4, KF_L2B = 256, KF_PIPE = 1;
 constexpr int KF_THREADS = K3_KDA_FUSED_TILES_PER_BLOCK * KF_WARPS * 32; /* 384: one block per SM at <= 168 regs */
