@@ -6,6 +6,7 @@
 #include "plan/moe_plan.h"
 #include "plan/table.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
