@@ -25,6 +25,7 @@
 
 #include "core/router_math.h"
 #include "cuda/common/check.cuh"
+#include "cuda/common/ptr_check.h"
 #include "cuda/router/router.h"
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/pdl.cuh"
