@@ -13,7 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "moe_data.h"
 #include "ref_moe.h"
 #include "test_util.h"

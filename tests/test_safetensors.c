@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 
 #define SEED 77031ull

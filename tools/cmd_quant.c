@@ -4,7 +4,7 @@
 
 #include "cli.h"
 #include "core/formats.h"
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 
 #define META_FORMAT "k3.quant.format"
 #define META_LAYOUT "k3.quant.scale_layout"

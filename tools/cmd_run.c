@@ -4,7 +4,7 @@
 
 #include "cli.h"
 #include "cli_mem.h"
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 
 #define CMD "k3 run moe"
 

@@ -1,0 +1,52 @@
+/* Internals shared by the safetensors reader (st_read.c, st_json.c) and writer (st_write.c). */
+#ifndef K3_IO_ST_COMMON_H
+#define K3_IO_ST_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io/safetensors.h"
+
+#define K3_ST_MAX_HEADER 100000000ull /* the reference implementation's limit */
+#define K3_ST_MAX_DEPTH 64             /* nesting allowed in skipped (unknown) JSON values */
+
+#define ST_TRY(expr)                                                                                         \
+    do {                                                                                                     \
+        k3_status st_try_ = (expr);                                                                          \
+        if (st_try_ != K3_STATUS_SUCCESS) return st_try_;                                                    \
+    } while (0)
+
+typedef struct st_meta {
+    char *key, *value;
+} st_meta;
+
+/* Writes the message into err (when given) and returns st. */
+k3_status k3_st_err(char *err, size_t err_size, k3_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+/* Element count * element size with overflow checks; 0 on overflow (a non-empty tensor always has size > 0),
+ * with *ok cleared. */
+size_t k3_st_tensor_bytes(k3_st_dtype dtype, int32_t ndim, const int64_t *shape, int *ok);
+/* Grows *arr (elements of elem bytes, capacity *cap) to hold need elements; 0 when out of memory. */
+int k3_st_grow(void **arr, int32_t *cap, int32_t need, size_t elem);
+
+/* The header's JSON parser (st_json.c): recursive descent, every index checked against the header's end. */
+/* The parser's state: the header bytes [0, n), a cursor, and where to put a message. */
+typedef struct jp {
+    const char *s;
+    size_t n, i;
+    const char *path;
+    char *err;
+    size_t err_size;
+} jp;
+k3_status k3_jp_fail(jp *p, const char *what);
+void k3_jp_ws(jp *p);
+int k3_jp_eat(jp *p, char c);
+int k3_jp_hex4(jp *p, uint32_t *out);
+k3_status k3_jp_string(jp *p, char **out);
+k3_status k3_jp_uint(jp *p, const char *what, int64_t *out);
+k3_status k3_jp_skip(jp *p, int depth);
+
+#endif
