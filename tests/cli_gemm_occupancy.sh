@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Guards what tables/sm90.txt was measured under: the blocks per SM of every kernel instance its rows choose.
-# Why: one-wave grids under PDL are sensitive to that cap. In session 21 an unrelated epilogue edit took
-# w2_t1_u4_c2_l_h2 from 130 to 128 registers, i.e. from 7 to 8 blocks per SM, and 6144x7168 at M 1-8 became ~20%
-# slower on the H200 with no change to that kernel's code (bench/NOTES-gemm.md, session 21). So a change of any
-# instance's occupancy must be seen, and the table re-tuned (or the change undone), before it ships.
+# Why: one-wave grids under PDL are sensitive to that cap. An unrelated epilogue edit once took w2_t1_u4_c2_l_h2
+# from 130 to 128 registers, i.e. from 7 to 8 blocks per SM, and made 6144x7168 at M 1-8 markedly slower on the
+# H200 with no change to that kernel's code (bench/NOTES-gemm.md). So a change of any instance's occupancy must
+# be seen, and the table re-tuned (or the change undone), before it ships.
 # The expected list, tests/data/sm90_gemm_occupancy.txt, holds the blocks per SM of the build the table was tuned
-# with (session 27's tuner run, nvcc 13.0). It is compared only under the nvcc release it names; under another
-# release this test reports skipped, since the table's measurements then say nothing about the compiled kernels.
+# with (the tuner run recorded in bench/RESULTS.md, nvcc 13.0). It is compared only under the nvcc release it
+# names; under another release this test reports skipped, since the table's measurements then say nothing about
+# the compiled kernels.
 # Needs nvcc only (no GPU); skipped (77) without it or in a build without the CUDA backend. Usage: bash tests/cli_gemm_occupancy.sh path/to/k3 (unused).
 set -u
 NAME=cli_gemm_occupancy

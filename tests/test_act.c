@@ -1,6 +1,6 @@
 /*
- * Activations (issue 2 item 5): every formula against an independent fp64 evaluation written here, the SiTU
- * facts of K3-MODEL.md section 3 (bound, SiLU limits), the layouts, and every descriptor validation rule.
+ * Activations: every formula against an independent fp64 evaluation written here, the SiTU facts of
+ * docs/model.md section 2 (bound, SiLU limits), the layouts, and every descriptor validation rule.
  */
 #include <float.h>
 #include <math.h>
@@ -10,7 +10,7 @@
 #include "core/act_check.h"
 #include "test_util.h"
 
-/* ---- fp64 references (straight from K3-MODEL.md section 3, sharing nothing with core/act.h) ---- */
+/* ---- fp64 references (straight from docs/model.md section 2, sharing nothing with core/act.h) ---- */
 static double ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 static double ref_clamp(double v, double lo, double hi) { return v < lo ? lo : (v > hi ? hi : v); }
 

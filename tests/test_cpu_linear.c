@@ -1,5 +1,5 @@
 /*
- * The CPU BF16 linear (issue 3 item 1) against an independent fp64 loop written here: fp64 mode must give the
+ * The CPU BF16 linear against an independent fp64 loop written here: fp64 mode must give the
  * same BF16 outputs (rel-L2 <= 1e-6, exact matches counted), fp32 mode stays within an fp32 error budget;
  * strides, the residual (separate and aliasing y), odd shapes, and batch independence.
  */

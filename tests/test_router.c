@@ -1,5 +1,5 @@
 /*
- * The router (issue 3 item 2) through the public API against an independent fp64 evaluation written here:
+ * The router through the public API against an independent fp64 evaluation written here:
  * ids identical, weights within 1e-6; exact ties go to the lower id; top_k 1, 16 and E; softmax; BF16 and F32
  * gates; NaN logits; every plan and run validation error.
  */

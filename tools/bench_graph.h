@@ -1,7 +1,7 @@
-/* CUDA-graph timing shared by every benchmark (BENCHMARKS.md method): capture `calls` back-to-back calls (call i
- * uses weight copy i % copies, so the weights read are cold when the copies together exceed the L2), warm up,
- * replay `reps` times timed with events, report the median per-call time. Waits never block forever: a replay
- * that takes longer than K3_BENCH_TIMEOUT_S is reported as hung. */
+/* CUDA-graph timing shared by every benchmark (the method of docs/benchmarks.md): capture `calls` back-to-back
+ * calls (call i uses weight copy i % copies, so the weights read are cold when the copies together exceed the L2),
+ * warm up, replay `reps` times timed with events, report the median per-call time. Waits never block forever: a
+ * replay that takes longer than K3_BENCH_TIMEOUT_S is reported as hung. */
 #ifndef K3_TOOLS_BENCH_GRAPH_H
 #define K3_TOOLS_BENCH_GRAPH_H
 

@@ -1,4 +1,4 @@
-/* k3 bench gemm: the plan against cuBLASLt, measured as BENCHMARKS.md prescribes (harness: gemm_bench.c). */
+/* k3 bench gemm: the plan against cuBLASLt, measured as docs/benchmarks.md describes (harness: gemm_bench.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,13 +16,13 @@ static void bench_help(void) {
     printf("usage: k3 bench gemm [--shapes k3|tp8|all|N,K[,N,K...]] [--m LIST] [--reps R] [--json | --csv]\n"
            "                     [--all-candidates] [--table FILE [--force]] [--seed S]\n\n"
            "Times the library's planned BF16 GEMM and cuBLASLt (the best of its heuristic's top %d algorithms)\n"
-           "side by side on the GPU (BENCHMARKS.md): every timed plan is first checked against the CPU reference\n"
+           "side by side on the GPU (docs/benchmarks.md): every timed plan is first checked against the CPU reference\n"
            "on fresh random data (rel-L2 <= 2e-3, no NaN, outputs poisoned); weights rotate through copies\n"
            "totalling >= max(180 MB, 3 x L2); one call per copy is captured into a CUDA graph, warmed up and\n"
            "replayed R times; the per-call time is the median replay / calls. Bytes = weights + x + y; percent\n"
            "of the 4.37 TB/s read ceiling; speedup = cuBLASLt / plan; geometric mean over all points; points\n"
            "where the plan is slower than cuBLASLt by more than 2%% are listed; then a PASS/FAIL line for each\n"
-           "acceptance bar of BENCHMARKS.md that the measured points cover (no point > 2%% slower than cuBLASLt;\n"
+           "acceptance bar of docs/benchmarks.md that the measured points cover (no point > 2%% slower than cuBLASLt;\n"
            "geometric mean >= 1.35x, also shown by M; weights >= 40 MB at >= 85%% of the ceiling at M <= 8;\n"
            "144x7168 <= 3.0 us; 1536x128 <= 1.2 us at M <= 8 and <= 1.5 us at M <= 16).\n\n"
            "  --shapes S        k3 = tp8 (default): the 14 TP8 shapes; all: + TP4/TP16; or N,K[,N,K...]\n"
@@ -133,7 +133,7 @@ static int bench_gemm(int argc, char **argv) {
         return K3_EXIT_USAGE;
     }
     if (sw.reps < 7 || sw.reps > 1000) {
-        fprintf(stderr, "k3 bench gemm: --reps must be 7..1000 (BENCHMARKS.md: the median of >= 7 replays)\n");
+        fprintf(stderr, "k3 bench gemm: --reps must be 7..1000 (docs/benchmarks.md: the median of >= 7 replays)\n");
         return K3_EXIT_USAGE;
     }
     static k3_shape shapes[K3_SHAPES_MAX];
@@ -175,7 +175,7 @@ static int bench_gemm(int argc, char **argv) {
     }
 
     int rc = K3_EXIT_OK, first_json = 1, n_incorrect = 0;
-    k3b_bars bars; /* the points compared with cuBLASLt: the geometric mean and the bars of BENCHMARKS.md */
+    k3b_bars bars; /* the points compared with cuBLASLt: the geometric mean and the bars of docs/benchmarks.md */
     k3b_bars_init(&bars);
     point *p = (point *)calloc(1, sizeof *p);
     if (!p) {

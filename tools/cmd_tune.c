@@ -15,11 +15,11 @@
 
 #define TUNE_MAX_CAND 64
 #define TUNE_KEEP_RATIO 1.05 /* a specialized kernel must beat the best cuBLASLt by >= 5% */
-/* Close calls are measured again: one pass's medians moved by 2-4% between neighbouring M in session 9 (6144 x
- * 7168 M 3 fell back to cuBLASLt between points at 1.05x and 1.07x). Where the decision is within this band of the
- * threshold, or the runner-up configuration within TUNE_CLOSE of the best, the finalists (the best two
- * specialized, the best two cuBLASLt algorithms) are measured twice more each, interleaved, and each is judged by
- * the median of its three measurements. */
+/* Close calls are measured again: one pass's medians move by a few percent, enough to send a point near the 5%
+ * threshold to cuBLASLt while its neighbouring M keep their kernel (bench/NOTES-gemm.md). Where the decision is
+ * within this band of the threshold, or the runner-up configuration within TUNE_CLOSE of the best, the finalists
+ * (the best two specialized, the best two cuBLASLt algorithms) are measured twice more each, interleaved, and each
+ * is judged by the median of its three measurements. */
 #define TUNE_BAND_LO 0.97
 #define TUNE_BAND_HI 1.12
 #define TUNE_CLOSE 1.03
@@ -86,7 +86,7 @@ static void tune_help(void) {
            "(close calls, within -3%%..+12%% of that threshold or with a runner-up configuration within 3%%, are\n"
            "measured twice more, interleaved, and decided on the medians of three)\n"
            "keyed by this device (GPU name, SM count, capability, driver, runtime, library version, date).\n\n"
-           "  --shapes S   k3 = all (default): the TP8 shapes of K3-MODEL.md section 2 plus TP4/TP16; tp8; N,K,...;\n"
+           "  --shapes S   k3 = all (default): the TP8 shapes of docs/model.md plus TP4/TP16; tp8; N,K,...;\n"
            "               or a file with one \"N K\" per line\n"
            "  --m LIST     token counts (default 1-16; at most 32)\n"
            "  --out FILE   where the table goes (default stdout), e.g. tables/sm90.txt\n"

@@ -1,4 +1,4 @@
-/* The GEMM measurement harness of `k3 bench gemm` and `k3 tune` (BENCHMARKS.md, "Method"):
+/* The GEMM measurement harness of `k3 bench gemm` and `k3 tune` (docs/benchmarks.md, "Method"):
  *   - correctness first: every measured plan runs once on fresh random data and is compared with the CPU
  *     reference (rel-L2 <= 2e-3, no NaN; outputs poisoned first), and again after the timed replays;
  *   - cold weights: enough distinct weight copies that they total >= max(180 MB, 3 x L2), rotated per call;
@@ -14,7 +14,7 @@
 
 #include "k3.h"
 
-#define K3B_CEILING_BYTES_PER_S 4.37e12 /* measured H200 HBM read ceiling (BENCHMARKS.md) */
+#define K3B_CEILING_BYTES_PER_S 4.37e12 /* measured H200 HBM read ceiling (docs/benchmarks.md) */
 #define K3B_REL_L2_MAX 2e-3             /* BF16 GEMM correctness bar */
 #define K3B_MIN_CALLS 8                 /* calls per graph, so the replay's own launch cost is amortized */
 #define K3B_MAX_M 32

@@ -1,4 +1,4 @@
-/* Shape sets for the GEMM tools (K3-MODEL.md section 2). */
+/* Shape sets for the GEMM tools (docs/model.md, section 1). */
 #include "gemm_shapes.h"
 
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* The Kimi-K3 decode GEMM shape sets (K3-MODEL.md section 2) and the parser of --shapes, shared by
+/* The Kimi-K3 decode GEMM shape sets (docs/model.md, section 1) and the parser of --shapes, shared by
  * `k3 plan`, `k3 bench gemm` and `k3 tune`. */
 #ifndef K3_TOOLS_GEMM_SHAPES_H
 #define K3_TOOLS_GEMM_SHAPES_H
@@ -13,7 +13,7 @@ typedef struct k3_shape {
 
 /*
  * Fills out[] from a --shapes value and returns the count (0 after printing an error to stderr):
- *   "tp8"            the 14 TP8 decode shapes of K3-MODEL.md section 2 (the acceptance set of issue 4)
+ *   "tp8"            the 14 TP8 decode shapes of docs/model.md (the GEMM bars' set, docs/benchmarks.md)
  *   "all"            tp8 plus the 13 TP4/TP16 shapes listed there (27)
  *   "k3"             default_set ("tp8" for the benchmark, "all" for the tuner)
  *   "N,K[,N,K...]"   explicit shapes (also "NxK,NxK")

@@ -1,4 +1,4 @@
-/* k3 bench moe: the routed experts (NVFP4, SiTU, W4A16) timed as BENCHMARKS.md says (graph replay, cold
+/* k3 bench moe: the routed experts (NVFP4, SiTU, W4A16) timed as docs/benchmarks.md says (graph replay, cold
  * weights, medians), with the routing of the real router on random inputs; side by side with the same touched
  * experts held in BF16 and run through cuBLASLt per expert (two GEMMs per expert, activation left out, which
  * favours the baseline). Each M's output is first checked against the CPU reference (M <= 16). */
@@ -10,7 +10,7 @@
 #include "cli.h"
 
 #define MB_H 7168         /* router input width (the K3 hidden size) */
-#define MB_CEILING 4.37e12 /* HBM read ceiling of the H200 (BENCHMARKS.md) */
+#define MB_CEILING 4.37e12 /* HBM read ceiling of the H200 (docs/benchmarks.md) */
 #define MB_MAX_M 4096     /* prefill sizes: throughput only */
 #define MB_MAX_LIST 16
 #define MB_MAX_WS_OFFSET (64 << 20) /* --ws-offset: placement studies */
@@ -29,7 +29,7 @@ static void moe_bench_help(void) {
            "scales of the distinct experts touched + x + out; percent of the 4.37 TB/s read ceiling. Baseline:\n"
            "the same touched experts in BF16, GEMM1 and GEMM2 per expert through cuBLASLt (M <= 16).\n"
            "Method: calls captured into a CUDA graph over weight copies exceeding 3x the L2, replayed R times\n"
-           "(default 11), median per call. Bars (issue 6): %% of ceiling >= 60 (tp8) / 70 (ep16) at M >= 4;\n"
+           "(default 11), median per call. Bars judged here: %% of ceiling >= 60 (tp8) / 70 (ep16) at M >= 4;\n"
            "speedup over the baseline >= 2.5x at M <= 16. Every row also gives TFLOP/s (2 x M x top-k x 3 x I x L\n"
            "flops): the measure at prefill sizes (M > %d: no bandwidth bar, no CPU check above M = %d).\n"
            "  --m LIST    token counts (default 1,2,4,8,16,32,64; 1..%d, at most %d values; e.g. 512,4096)\n"
@@ -95,7 +95,7 @@ static int mb_parse(int argc, char **argv, mb_opts *o) {
             return K3_EXIT_USAGE;
         }
     if (o->reps < 7 || o->reps > 1000) {
-        fprintf(stderr, "k3 bench moe: --reps must be in 7..1000 (BENCHMARKS.md: the median of >= 7 replays)\n");
+        fprintf(stderr, "k3 bench moe: --reps must be in 7..1000 (docs/benchmarks.md: the median of >= 7 replays)\n");
         return K3_EXIT_USAGE;
     }
     if (o->ws_offset < 0 || o->ws_offset > MB_MAX_WS_OFFSET || o->ws_offset % 256 != 0) {

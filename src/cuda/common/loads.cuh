@@ -44,8 +44,8 @@ __device__ __forceinline__ uint4 k3_ld_stream_pf(const void *p, uint64_t policy)
 /* Activations written by the previous kernel: an ordinary (coherent, L1-cacheable) load, issued only after
  * k3_pdl_wait(). NOT the non-coherent .nc path: under PDL this kernel is already running while its producer
  * writes x, so x is not invariant for the kernel's lifetime, and an .nc load may be served stale lines that an
- * earlier kernel left in the SM's cache (seen on the H200: a PDL chain whose direct run differed in the last bits
- * from its graph replays, session 8). griddepcontrol.wait makes the producer's writes visible to ordinary loads. */
+ * earlier kernel left in the SM's cache (seen on the H200, bench/NOTES-gemm.md: a chain whose direct run differed in
+ * the last bits from its graph replays). griddepcontrol.wait makes the producer's writes visible to ordinary loads. */
 __device__ __forceinline__ uint4 k3_ld_act(const void *p) {
     uint4 v;
     asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -65,8 +65,8 @@ __device__ __forceinline__ uint4 k3_ld_cached(const void *p) {
 /* Asks the copy engine to bring `bytes` (a multiple of 16, from a 16-byte aligned address) of global memory into
  * L2; a hint with no completion to wait for and no register or shared-memory cost. Issued ahead of the demand
  * loads it puts more DRAM requests in flight than the register double buffer holds, and it may be issued before
- * griddepcontrol.wait: weights never depend on the previous kernel. Each request has a fixed cost: requests of
- * 64-256 bytes made large shapes up to 2x slower on the H200 (bench/NOTES-gemm.md), so keep them to KBs. */
+ * griddepcontrol.wait: weights never depend on the previous kernel. Each request has a fixed cost, so requests of
+ * a few hundred bytes cost large shapes more than they hide (bench/NOTES-gemm.md): keep them to KBs. */
 __device__ __forceinline__ void k3_prefetch_l2(const void *p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
 }

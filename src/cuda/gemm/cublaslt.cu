@@ -79,8 +79,8 @@ extern "C" k3_status k3_lt_plan_create(k3_ctx *ctx, int64_t n, int64_t k, int64_
         K3_LT_TRY(ctx, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align,
                                                             sizeof align));
         /* Split-K partial sums must stay in fp32: reductions in the output type (BF16) or in place in the output
-         * buffer round every partial, which broke the single-rounding contract (measured on the H200: rel-L2
-         * 2.7e-3 on 7168x1536 with a residual aliasing y). Algorithms without split-K are always allowed. */
+         * buffer round every partial, which broke the single-rounding contract (seen on the H200 with a residual
+         * aliasing y: bench/NOTES-gemm.md). Algorithms without split-K are always allowed. */
         const uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
         K3_LT_TRY(ctx, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                             &reduction_mask, sizeof reduction_mask));
@@ -106,9 +106,9 @@ extern "C" k3_status k3_lt_plan_create(k3_ctx *ctx, int64_t n, int64_t k, int64_
             }
             p->n_algo[m] = kept;
         }
-        /* A residual that aliases y is first copied to the workspace: measured on the H200, cuBLASLt with C == D
-         * (in place) misses the single-rounding accuracy (rel-L2 2.3-2.8e-3 vs 1.6e-3 with C != D, every
-         * algorithm, e.g. 7168x1536 and 1536x128), so the fallback never runs in place. */
+        /* A residual that aliases y is first copied to the workspace: on the H200, cuBLASLt with C == D (in place)
+         * misses the single-rounding accuracy with every algorithm while C != D meets it (bench/NOTES-gemm.md), so
+         * the fallback never runs in place. */
         p->y_stride = y_stride;
         p->stage_off = (p->ws_bytes + 255) / 256 * 256;
         p->ws_bytes = p->stage_off + (size_t)max_m * (size_t)y_stride * 2;

@@ -44,8 +44,8 @@ cudaError_t k3_mma_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
 template <int WARPS, int TILES, int UNROLL, int MINB>
 cudaError_t k3_mma_wt_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
 
-/* L2B (mma): the L2 prefetch size of the weight loads (k3_ld_stream_pf): 0 or 256 bytes. (Measured on the skinny
- * kernel too, 1-2% slower there: its warps already ask for 512 contiguous bytes; bench/NOTES-gemm.md.)
+/* L2B (mma): the L2 prefetch size of the weight loads (k3_ld_stream_pf): 0 or 256 bytes. (Not on the skinny kernel,
+ * where it measured slower: its warps already ask for 512 contiguous bytes; bench/NOTES-gemm.md.)
  * PF (mma): L2 prefetch of the weights ahead of the demand loads. 0 = none; K3_PF_ALL = the block's whole weight
  * slice, requested at its start; 1..K3_PF_ALL-1 = this many K steps ahead of the step being loaded into registers;
  * K3_PF_HEAD + H = the H steps after those loaded into registers at the start only, requested once at the block's

@@ -6,7 +6,7 @@
  * are added through shared memory in a fixed order (bitwise reproducible).
  *
  * Operands go from global memory straight into registers with 16-byte loads, no shared-memory staging
- * (the cp.async + ldmatrix pipeline of the issue is NOT what this file ships). Why that is equivalent:
+ * (not the cp.async + ldmatrix pipeline of the public small-M design this kernel follows). Why that is equivalent:
  * a dot product does not depend on the order of its K terms, so any bijection between the MMA's logical k
  * (0..15) and the physical k of a chunk works as long as A (weights) and B (activations) use the same one.
  * Lane (g = lane / 4, q = lane % 4) holds, by the PTX fragment layout, A[g][2q, 2q+1, 2q+8, 2q+9] (and row g+8)
@@ -93,9 +93,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
         /* Block partial (sum over warps); the other ranks send theirs into rank 0's shared memory with st.async,
          * whose bytes complete rank 0's mbarrier (set up at the kernel's start), then leave; rank 0 waits on that
          * barrier alone, adds the partials in rank order (deterministic) and stores y. No cluster-wide release:
-         * the memory barrier of cluster.sync() cost 12-14% of the stall cycles of 144x7168 (ncu); without it
-         * 144x7168 went from 2.10 / 2.30 / 2.65 to 1.88 / 2.11 / 2.53 us at M 1 / 8 / 16 (bench/NOTES-gemm.md,
-         * session 12). A sender may leave with its stores in flight: they complete on rank 0's barrier, and
+         * the memory barrier of cluster.sync() was a large share of the stall cycles of the small-N shapes, and
+         * 144x7168 ran faster at every M without it (bench/NOTES-gemm.md, the st.async K-split epilogue).
+         * A sender may leave with its stores in flight: they complete on rank 0's barrier, and
          * rank 0, whose shared memory they target, waits for all of them. */
         __shared__ float part[CLUSTER_K][PART];
         const int rank = (int)blockIdx.y; /* the cluster spans blockIdx.y: rank = blockIdx.y */

@@ -133,7 +133,7 @@ __device__ __forceinline__ void k3_mma_tile_accumulate(float (&acc)[TILES][NT][4
      * 2: two register groups A and B used in turn, no copies: both are in flight at the one wait per pair of
      *    steps (ptxas puts all these loads on one scoreboard), and the MMAs run between the waits.
      * 2 doubles the bytes in flight per warp but needs more registers; which wins depends on the configuration
-     * (measured: bench/NOTES-gemm.md, session 13). */
+     * (the measurements: bench/NOTES-gemm.md). */
     static_assert(PIPE == 1 || PIPE == 2, "pipe: 1 or 2 register groups in flight");
     const int step = WARPS * UNROLL;
     int c0 = c_lo + warp * UNROLL;
@@ -145,14 +145,14 @@ __device__ __forceinline__ void k3_mma_tile_accumulate(float (&acc)[TILES][NT][4
      * and the demand loads then mostly hit L2. The block first asks for the PF steps after the PIPE steps loaded at the
      * start (the block's chunks are contiguous in every row, one request per row per 4 KB), or for its whole K range
      * (PF = K3_PF_ALL); then (PF < K3_PF_ALL) each warp asks, every step, for its own chunks PF steps after the step it
-     * loads into registers, one request per weight row, from lanes 0..ROWS-1. Measured (H200, bench/NOTES-gemm.md,
-     * session 8): it pays a few percent on small and mid shapes only; on large shapes the in-loop requests (64-256
-     * bytes each) cost more than they hide, so those configurations stay without it. Head only (PF = K3_PF_HEAD + H):
+     * loads into registers, one request per weight row, from lanes 0..ROWS-1. It pays on small and mid shapes only
+     * (bench/NOTES-gemm.md): on large shapes the in-loop requests (64-256 bytes each) cost more than they hide, so
+     * those configurations stay without it. Head only (PF = K3_PF_HEAD + H):
      * the H steps after the PIPE loaded ones, at the start, nothing in the loop. Under PDL a block starts when a block
      * of the previous kernel leaves, so these requests fill the DRAM while that kernel's last blocks drain and before
-     * our griddepcontrol.wait returns (a timeline of 3584x7168 showed blocks leaving over ~3 us and the wait returning
-     * ~0.75 us after the last). Measured (session 12): 32-64 KB per block gains 3-5% on the 51-60 MB shapes; 128 KB per
-     * block loses 10-15%. */
+     * our griddepcontrol.wait returns (the previous kernel's blocks leave over microseconds, and the wait returns only
+     * after the last has). A few tens of KB per block pay on the mid-size shapes; much more is evicted from L2 before
+     * the block reads it, and loses (bench/NOTES-gemm.md). */
     constexpr int PF_ROWS = (ROWS + 31) / 32;
     constexpr bool PF_LOOP = PF > 0 && PF < K3_PF_ALL; /* requests inside the loop too */
     constexpr int PF_STEPS = PF > K3_PF_HEAD ? PF - K3_PF_HEAD : PF; /* steps requested at the start */

@@ -9,9 +9,9 @@
  * - before the wait: all of the warp's weights (UNROLL chunks of 32 elements per row) into registers;
  * - after it: one round trip for x, the chunks' MMAs on independent accumulators (no chain of dependent MMAs),
  *   a tree of adds, and the sums stored straight from the MMA's C fragments (no shared memory, no barrier).
- * Measured on the H200 (bench/NOTES-gemm.md, session 27): 1536x128 at M 8, 0.93-1.05 us for these configurations
- * against 1.15 for the best split-K one (the shape alone); in the K3 set with the tuned table 0.97-0.99 us against
- * 1.22 with the previous table.
+ * On the H200 these configurations beat every split-K one on 1536x128 at every M measured, and the tuned SM90
+ * table chooses them for all three K = 128 shapes at every M (the measurements: bench/NOTES-gemm.md, whole-K warp
+ * tiles).
  * The operand layout, the k map and the loads are those of gemm_mma_tile.cuh. The sums differ in order from the
  * split-K kernel's (chunks added pairwise here), so the bits differ between the two families; each is
  * deterministic. */

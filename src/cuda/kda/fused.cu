@@ -1,7 +1,7 @@
 /* The KDA projection in one launch (K3_KDA_RUN_N_FUSED): QKVG, F_AB and F_B by one grid whose SMs are split
  * between the two jobs, instead of two streams sharing every SM.
  *
- * Why (bench/NOTES-kda.md, session 25): under a streaming GEMM each SM gets about the same share of the memory
+ * Why (bench/NOTES-kda.md, the one launch): under a streaming GEMM each SM gets about the same share of the memory
  * system, whatever it keeps in flight, so the branch costs QKVG what it adds to the SMs it shares. From m 9 the
  * table's QKVG (w4_t1_u4_l_h2: 384 blocks of 4 warps x 168 registers, three per SM) fills every SM's registers, and
  * its 384 tiles on 132 SMs are uneven anyway (120 SMs hold three, 12 hold two: a third of 12 SMs idles). Grouping

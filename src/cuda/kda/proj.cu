@@ -72,9 +72,9 @@ __global__ void __launch_bounds__(512) kda_run_n_kernel(const uint16_t *__restri
  * / 1024 vectors of 8 elements at (128 v + t) * 8 (each load instruction of the block reads 2 KB contiguous). Why:
  * the table's QKVG kernel fills every SM in one wave, and a wide block (hidden / 16 threads) does not fit beside it;
  * a 128-thread block of <= 80 registers (m <= 4: __launch_bounds__(128, 6)) fits beside three 138-register
- * 128-thread blocks, one of <= 104 (m > 4: (128, 5)) beside six 136-register 64-thread blocks (the SM90 table's
- * QKVG at M 1-8 since session 14). It first asks for all of its x in L1 (prefetch.global.L1); those requests come
- * back while QKVG streams, when every round trip takes microseconds (bench/NOTES-kda.md, sessions 11, 13 and 14),
+ * 128-thread blocks, one of <= 104 (m > 4: (128, 5)) beside six 136-register 64-thread blocks (the QKVG kernels
+ * the SM90 table has chosen at M 1-8). It first asks for all of its x in L1 (prefetch.global.L1); those requests
+ * come back while QKVG streams, when every round trip takes microseconds (bench/NOTES-kda.md, the narrow shape),
  * so the token loop is unrolled (m <= 4) or takes two tokens per iteration, their loads issued together. */
 template <int M, int V>
 __global__ void __launch_bounds__(128, M <= 4 ? 6 : 5)
@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(128, M <= 4 ? 6 : 5)
         }
     } else {
         /* Two tokens per iteration, their x loads issued together (unrolled further, the compiler hoists every
-         * token's x loads and spills; 94 registers; one token per iteration took 69-72 and ~0.5 us more per token
-         * beside QKVG). An odd m's last pair repeats token m - 1 (not stored), so its loads need no predicate. */
+         * token's x loads and spills; one token per iteration waits a round trip per token beside QKVG,
+         * bench/NOTES-kda.md). An odd m's last pair repeats token m - 1 (not stored): its loads need no predicate. */
 #pragma unroll 1
         for (int i0 = 0; i0 < M; i0 += 2) {
             float acc[2];
@@ -132,18 +132,18 @@ __global__ void __launch_bounds__(128, M <= 4 ? 6 : 5)
 
 /* The sliced shape of run_n (K3_KDA_RUN_N_SLICED): blocks of 128 threads = 16 output rows x 8 lanes, each block one
  * K slice (S of them) of its 16 rows, so that groups x slices is about one block per SM. Why: beside the one-wave
- * QKVG kernel each SM serves its warps' memory requests in turn (bench/NOTES-kda.md, session 16), so the branch costs
- * QKVG about what it adds to the busiest SM. A narrow block (one row over all of K) adds 14 KB of weights and 14 KB x
- * m of x to its SM (twice that on the SMs that get two of the 144); a sliced block adds 16 KB of weights and 1 KB x m
- * of x (TP8 on 132 SMs: 9 groups x 14 slices = 126 blocks).
+ * QKVG kernel each SM serves its warps' memory requests in turn (bench/NOTES-kda.md, the sliced F_AB), so the
+ * branch costs QKVG about what it adds to the busiest SM. A narrow block (one row over all of K) adds 14 KB of
+ * weights and 14 KB x m of x to its SM (twice that on the SMs that get two of the 144); a sliced block adds 16 KB of
+ * weights and 1 KB x m of x (TP8 on 132 SMs: 9 groups x 14 slices = 126 blocks).
  * <= 104 registers (__launch_bounds__(128, 5)): one block fits beside six of the table's 136-register 64-thread QKVG
  * blocks. A block stages its x slice in shared memory, eight tokens at a time (<= 8 KB; 10 KB did not fit beside the
- * QKVG tiles, bench/NOTES-kda.md, session 16), each lane dots its vectors (v = lane, lane + 8, ..., in order) for
- * every token, a butterfly adds the 8 lanes, and the slice's partial sums go to part[slice][token][row]. The last
- * block of a group to arrive (a count per group, release / acquire by one thread) adds the S partials in slice
- * order and stores the group's fab rows: bitwise reproducible; it also returns the count to zero, so the next launch
- * (ordered after this one on the GPU) starts from zero. It triggers its PDL successor (run_k) at its start, so f_b's
- * weights load while it runs: without that the overlap was 0.2-0.4 us slower at M 7-8 (session 16). */
+ * QKVG tiles), each lane dots its vectors (v = lane, lane + 8, ..., in order) for every token, a butterfly adds the
+ * 8 lanes, and the slice's partial sums go to part[slice][token][row]. The last block of a group to arrive (a count
+ * per group, release / acquire by one thread) adds the S partials in slice order and stores the group's fab rows:
+ * bitwise reproducible; it also returns the count to zero, so the next launch (ordered after this one on the GPU)
+ * starts from zero. It triggers its PDL successor (run_k) at its start, so f_b's weights load while it runs rather
+ * than after it, which the overlap needs at the larger m (bench/NOTES-kda.md). */
 constexpr int SL_ROWS = 16, SL_LANES = 8, SL_VMAX = 8, SL_SMAX = 16, SL_TG = 8;
 
 template <int M>
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(128, 5) kda_run_n_sliced_kernel(const uint16_t
         constexpr int TG = M < SL_TG ? M : SL_TG;
         if (i0) __syncthreads(); /* the previous group's x is consumed */
         /* every load of the group issued before the first store: one L2 round trip, not one per 128 vectors
-         * (each takes ~1-2 us beside QKVG) */
+         * (each takes microseconds beside QKVG) */
         constexpr int XPT = (SL_TG * SL_LANES * SL_VMAX + 127) / 128;
         const int n = min(TG, M - i0) * nv;
         uint4 xr[XPT];

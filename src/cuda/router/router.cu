@@ -7,8 +7,8 @@
  *    sum is a separate __fmul_rn / __fadd_rn, so nvcc cannot fuse them (the host side is -ffp-contract=off).
  *    The order fixes one long dependent chain per lane, so the loads must run far ahead of it: the main kernel
  *    streams the block's gate rows and token rows through a cp.async ring of K chunks in shared memory
- *    (measured before it, on the H200: a loop of register loads exposed one DRAM latency per element step,
- *    106-155 us for the K3 router). Rows that cannot be copied in 16-byte pieces use the register loop.
+ *    (a loop of register loads exposed one DRAM latency per element step and was several times slower on the
+ *    H200: bench/NOTES-moe.md). Rows that cannot be copied in 16-byte pieces use the register loop.
  *    The ring kernel is launched with PDL (its gate prefetch overlaps the previous kernel; x goes through L2 by
  *    cp.async, coherent after griddepcontrol.wait); the register loop reads x through the read-only path, so it
  *    starts only after its producer completed (a plain launch).
@@ -38,9 +38,9 @@ constexpr int RT_TOKENS = 4;     /* tokens per logits block: each gate element l
 constexpr int RT_UNROLL = 32;    /* gate elements in flight per lane */
 constexpr int SEL_THREADS = 256;
 constexpr int SEL_SORT_MAX = SEL_THREADS / 32 * 128; /* experts the sorting selection takes: 128 per warp */
-/* Below this many experts the top_k arg-max rounds are faster than the sorts (H200, session 24: E 896 select 12.6 ->
- * ~5.5 us sorted, router 28.5 -> 21.4 us at M 1; E 56 router 15.5 -> 17.7 us, the sorts' chain of 28 shuffle steps
- * costing more than the rounds; sizes in between not measured). */
+/* Below this many experts the top_k arg-max rounds are faster than the sorts: the sorts' fixed chain of 28 shuffle
+ * steps costs more than a few rounds over few keys (measured faster at E 56, slower at E 896, sizes in between not
+ * measured: bench/NOTES-moe.md). */
 constexpr int SEL_SORT_MIN = 257;
 
 /* The ring kernel: 8 experts (8 groups of 16 lanes) x TOK tokens per block, K in chunks of RING_CHUNK(G)
@@ -64,7 +64,7 @@ __host__ __device__ constexpr int ring_stages() {
 
 /* A thread's share of the ring copies: its <= 2 gate pieces and <= 2 token pieces of every chunk (16 bytes each, at
  * the same offsets in every chunk), with their sources resolved once, so a chunk's copies cost a compare, an add and
- * the cp.async each (ncu s24j: the copy loop's index arithmetic was a large share of the logits kernel's issue slots).
+ * the cp.async each (profiled: the copy loop's index arithmetic was a large share of the logits kernel's issue slots).
  * Rows past ne / m repeat the last row (never stored); pieces past h are skipped (the compute loop never reads them).
  * Every issue commits a group, empty past the last chunk, so the wait counts stay uniform. */
 template <typename G, int TOK>
@@ -279,8 +279,8 @@ __global__ void __launch_bounds__(SEL_THREADS)
 
     if (!softmax) {
         for (int e = tid; e < ne; e += SEL_THREADS) {
-            /* each sigmoid once, in parallel: the weights below reuse it (computing them on one thread cost
-             * ~16 serial sigmoids per token) */
+            /* each sigmoid once, in parallel: the weights below reuse it (computing them on one thread costs
+             * top_k serial sigmoids per token) */
             const float l = __ldcg(lg + e), sgm = k3_rm_sigmoid(l);
             const float key = __fadd_rn(sgm, bias ? bias[e] : 0.0f);
             keys[e] = isnan(key) ? -INFINITY : key;
