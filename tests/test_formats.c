@@ -136,7 +136,7 @@ static void test_e4m3(k3t_rng *rng) {
 }
 
 static void test_e2m1(k3t_rng *rng) {
-    static const float table[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f}; /* K3-MODEL.md section 5 */
+    static const float table[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f}; /* docs/model.md section 5 */
     int ok = 1;
     for (int c = 0; c < 16; c++) {
         double want = ref_e2m1_decode((uint8_t)c);

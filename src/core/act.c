@@ -1,4 +1,4 @@
-/* Activation descriptors: defaults, the K3 preset, validation (the rules of K3-MODEL.md section 3). */
+/* Activation descriptors: defaults, the K3 preset, validation (the rules of docs/model.md section 2). */
 #include "core/act_check.h"
 
 #include <math.h>

@@ -1,5 +1,5 @@
 /*
- * Activation math (K3-MODEL.md section 3) shared by host C and CUDA device code: one definition, so the CPU
+ * Activation math (docs/model.md section 2) shared by host C and CUDA device code: one definition, so the CPU
  * reference and the GPU epilogues cannot drift apart. Everything is fp32 with no rounding; callers round once.
  * Descriptors must have passed k3_act_desc_validate (these functions do not check them).
  */

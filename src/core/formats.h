@@ -7,7 +7,7 @@
  *   nearest even and saturates every finite or infinite magnitude above 448 to +-448; NaN encodes as
  *   0x7F with the input's sign bit. The sign of zero is kept (-0.0 and tiny negatives give 0x80).
  * - E2M1: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7), sign in bit 3. Rounding follows the RNE
- *   thresholds of K3-MODEL.md section 5; magnitudes above 6 (and infinity) saturate to 6. The sign is kept
+ *   thresholds of docs/model.md section 5; magnitudes above 6 (and infinity) saturate to 6. The sign is kept
  *   for values that round to zero (-0.1 gives 0x8, like a hardware cvt), so encode(decode(c)) == c for all
  *   16 codes. E2M1 has no NaN: NaN encodes as +-0 (every threshold comparison is false). k3_fp4_quantize
  *   never reaches that case because it rejects non-finite input.

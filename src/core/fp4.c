@@ -1,6 +1,6 @@
 /*
  * NVFP4 and MXFP4 quantize / dequantize on the host (checkpoint conversion, test oracles), batched over
- * matrices, with linear or 128x4-swizzled scale layouts. Rounding points are those of K3-MODEL.md section 5;
+ * matrices, with linear or 128x4-swizzled scale layouts. Rounding points are those of docs/model.md section 5;
  * the per-block steps below are shared with k3_nvfp4_fake_quant so both give bit-identical results.
  */
 #include <float.h>

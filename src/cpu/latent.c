@@ -1,5 +1,5 @@
 /*
- * The Kimi-K3 latent-MoE block on the CPU (K3-MODEL.md 4.3). For each token x [H] (BF16), in this order and
+ * The Kimi-K3 latent-MoE block on the CPU (docs/model.md section 4). For each token x [H] (BF16), in this order and
  * with exactly these roundings (every "bf16(...)" is one round-to-nearest-even of an fp32 value):
  *   1. routing   ids, p = router(x)                      fp32 logits (k3_cpu_router)
  *   2. down      x_l = bf16(x . W_down^T)                fp32 accumulation          [L]

@@ -1,5 +1,5 @@
 /*
- * The routed experts on the CPU (K3-MODEL.md 4.2): the reference every GPU MoE kernel is tested against.
+ * The routed experts on the CPU (docs/model.md section 4): the reference every GPU MoE kernel is tested against.
  *
  * Per (token t, slot j) with expert e = ids[t, j] and weight p = weights[t, j]:
  *   x'  = bf16 x_t as fp32; W4A4: NVFP4 fake-quantized per row in blocks of 16 with gs = 1 / w13_input_scale[e]

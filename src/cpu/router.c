@@ -1,5 +1,5 @@
 /*
- * The CPU router (K3-MODEL.md 4.1): fp32 logits, then sigmoid noaux_tc or softmax, top-k, weights.
+ * The CPU router (docs/model.md section 3): fp32 logits, then sigmoid noaux_tc or softmax, top-k, weights.
  *
  * Determinism choices:
  * - logits: fp32 products summed in K3_RT_LANES fixed partial sums combined in a fixed tree order;

@@ -1,4 +1,4 @@
-/* The two small KDA projection kernels (LOW-LATENCY-GEMM.md section 4), C-callable. */
+/* The two small KDA projection kernels (docs/gemm-plan.md, the KDA projection overlap), C-callable. */
 #ifndef K3_CUDA_KDA_PROJ_H
 #define K3_CUDA_KDA_PROJ_H
 
