@@ -4,46 +4,255 @@
  * One header, plain C11. Every function returns a k3_status (or a value that cannot fail);
  * the library never aborts and never prints unless a logger is installed.
  *
- * ---------------------------------------------------------------------------------------------
- * Usage: a BF16 decode projection, y[M, N] = x[M, K] . W[N, K]^T, planned once, run many times.
- *
- *   #include <k3.h>
- *
- *   k3_ctx_options opt;
- *   k3_ctx_options_init(&opt);
- *   opt.backend = K3_BACKEND_CUDA;            // or K3_BACKEND_CPU (always available)
- *   k3_ctx *ctx = NULL;
- *   if (k3_ctx_create(&opt, &ctx) != K3_STATUS_SUCCESS) {
- *       // ctx may be NULL here; the reason is in the returned status
- *       return 1;
- *   }
- *
- *   k3_linear_desc d;
- *   k3_linear_desc_init(&d, 1536, 7168);      // N, K: the local weight shape
- *   k3_linear_plan *plan = NULL;
- *   if (k3_linear_plan_create(ctx, &d, &plan) != K3_STATUS_SUCCESS)
- *       fprintf(stderr, "plan: %s\n", k3_ctx_last_error(ctx));
- *
- *   size_t ws_bytes = 0;
- *   k3_linear_workspace_size(plan, &ws_bytes); // allocate once, reuse for every call
- *   // x, w, y (and ws) are device pointers on a CUDA context, host pointers on a CPU one.
- *   k3_status st = k3_linear_run(plan, 4, x, w, NULL, y, ws, ws_bytes, stream);
- *   if (st != K3_STATUS_SUCCESS)
- *       fprintf(stderr, "run: %s: %s\n", k3_status_string(st), k3_ctx_last_error(ctx));
- *
- *   k3_linear_plan_destroy(plan);
- *   k3_ctx_destroy(ctx);
- * ---------------------------------------------------------------------------------------------
- *
  * Conventions
+ * - Describe, plan, run: a descriptor (filled with defaults by its *_desc_init) says what to compute; a plan is
+ *   made from it once (shapes, strides, alignment and dtypes are validated there, kernels chosen); run calls
+ *   check only what can change per call, and take the caller's workspace (*_workspace_size bytes) and stream.
+ * - Every buffer a run call takes lives where the context computes: host memory on a CPU context, device memory
+ *   (cudaMalloc) on a CUDA one. Weights are passed to every run call; plans hold none. Give 16-byte aligned
+ *   buffers (malloc and cudaMalloc do): the linear and KDA runs read 16-byte vectors and refuse others.
  * - Matrices are row-major. Weights are [N, K] with K contiguous; y = x W^T.
  * - BF16 values are passed as uint16_t bit patterns (or void* buffers of them).
  * - `stream` is a cudaStream_t passed as void* (NULL = the legacy default stream); it is ignored by the CPU
  *   backend. Run calls allocate nothing, never synchronize, and make no data-dependent host decisions, so they
  *   may be captured into CUDA graphs.
- * - Plans validate shapes, strides, alignment and dtypes once; run calls check only what can change per call.
+ * - A failing call returns its status and leaves a message in k3_ctx_last_error(ctx).
  * - Enums are append-only; sized integer types appear in every signature.
  * - A context is not thread-safe; use one per thread (they are cheap on the CPU backend).
+ *
+ * Examples
+ * Three complete uses, each the body of a function `int example(void)` that returns 0 on success, with
+ * <k3.h>, <math.h>, <stdio.h> and <stdlib.h> included. They run on the CPU backend (host buffers, malloc); the
+ * comments say what a CUDA caller does instead. tests/cli_header_examples.sh extracts each one (from its
+ * "Example:" line to its "End of example" line), compiles it with the project's warnings as errors, and runs it.
+ *
+ * Example: linear
+ *   // y[M, N] = x[M, K] . W[N, K]^T in BF16 with fp32 accumulation: one plan, run for every decode step.
+ *   // On a CUDA context (opt.backend = K3_BACKEND_CUDA) x, w, y and ws are device memory (cudaMalloc, and
+ *   // cudaMemcpy the inputs in) and the last argument of k3_linear_run is the cudaStream_t to run on.
+ *   enum { M = 4, N = 256, K = 512 };
+ *   k3_ctx_options opt;
+ *   k3_ctx_options_init(&opt);
+ *   opt.backend = K3_BACKEND_CPU;
+ *   k3_ctx *ctx = NULL;
+ *   k3_status st = k3_ctx_create(&opt, &ctx);
+ *   if (st != K3_STATUS_SUCCESS) { // no context, so no message: the status says why
+ *       fprintf(stderr, "context: %s\n", k3_status_string(st));
+ *       return 1;
+ *   }
+ *   k3_linear_plan *plan = NULL;
+ *   uint16_t *x = malloc(sizeof(uint16_t) * M * K); // BF16 bit patterns
+ *   uint16_t *w = malloc(sizeof(uint16_t) * N * K);
+ *   uint16_t *y = malloc(sizeof(uint16_t) * M * N);
+ *   void *ws = NULL;
+ *   size_t ws_bytes = 0;
+ *   int rc = 1;
+ *   if (!x || !w || !y) goto done;
+ *   for (int i = 0; i < M * K; i++) x[i] = k3_bf16_from_f32(1.0f);
+ *   for (int i = 0; i < N * K; i++) w[i] = k3_bf16_from_f32(0.125f * (float)(i / K % 8)); // row n: (n % 8) / 8
+ *
+ *   k3_linear_desc d;
+ *   k3_linear_desc_init(&d, N, K); // the weight's shape
+ *   d.max_m = M;                   // the most tokens a run will pass
+ *   if ((st = k3_linear_plan_create(ctx, &d, &plan)) != K3_STATUS_SUCCESS) goto fail;
+ *   if ((st = k3_linear_workspace_size(plan, &ws_bytes)) != K3_STATUS_SUCCESS) goto fail;
+ *   if (ws_bytes && !(ws = malloc(ws_bytes))) goto done; // once; every run reuses it
+ *   // no residual (a residual is added before the one BF16 rounding, and may alias y); stream NULL
+ *   if ((st = k3_linear_run(plan, M, x, w, NULL, y, ws, ws_bytes, NULL)) != K3_STATUS_SUCCESS) goto fail;
+ *   rc = 0;
+ *   for (int i = 0; i < M * N; i++) // y[t, n] = K * (n % 8) / 8, exact in BF16
+ *       if (k3_bf16_to_f32(y[i]) != (float)(K / 8 * (i % N % 8))) rc = 1;
+ *   goto done;
+ * fail:
+ *   fprintf(stderr, "%s: %s\n", k3_status_string(st), k3_ctx_last_error(ctx));
+ * done:
+ *   free(ws);
+ *   free(x);
+ *   free(w);
+ *   free(y);
+ *   k3_linear_plan_destroy(plan);
+ *   k3_ctx_destroy(ctx);
+ *   return rc;
+ * End of example
+ *
+ * Example: routed experts
+ *   // One MoE layer's routed experts, out[t] = sum_j topk_weights[t, j] * expert_e(x[t]) with e = topk_ids[t, j],
+ *   // for E 8 experts of width L 64 and intermediate I 32, NVFP4 weights quantized here from fp32 (a checkpoint
+ *   // holds them packed already). On a CUDA context x, the ids and weights, out, ws and the packed weights and
+ *   // scales are device memory (quantize on the host as below, then cudaMemcpy them in); the k3_moe_weights
+ *   // struct that points at them stays on the host.
+ *   enum { M = 2, E = 8, TOPK = 2, L = 64, I = 32 };
+ *   k3_ctx_options opt;
+ *   k3_ctx_options_init(&opt);
+ *   opt.backend = K3_BACKEND_CPU;
+ *   k3_ctx *ctx = NULL;
+ *   k3_status st = k3_ctx_create(&opt, &ctx);
+ *   if (st != K3_STATUS_SUCCESS) {
+ *       fprintf(stderr, "context: %s\n", k3_status_string(st));
+ *       return 1;
+ *   }
+ *   k3_moe_desc d;
+ *   k3_moe_desc_init(&d); // the K3 defaults: NVFP4 with linear block scales, W4A16, the SiTU activation
+ *   d.num_experts = E;
+ *   d.top_k = TOPK;
+ *   d.hidden = L;
+ *   d.inter = I;
+ *   d.max_tokens = M;
+ *   k3_moe_plan *plan = NULL;
+ *   size_t s13 = 0, s2 = 0, ws_bytes = 0; // block-scale bytes of one expert's W13 [2I, L] and W2 [L, I]
+ *   k3_fp4_scale_bytes(K3_FP4_NVFP4, K3_SCALE_LINEAR, 2 * I, L, &s13);
+ *   k3_fp4_scale_bytes(K3_FP4_NVFP4, K3_SCALE_LINEAR, L, I, &s2);
+ *   float *f13 = malloc(sizeof(float) * E * 2 * I * L); // fp32 weights: W13 = [gate; up], then W2
+ *   float *f2 = malloc(sizeof(float) * E * L * I);
+ *   uint8_t *w13 = malloc(E * 2 * I * L / 2), *w2 = malloc(E * L * I / 2); // two E2M1 codes a byte
+ *   uint8_t *w13_scale = malloc(E * s13), *w2_scale = malloc(E * s2);        // e4m3 block scales
+ *   float *w13_scale_2 = malloc(sizeof(float) * E), *w2_scale_2 = malloc(sizeof(float) * E); // per expert
+ *   uint16_t *x = malloc(sizeof(uint16_t) * M * L), *out = malloc(sizeof(uint16_t) * M * L);
+ *   int32_t ids[M * TOPK] = {0, 5, 3, 5};              // what a router (k3_router_run) gives: experts ...
+ *   float wts[M * TOPK] = {0.75f, 0.25f, 0.5f, 0.5f}; // ... and their weights, per token
+ *   void *ws = NULL;
+ *   int rc = 1;
+ *   if (!f13 || !f2 || !w13 || !w2 || !w13_scale || !w2_scale || !w13_scale_2 || !w2_scale_2 || !x || !out)
+ *       goto done;
+ *   for (int i = 0; i < E * 2 * I * L; i++) f13[i] = 0.01f * (float)(i * 7 % 23 - 11);
+ *   for (int i = 0; i < E * L * I; i++) f2[i] = 0.01f * (float)(i * 5 % 19 - 9);
+ *   for (int i = 0; i < M * L; i++) x[i] = k3_bf16_from_f32(0.1f * (float)(i % 9 - 4));
+ *   if ((st = k3_fp4_quantize(K3_FP4_NVFP4, K3_SCALE_LINEAR, E, 2 * I, L, f13, w13, w13_scale, w13_scale_2)) !=
+ *           K3_STATUS_SUCCESS ||
+ *       (st = k3_fp4_quantize(K3_FP4_NVFP4, K3_SCALE_LINEAR, E, L, I, f2, w2, w2_scale, w2_scale_2)) !=
+ *           K3_STATUS_SUCCESS) {
+ *       fprintf(stderr, "quantize: %s\n", k3_status_string(st)); // a host function: no context
+ *       goto done;
+ *   }
+ *   k3_moe_weights w = {0};
+ *   w.w13 = w13;
+ *   w.w13_scale = w13_scale;
+ *   w.w13_scale_2 = w13_scale_2;
+ *   w.w2 = w2;
+ *   w.w2_scale = w2_scale;
+ *   w.w2_scale_2 = w2_scale_2;
+ *
+ *   if ((st = k3_moe_plan_create(ctx, &d, &plan)) != K3_STATUS_SUCCESS) goto fail;
+ *   if ((st = k3_moe_workspace_size(plan, &ws_bytes)) != K3_STATUS_SUCCESS) goto fail;
+ *   if (ws_bytes && !(ws = malloc(ws_bytes))) goto done;
+ *   // out_f32 NULL: the fp32 sum before its BF16 rounding is not wanted here
+ *   if ((st = k3_moe_run(plan, M, x, ids, wts, &w, out, NULL, ws, ws_bytes, NULL)) != K3_STATUS_SUCCESS) goto fail;
+ *   rc = 0;
+ *   for (int i = 0; i < M * L; i++)
+ *       if (!isfinite(k3_bf16_to_f32(out[i]))) rc = 1;
+ *   goto done;
+ * fail:
+ *   fprintf(stderr, "%s: %s\n", k3_status_string(st), k3_ctx_last_error(ctx));
+ * done:
+ *   free(ws);
+ *   free(f13);
+ *   free(f2);
+ *   free(w13);
+ *   free(w2);
+ *   free(w13_scale);
+ *   free(w2_scale);
+ *   free(w13_scale_2);
+ *   free(w2_scale_2);
+ *   free(x);
+ *   free(out);
+ *   k3_moe_plan_destroy(plan);
+ *   k3_ctx_destroy(ctx);
+ *   return rc;
+ * End of example
+ *
+ * Example: latent MoE block
+ *   // The whole MoE block of Kimi-K3 (router; down projection to the latent width; routed experts; RMSNorm; up
+ *   // projection; shared experts; one sum) at small shapes: H 256, L 128, E 8 top-2 of I 64, shared Is 64.
+ *   // k3_latent_moe_desc_init gives the K3 TP8 block, scaled down below. The experts are BF16 to keep this
+ *   // example short (NVFP4 experts take the buffers of the routed-experts example). On a CUDA context every
+ *   // buffer given to k3_latent_moe_run is device memory (cudaMalloc, cudaMemcpy the weights in).
+ *   enum { M = 2, H = 256, L = 128, E = 8, TOPK = 2, I = 64, IS = 64 };
+ *   k3_ctx_options opt;
+ *   k3_ctx_options_init(&opt);
+ *   opt.backend = K3_BACKEND_CPU;
+ *   k3_ctx *ctx = NULL;
+ *   k3_status st = k3_ctx_create(&opt, &ctx);
+ *   if (st != K3_STATUS_SUCCESS) {
+ *       fprintf(stderr, "context: %s\n", k3_status_string(st));
+ *       return 1;
+ *   }
+ *   k3_latent_moe_desc d;
+ *   k3_latent_moe_desc_init(&d);
+ *   d.hidden = d.router.hidden = H;
+ *   d.router.num_experts = d.experts.num_experts = E;
+ *   d.router.top_k = d.experts.top_k = TOPK;
+ *   d.experts.hidden = L;
+ *   d.experts.inter = I;
+ *   d.experts.format = K3_WEIGHT_BF16;
+ *   d.shared_inter = IS;
+ *   d.max_tokens = M;
+ *   k3_latent_moe_plan *plan = NULL;
+ *   uint16_t *gate = malloc(sizeof(uint16_t) * E * H);         // router gate [E, H]
+ *   float *bias = malloc(sizeof(float) * E);                    // the router's correction bias (may be NULL)
+ *   uint16_t *down = malloc(sizeof(uint16_t) * L * H);         // down_proj [L, H]
+ *   uint16_t *w13 = malloc(sizeof(uint16_t) * E * 2 * I * L);  // experts' [gate; up] [E, 2I, L]
+ *   uint16_t *w2 = malloc(sizeof(uint16_t) * E * L * I);       // experts' down [E, L, I]
+ *   uint16_t *norm = malloc(sizeof(uint16_t) * L);             // RMSNorm weight [L]
+ *   uint16_t *up = malloc(sizeof(uint16_t) * H * L);           // up_proj [H, L]
+ *   uint16_t *sgu = malloc(sizeof(uint16_t) * 2 * IS * H);     // shared experts' [gate; up] [2 Is, H]
+ *   uint16_t *sdown = malloc(sizeof(uint16_t) * H * IS);       // shared experts' down [H, Is]
+ *   uint16_t *x = malloc(sizeof(uint16_t) * M * H), *y = malloc(sizeof(uint16_t) * M * H);
+ *   int32_t ids[M * TOPK]; // optional outputs: the routing the block chose
+ *   float wts[M * TOPK];
+ *   void *ws = NULL;
+ *   size_t ws_bytes = 0;
+ *   int rc = 1;
+ *   uint16_t *bf16[] = {gate, down, w13, w2, up, sgu, sdown, x};
+ *   const int count[] = {E * H, L * H, E * 2 * I * L, E * L * I, H * L, 2 * IS * H, H * IS, M * H};
+ *   for (int b = 0; b < 8; b++) {
+ *       if (!bf16[b]) goto done;
+ *       for (int i = 0; i < count[b]; i++) bf16[b][i] = k3_bf16_from_f32(0.02f * (float)((i * 7 + b) % 11 - 5));
+ *   }
+ *   if (!bias || !norm || !y) goto done;
+ *   for (int e = 0; e < E; e++) bias[e] = 0.0f;
+ *   for (int i = 0; i < L; i++) norm[i] = k3_bf16_from_f32(1.0f);
+ *   k3_latent_moe_weights w = {0};
+ *   w.gate = gate;
+ *   w.bias = bias;
+ *   w.down_proj = down;
+ *   w.experts.w13 = w13; // BF16 experts need no scales
+ *   w.experts.w2 = w2;
+ *   w.norm = norm;
+ *   w.up_proj = up;
+ *   w.shared_gate_up = sgu;
+ *   w.shared_down = sdown;
+ *
+ *   if ((st = k3_latent_moe_plan_create(ctx, &d, &plan)) != K3_STATUS_SUCCESS) goto fail;
+ *   if ((st = k3_latent_moe_workspace_size(plan, &ws_bytes)) != K3_STATUS_SUCCESS) goto fail;
+ *   if (ws_bytes && !(ws = malloc(ws_bytes))) goto done;
+ *   // no residual (it may alias y); stream NULL
+ *   st = k3_latent_moe_run(plan, M, x, &w, NULL, y, ids, wts, ws, ws_bytes, NULL);
+ *   if (st != K3_STATUS_SUCCESS) goto fail;
+ *   rc = 0;
+ *   for (int i = 0; i < M * H; i++)
+ *       if (!isfinite(k3_bf16_to_f32(y[i]))) rc = 1;
+ *   for (int j = 0; j < M * TOPK; j++)
+ *       if (ids[j] < 0 || ids[j] >= E) rc = 1;
+ *   goto done;
+ * fail:
+ *   fprintf(stderr, "%s: %s\n", k3_status_string(st), k3_ctx_last_error(ctx));
+ * done:
+ *   free(ws);
+ *   free(gate);
+ *   free(bias);
+ *   free(down);
+ *   free(w13);
+ *   free(w2);
+ *   free(norm);
+ *   free(up);
+ *   free(sgu);
+ *   free(sdown);
+ *   free(x);
+ *   free(y);
+ *   k3_latent_moe_plan_destroy(plan);
+ *   k3_ctx_destroy(ctx);
+ *   return rc;
+ * End of example
  */
 #ifndef K3_H
 #define K3_H
@@ -144,7 +353,6 @@ typedef struct k3_arch_info {
     int32_t simulated;            /* 1 when the capability was given, not read from a device */
     int32_t has_mixed_bf16_fma;   /* fma.rn.f32.bf16 (bf16 operands, fp32 accumulate): SM100+ */
     int32_t has_fp4_mma;          /* native block-scaled FP4 tensor-core MMA: SM100+ */
-    int32_t has_vendor_qkvg;      /* a vendor (FlashInfer cute-dsl) BF16 QKVG backend would exist: 10.0, 10.3 */
     k3_table_id table;            /* which projection table applies */
     int32_t cuda_backend_usable;  /* 1 when this context can run CUDA kernels */
     int32_t sm_count;             /* multiprocessors (real devices, or k3_ctx_options.sim_sm_count; else 0) */

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../tools/gemm_bars.c"
+#include "gemm_bars.h"
 #include "test_util.h"
 
 /* Prints b into a buffer; returns the number of failed bars. */

@@ -7,8 +7,7 @@ static void info_help(void) {
     printf("usage: k3 info [--json] [--arch MAJOR.MINOR] [--device cpu|cuda|auto]\n\n"
            "Prints the backend, device name, compute capability and the facts the library decides on:\n"
            "mixed-precision bf16 FMA (SM100+), native FP4 MMA (SM100+), which projection table applies\n"
-           "(SM90 -> sm90, SM100 -> sm100, SM103 and SM107 -> sm103, else none) and whether a vendor QKVG\n"
-           "backend would exist (10.0 and 10.3 only).\n\n"
+           "(SM90 -> sm90, SM100 -> sm100, SM103 and SM107 -> sm103, else none).\n\n"
            "  --arch X.Y   simulate compute capability X.Y instead of reading a device\n"
            "  --json       one JSON object on stdout\n"
            "  --device D   cpu, cuda or auto (default auto: CUDA when a GPU is present)\n");
@@ -57,12 +56,12 @@ int k3_cmd_info(int argc, char **argv) {
     if (json) {
         printf("{\"version\": \"%s\", \"backend\": \"%s\", \"device\": \"%s\", \"capability\": \"%d.%d\", "
                "\"sm_version\": %d, \"simulated\": %s, \"mixed_precision_bf16_fma\": %s, \"fp4_mma\": %s, "
-               "\"vendor_qkvg_backend\": %s, \"table\": \"%s\", \"cuda_backend_usable\": %s, \"sm_count\": %d, "
-               "\"l2_bytes\": %lld, \"driver_version\": %d, \"runtime_version\": %d}\n",
+               "\"table\": \"%s\", \"cuda_backend_usable\": %s, \"sm_count\": %d, \"l2_bytes\": %lld, "
+               "\"driver_version\": %d, \"runtime_version\": %d}\n",
                k3_version(), backend, a.device_name, (int)a.cc_major, (int)a.cc_minor, (int)a.sm_version,
                json_bool(a.simulated), json_bool(a.has_mixed_bf16_fma), json_bool(a.has_fp4_mma),
-               json_bool(a.has_vendor_qkvg), k3_table_name(a.table), json_bool(a.cuda_backend_usable),
-               (int)a.sm_count, (long long)a.l2_bytes, (int)a.driver_version, (int)a.runtime_version);
+               k3_table_name(a.table), json_bool(a.cuda_backend_usable), (int)a.sm_count, (long long)a.l2_bytes,
+               (int)a.driver_version, (int)a.runtime_version);
         return K3_EXIT_OK;
     }
     printf("k3kernels %s\n", k3_version());
@@ -72,7 +71,6 @@ int k3_cmd_info(int argc, char **argv) {
            a.simulated ? " [simulated]" : "");
     printf("mixed-precision bf16 FMA  %s\n", yes_no(a.has_mixed_bf16_fma));
     printf("native FP4 MMA            %s\n", yes_no(a.has_fp4_mma));
-    printf("vendor QKVG backend       %s\n", yes_no(a.has_vendor_qkvg));
     printf("projection table          %s\n", k3_table_name(a.table));
     printf("CUDA kernels usable       %s\n", yes_no(a.cuda_backend_usable));
     if (a.sm_count) {

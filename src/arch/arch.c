@@ -3,13 +3,11 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Facts from LOW-LATENCY-GEMM.md section 3. Kept as small pure functions so each rule reads on its own. */
+/* The per-architecture facts the plans decide on. Kept as small pure functions so each rule reads on its own. */
 
 static int32_t arch_has_mixed_bf16_fma(int32_t sm) { return sm >= 100; } /* fma.rn.f32.bf16: PTX ISA sm_100+ */
 
 static int32_t arch_has_fp4_mma(int32_t sm) { return sm >= 100; } /* block-scaled FP4 MMA: Blackwell+ */
-
-static int32_t arch_has_vendor_qkvg(int32_t sm) { return sm == 100 || sm == 103; } /* cute-dsl BF16 GEMM */
 
 static k3_table_id arch_table(int32_t sm) {
     switch (sm) {
@@ -29,7 +27,6 @@ void k3_arch_facts(int32_t major, int32_t minor, k3_arch_info *out) {
     if (major <= 0) return; /* a CPU context: no GPU facts */
     out->has_mixed_bf16_fma = arch_has_mixed_bf16_fma(out->sm_version);
     out->has_fp4_mma = arch_has_fp4_mma(out->sm_version);
-    out->has_vendor_qkvg = arch_has_vendor_qkvg(out->sm_version);
     out->table = arch_table(out->sm_version);
 }
 
