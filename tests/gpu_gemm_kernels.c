@@ -1,10 +1,12 @@
 /* Every compiled GEMM configuration (skinny CUDA-core, tensor-core MMA) against two independent references:
  * the CPU backend's k3_cpu_linear (fp64 accumulation) and an fp64 loop written here. Covers M = 1..max_m,
- * every K3 K value, strided x, residual (separate and aliasing y), partial row blocks, unwritten-element and
- * guard checks (outputs poisoned with the 0xFFFF NaN pattern), rejected shapes and arguments, bitwise
- * reproducibility, programmatic dependent launch on a producer -> consumer chain, and CUDA-graph replay.
- * K3T_GEMM_QUICK=1 (for compute-sanitizer runs) tests a subset of M; K3T_GEMM_ONLY=TEXT tests only the
- * configurations whose name contains TEXT (the per-configuration checks; the chain test is always run). */
+ * every K3 K value, strided x, residual (separate and aliasing y), partial row blocks, rejected shapes and
+ * arguments, bitwise reproducibility, programmatic dependent launch on a producer -> consumer chain, and
+ * CUDA-graph replay. Through the harness (tests/k3t_harness.h): y poisoned before every launch (every element of
+ * y[m, n] must be written, nothing else in y may change), guard bytes around it, no NaN/Inf, rel-L2 within the
+ * GEMM budget. K3T_GEMM_QUICK=1 (for compute-sanitizer runs) tests a subset of M; K3T_GEMM_ONLY=TEXT tests only
+ * the configurations whose name contains TEXT (the per-configuration checks; the chain test is always run);
+ * K3T_SEED=<n> changes the base seed. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,25 +15,16 @@
 #include "test_util.h"
 
 #ifdef K3_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "core/bf16.h"
 #include "cpu/cpu.h"
 #include "cuda/gemm/gemm.h"
+#include "k3t_harness_cuda.h"
 #include "plan/gemm_configs.h"
 
-#define POISON 0xFFFFu
-#define GUARD 64 /* elements after the last row of y */
+#define DEFAULT_SEED 0x4b3c1e55ull
 #define MAXM 16
 
-#define CUDA_OK(call)                                                                                        \
-    do {                                                                                                     \
-        cudaError_t e_ = (call);                                                                             \
-        if (e_ != cudaSuccess) {                                                                             \
-            fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));     \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
+/* Case options: which of the per-shape tests run on a shape besides every configuration. */
+enum { OPT_REJECTIONS = 1, OPT_BITWISE = 2 };
 
 typedef struct {
     int64_t n, k, x_stride;
@@ -42,15 +35,13 @@ typedef struct {
 typedef struct {
     shape s;
     int64_t y_stride;
-    uint16_t *hx, *hw, *hres;      /* host inputs */
+    size_t y_elems;                /* MAXM * y_stride: y's body (the harness adds the guards) */
+    uint16_t *hx, *hw, *hres;      /* host inputs; hres has y's layout */
     double *ref, *ref_res;         /* fp64 loop: [MAXM, n] without / with residual */
     uint16_t *cpu, *cpu_res;       /* k3_cpu_linear (fp64 accumulation), [MAXM, y_stride] */
-    void *dx, *dw, *dres, *dy;     /* device */
-    size_t y_elems;                /* MAXM * y_stride + GUARD */
-    uint16_t *hy;                  /* host copy of dy */
+    void *dx, *dw, *dres;          /* device inputs */
+    k3t_dout y;                    /* device output and its host copy */
 } problem;
-
-static uint16_t rand_bf16(k3t_rng *r, float scale) { return k3_f32_to_bf16_bits(k3t_uniform(r) * scale); }
 
 static void problem_init(problem *p, shape s, uint64_t seed) {
     memset(p, 0, sizeof *p);
@@ -58,44 +49,47 @@ static void problem_init(problem *p, shape s, uint64_t seed) {
     p->y_stride = s.n + 8; /* row padding: elements between rows must stay untouched too */
     k3t_rng r = {seed};
     const size_t nx = (size_t)MAXM * (size_t)s.x_stride, nw = (size_t)s.n * (size_t)s.k;
-    p->y_elems = (size_t)MAXM * (size_t)p->y_stride + GUARD;
+    p->y_elems = (size_t)MAXM * (size_t)p->y_stride;
     p->hx = malloc(nx * 2);
     p->hw = malloc(nw * 2);
     p->hres = malloc(p->y_elems * 2);
-    p->hy = malloc(p->y_elems * 2);
     p->ref = malloc((size_t)MAXM * (size_t)s.n * sizeof(double));
     p->ref_res = malloc((size_t)MAXM * (size_t)s.n * sizeof(double));
     p->cpu = malloc(p->y_elems * 2);
     p->cpu_res = malloc(p->y_elems * 2);
+    if (!p->hx || !p->hw || !p->hres || !p->ref || !p->ref_res || !p->cpu || !p->cpu_res) {
+        fprintf(stderr, "FATAL: out of host memory\n");
+        exit(1);
+    }
     /* padding columns of x hold huge values: reading them would wreck the result */
-    for (size_t i = 0; i < nx; i++) p->hx[i] = (i % (size_t)s.x_stride) < (size_t)s.k ? rand_bf16(&r, 1.0f) : 0x7f00;
-    for (size_t i = 0; i < nw; i++) p->hw[i] = rand_bf16(&r, 0.05f);
-    for (size_t i = 0; i < p->y_elems; i++) p->hres[i] = rand_bf16(&r, 2.0f);
+    for (size_t i = 0; i < nx; i++)
+        p->hx[i] = (i % (size_t)s.x_stride) < (size_t)s.k ? k3t_rand_bf16(&r, 1.0f) : 0x7f00;
+    for (size_t i = 0; i < nw; i++) p->hw[i] = k3t_rand_bf16(&r, 0.05f);
+    for (size_t i = 0; i < p->y_elems; i++) p->hres[i] = k3t_rand_bf16(&r, 2.0f);
     for (int64_t mi = 0; mi < MAXM; mi++)
         for (int64_t j = 0; j < s.n; j++) {
             double acc = 0.0;
             const uint16_t *xr = p->hx + mi * s.x_stride, *wr = p->hw + j * s.k;
             for (int64_t kk = 0; kk < s.k; kk++)
-                acc += (double)k3_bf16_bits_to_f32(xr[kk]) * (double)k3_bf16_bits_to_f32(wr[kk]);
+                acc += (double)k3t_bf16_to_f32(xr[kk]) * (double)k3t_bf16_to_f32(wr[kk]);
             p->ref[mi * s.n + j] = acc;
-            p->ref_res[mi * s.n + j] = acc + (double)k3_bf16_bits_to_f32(p->hres[mi * p->y_stride + j]);
+            p->ref_res[mi * s.n + j] = acc + (double)k3t_bf16_to_f32(p->hres[mi * p->y_stride + j]);
         }
     k3_cpu_linear(MAXM, s.n, s.k, p->hx, s.x_stride, p->hw, NULL, p->cpu, p->y_stride, K3_ACCUM_FP64);
     k3_cpu_linear(MAXM, s.n, s.k, p->hx, s.x_stride, p->hw, p->hres, p->cpu_res, p->y_stride, K3_ACCUM_FP64);
-    CUDA_OK(cudaMalloc(&p->dx, nx * 2));
-    CUDA_OK(cudaMalloc(&p->dw, nw * 2));
-    CUDA_OK(cudaMalloc(&p->dres, p->y_elems * 2));
-    CUDA_OK(cudaMalloc(&p->dy, p->y_elems * 2));
-    CUDA_OK(cudaMemcpy(p->dx, p->hx, nx * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(p->dw, p->hw, nw * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(p->dres, p->hres, p->y_elems * 2, cudaMemcpyHostToDevice));
+    K3T_CU(cudaMalloc(&p->dx, nx * 2));
+    K3T_CU(cudaMalloc(&p->dw, nw * 2));
+    K3T_CU(cudaMalloc(&p->dres, p->y_elems * 2));
+    if (!k3t_dout_alloc(&p->y, "y", K3T_BF16, (int64_t)p->y_elems)) exit(1);
+    K3T_CU(cudaMemcpy(p->dx, p->hx, nx * 2, cudaMemcpyHostToDevice));
+    K3T_CU(cudaMemcpy(p->dw, p->hw, nw * 2, cudaMemcpyHostToDevice));
+    K3T_CU(cudaMemcpy(p->dres, p->hres, p->y_elems * 2, cudaMemcpyHostToDevice));
 }
 
 static void problem_free(problem *p) {
     free(p->hx);
     free(p->hw);
     free(p->hres);
-    free(p->hy);
     free(p->ref);
     free(p->ref_res);
     free(p->cpu);
@@ -103,10 +97,12 @@ static void problem_free(problem *p) {
     cudaFree(p->dx);
     cudaFree(p->dw);
     cudaFree(p->dres);
-    cudaFree(p->dy);
+    k3t_dout_free(&p->y);
 }
 
-static void poison(problem *p) { CUDA_OK(cudaMemset(p->dy, 0xFF, p->y_elems * 2)); }
+static void poison(problem *p) {
+    if (!k3t_dout_poison(&p->y, NULL)) exit(1);
+}
 
 static k3_gemm_args args_of(const problem *p, int64_t m, int with_res) {
     k3_gemm_args a;
@@ -117,45 +113,34 @@ static k3_gemm_args args_of(const problem *p, int64_t m, int with_res) {
     a.x_stride = p->s.x_stride;
     a.w = p->dw;
     a.residual = with_res ? p->dres : NULL;
-    a.y = p->dy;
+    a.y = k3t_dout_ptr(&p->y);
     a.y_stride = p->y_stride;
     return a;
 }
 
-/* Checks the first m rows of p->hy against both references; every other element must still be poison. */
-static void check_output(const problem *p, int64_t m, int with_res, const char *what) {
-    const double *ref = with_res ? p->ref_res : p->ref;
-    const uint16_t *cpu = with_res ? p->cpu_res : p->cpu;
-    double num = 0, den = 0, num_cpu = 0, den_cpu = 0;
-    int64_t bad = 0, unwritten = 0, touched = 0;
-    for (size_t i = 0; i < p->y_elems; i++) {
-        const int64_t row = (int64_t)(i / (size_t)p->y_stride), col = (int64_t)(i % (size_t)p->y_stride);
-        if (row < m && col < p->s.n) {
-            const uint16_t b = p->hy[i];
-            const double v = k3_bf16_bits_to_f32(b);
-            if (b == POISON) unwritten++;
-            else if (v != v || v - v != 0) bad++;
-            const double d = v - ref[row * p->s.n + col], c = k3_bf16_bits_to_f32(cpu[i]);
-            num += d * d;
-            den += ref[row * p->s.n + col] * ref[row * p->s.n + col];
-            num_cpu += (v - c) * (v - c);
-            den_cpu += c * c;
-        } else if (p->hy[i] != POISON) {
-            touched++;
-        }
-    }
-    const double rel = den > 0 ? sqrt(num / den) : 1.0, rel_cpu = den_cpu > 0 ? sqrt(num_cpu / den_cpu) : 1.0;
-    CHECK(unwritten == 0, "%s m=%lld: %lld outputs unwritten", what, (long long)m, (long long)unwritten);
-    CHECK(bad == 0, "%s m=%lld: %lld NaN/Inf outputs", what, (long long)m, (long long)bad);
-    CHECK(touched == 0, "%s m=%lld: %lld elements outside y[m, n] written", what, (long long)m, (long long)touched);
-    if (m == 0) return; /* a rejected launch: only "nothing written" applies */
-    CHECK(rel <= 2e-3, "%s m=%lld: rel-L2 vs fp64 loop %.3e", what, (long long)m, rel);
-    CHECK(rel_cpu <= 2e-3, "%s m=%lld: rel-L2 vs k3_cpu_linear %.3e", what, (long long)m, rel_cpu);
+/* y (fetched) after a launch at m: guards intact, y[m, n] written and finite, every other element of y as it
+ * was before the launch (`outside`: poison when NULL), and y[m, n] within the GEMM budget of both references.
+ * m = 0: a rejected launch, where only "nothing written" applies. */
+static void check_output(problem *p, int64_t m, int with_res, const uint16_t *outside, const char *what) {
+    char w[224];
+    snprintf(w, sizeof w, "%s m=%lld", what, (long long)m);
+    const k3t_region r = k3t_rows(m, p->s.n, p->y_stride);
+    p->y.h.name = w;
+    k3t_check_out(&p->y.h, r, 0, outside);
+    p->y.h.name = "y";
+    if (m == 0) return;
+    char w2[256];
+    snprintf(w2, sizeof w2, "%s: vs the fp64 loop", w);
+    k3t_check_close(w2, k3t_view_out(&p->y.h, r), k3t_view2(with_res ? p->ref_res : p->ref, K3T_F64, m, p->s.n, p->s.n),
+                    K3T_OP_GEMM);
+    snprintf(w2, sizeof w2, "%s: vs k3_cpu_linear", w);
+    k3t_check_close(w2, k3t_view_out(&p->y.h, r),
+                    k3t_view2(with_res ? p->cpu_res : p->cpu, K3T_BF16, m, p->s.n, p->y_stride), K3T_OP_GEMM);
 }
 
 static void fetch(problem *p) {
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(p->hy, p->dy, p->y_elems * 2, cudaMemcpyDeviceToHost));
+    K3T_CU(cudaDeviceSynchronize());
+    if (!k3t_dout_fetch(&p->y, NULL)) exit(1);
 }
 
 static int quick_m(int64_t m, int64_t max_m) {
@@ -187,7 +172,7 @@ static void test_configs_on(k3_ctx *ctx, problem *p, int quick) {
             CHECK(k3_cuda_gemm_launch(ctx, cfg, &a, NULL, 0) == K3_STATUS_INVALID_ARGUMENT,
                   "%s: unsupported shape launched", what);
             fetch(p);
-            check_output(p, 0, 0, what); /* nothing written */
+            check_output(p, 0, 0, NULL, what); /* nothing written */
             continue;
         }
         for (int64_t m = 1; m <= cfg->max_m; m++) {
@@ -200,26 +185,20 @@ static void test_configs_on(k3_ctx *ctx, problem *p, int quick) {
                 fetch(p);
                 char w2[200];
                 snprintf(w2, sizeof w2, "%s%s", what, res ? " +residual" : "");
-                check_output(p, m, res, w2);
+                check_output(p, m, res, NULL, w2);
             }
         }
         /* residual aliasing y: y starts as the residual, and only y[m, n] may change */
         const int64_t m = cfg->max_m;
-        CUDA_OK(cudaMemcpy(p->dy, p->dres, p->y_elems * 2, cudaMemcpyDeviceToDevice));
+        poison(p); /* the guards */
+        K3T_CU(cudaMemcpy(k3t_dout_ptr(&p->y), p->dres, p->y_elems * 2, cudaMemcpyDeviceToDevice));
         k3_gemm_args a = args_of(p, m, 1);
-        a.residual = p->dy;
+        a.residual = a.y;
         CHECK(k3_cuda_gemm_launch(ctx, cfg, &a, NULL, 0) == K3_STATUS_SUCCESS, "%s aliased: launch", what);
         fetch(p);
-        for (size_t i = 0; i < p->y_elems; i++) { /* turn the untouched region into poison for check_output */
-            const int64_t row = (int64_t)(i / (size_t)p->y_stride), col = (int64_t)(i % (size_t)p->y_stride);
-            if (!(row < m && col < p->s.n)) {
-                CHECK(p->hy[i] == p->hres[i], "%s aliased: element %zu outside y[m, n] changed", what, i);
-                p->hy[i] = POISON;
-            }
-        }
         char w3[200];
         snprintf(w3, sizeof w3, "%s aliased residual", what);
-        check_output(p, m, 1, w3);
+        check_output(p, m, 1, p->hres, w3);
     }
 }
 
@@ -264,7 +243,7 @@ static void test_rejections(k3_ctx *ctx, problem *p) {
         CHECK(k3_cuda_gemm_launch(ctx, cfg, &a, NULL, 2) == K3_STATUS_INVALID_ARGUMENT, "%s pdl=2", cfg->name);
         CHECK(k3_cuda_gemm_launch(ctx, cfg, NULL, NULL, 0) == K3_STATUS_INVALID_ARGUMENT, "%s NULL args", cfg->name);
         fetch(p);
-        check_output(p, 0, 0, "rejected launches"); /* nothing written */
+        check_output(p, 0, 0, NULL, "rejected launches"); /* nothing written */
     }
     /* a whole-K warp tile refuses K over its max_k, naming it */
     const k3_gemm_config *wt = k3_gemm_config_find(K3_KERNEL_MMA, "n1_t2_u4");
@@ -279,7 +258,7 @@ static void test_rejections(k3_ctx *ctx, problem *p) {
         CHECK(k3_cuda_gemm_launch(ctx, wt, &a, NULL, 0) == K3_STATUS_INVALID_ARGUMENT, "n1_t2_u4 launched k=7168");
         CHECK(strstr(k3_ctx_last_error(ctx), "max_k") != NULL, "message names max_k: %s", k3_ctx_last_error(ctx));
         fetch(p);
-        check_output(p, 0, 0, "rejected whole-K launch"); /* nothing written */
+        check_output(p, 0, 0, NULL, "rejected whole-K launch"); /* nothing written */
     }
     k3_gemm_config fake = *sk; /* a copy is not a registry entry: its instance cannot be trusted */
     k3_gemm_args a = args_of(p, 1, 0);
@@ -298,38 +277,47 @@ static void test_rejections(k3_ctx *ctx, problem *p) {
 
 /* Producer -> consumer chain with PDL, run directly and replayed from a captured graph: y1 = x w1^T (n1 = k2),
  * then y2 = y1 w2^T + res. If the consumer read y1 before griddepcontrol.wait, the result would be wrong or
- * would differ run to run. Outputs must be bitwise identical across direct runs and graph replays. */
-static void test_chain_graph(k3_ctx *ctx, uint64_t seed, int64_t m, int64_t k1, int64_t n1, int64_t n2) {
+ * would differ run to run. Outputs must be bitwise identical across direct runs and graph replays.
+ * The case's shape = {k1, n1, n2}, m = the tokens. */
+static void test_chain_graph(k3_ctx *ctx, const k3t_case *kc) {
+    const uint64_t seed = k3t_case_begin(kc);
+    const int64_t k1 = kc->shape[0], n1 = kc->shape[1], n2 = kc->shape[2], m = kc->m;
     k3t_rng r = {seed};
     uint16_t *hx = malloc((size_t)m * k1 * 2), *hw1 = malloc((size_t)n1 * k1 * 2), *hw2 = malloc((size_t)n2 * n1 * 2);
-    uint16_t *hres = malloc((size_t)m * n2 * 2), *hy1 = malloc((size_t)m * n1 * 2), *hy2 = malloc((size_t)m * n2 * 2);
-    uint16_t *hy2b = malloc((size_t)m * n2 * 2);
-    double *ref1 = malloc((size_t)m * n1 * sizeof(double));
-    for (int64_t i = 0; i < m * k1; i++) hx[i] = rand_bf16(&r, 1.0f);
-    for (int64_t i = 0; i < n1 * k1; i++) hw1[i] = rand_bf16(&r, 0.05f);
-    for (int64_t i = 0; i < n2 * n1; i++) hw2[i] = rand_bf16(&r, 0.05f);
-    for (int64_t i = 0; i < m * n2; i++) hres[i] = rand_bf16(&r, 1.0f);
-    void *dx, *dw1, *dw2, *dres, *dy1, *dy2;
-    CUDA_OK(cudaMalloc(&dx, (size_t)m * k1 * 2));
-    CUDA_OK(cudaMalloc(&dw1, (size_t)n1 * k1 * 2));
-    CUDA_OK(cudaMalloc(&dw2, (size_t)n2 * n1 * 2));
-    CUDA_OK(cudaMalloc(&dres, (size_t)m * n2 * 2));
-    CUDA_OK(cudaMalloc(&dy1, (size_t)m * n1 * 2));
-    CUDA_OK(cudaMalloc(&dy2, (size_t)m * n2 * 2));
-    CUDA_OK(cudaMemcpy(dx, hx, (size_t)m * k1 * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(dw1, hw1, (size_t)n1 * k1 * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(dw2, hw2, (size_t)n2 * n1 * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(dres, hres, (size_t)m * n2 * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaDeviceSynchronize()); /* pageable copies may still be landing; the chain's stream is non-blocking */
+    uint16_t *hres = malloc((size_t)m * n2 * 2), *hy2 = malloc((size_t)m * n2 * 2);
+    double *ref1 = malloc((size_t)m * n1 * sizeof(double)), *ref2 = malloc((size_t)m * n2 * sizeof(double));
+    if (!hx || !hw1 || !hw2 || !hres || !hy2 || !ref1 || !ref2) {
+        fprintf(stderr, "FATAL: out of host memory\n");
+        exit(1);
+    }
+    for (int64_t i = 0; i < m * k1; i++) hx[i] = k3t_rand_bf16(&r, 1.0f);
+    for (int64_t i = 0; i < n1 * k1; i++) hw1[i] = k3t_rand_bf16(&r, 0.05f);
+    for (int64_t i = 0; i < n2 * n1; i++) hw2[i] = k3t_rand_bf16(&r, 0.05f);
+    for (int64_t i = 0; i < m * n2; i++) hres[i] = k3t_rand_bf16(&r, 1.0f);
+    void *dx, *dw1, *dw2, *dres;
+    k3t_dout y1, y2;
+    K3T_CU(cudaMalloc(&dx, (size_t)m * k1 * 2));
+    K3T_CU(cudaMalloc(&dw1, (size_t)n1 * k1 * 2));
+    K3T_CU(cudaMalloc(&dw2, (size_t)n2 * n1 * 2));
+    K3T_CU(cudaMalloc(&dres, (size_t)m * n2 * 2));
+    if (!k3t_dout_alloc(&y1, "chain y1", K3T_BF16, m * n1) || !k3t_dout_alloc(&y2, "chain y2", K3T_BF16, m * n2))
+        exit(1);
+    K3T_CU(cudaMemcpy(dx, hx, (size_t)m * k1 * 2, cudaMemcpyHostToDevice));
+    K3T_CU(cudaMemcpy(dw1, hw1, (size_t)n1 * k1 * 2, cudaMemcpyHostToDevice));
+    K3T_CU(cudaMemcpy(dw2, hw2, (size_t)n2 * n1 * 2, cudaMemcpyHostToDevice));
+    K3T_CU(cudaMemcpy(dres, hres, (size_t)m * n2 * 2, cudaMemcpyHostToDevice));
+    K3T_CU(cudaDeviceSynchronize()); /* pageable copies may still be landing; the chain's stream is non-blocking */
     for (int64_t i = 0; i < m; i++) /* step 1 reference, fp64 */
         for (int64_t j = 0; j < n1; j++) {
             double acc = 0;
             for (int64_t kk = 0; kk < k1; kk++)
-                acc += (double)k3_bf16_bits_to_f32(hx[i * k1 + kk]) * (double)k3_bf16_bits_to_f32(hw1[j * k1 + kk]);
+                acc += (double)k3t_bf16_to_f32(hx[i * k1 + kk]) * (double)k3t_bf16_to_f32(hw1[j * k1 + kk]);
             ref1[i * n1 + j] = acc;
         }
     cudaStream_t s;
-    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    K3T_CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const uint16_t *hy1 = (const uint16_t *)k3t_dout_host(&y1);
+    const k3t_region r1 = k3t_rows(m, n1, n1), r2 = k3t_rows(m, n2, n2);
 
     int32_t count = 0;
     const k3_gemm_config *cfgs = k3_gemm_configs(&count);
@@ -342,75 +330,67 @@ static void test_chain_graph(k3_ctx *ctx, uint64_t seed, int64_t m, int64_t k1, 
             if (k3_gemm_config_supports(&cfgs[(c + d) % count], n1, k1, m, k1, NULL)) c1 = &cfgs[(c + d) % count];
         CHECK(c1 != NULL, "no producer configuration for the chain %lldx%lld", (long long)n1, (long long)k1);
         if (!c1) continue;
-        k3_gemm_args a1 = {m, n1, k1, dx, k1, dw1, NULL, dy1, n1};
-        k3_gemm_args a2 = {m, n2, n1, dy1, n1, dw2, dres, dy2, n2};
+        k3_gemm_args a1 = {m, n1, k1, dx, k1, dw1, NULL, k3t_dout_ptr(&y1), n1};
+        k3_gemm_args a2 = {m, n2, n1, k3t_dout_ptr(&y1), n1, dw2, dres, k3t_dout_ptr(&y2), n2};
+        char w[160];
         /* direct, PDL on both */
-        CUDA_OK(cudaMemsetAsync(dy1, 0xFF, (size_t)m * n1 * 2, s));
-        CUDA_OK(cudaMemsetAsync(dy2, 0xFF, (size_t)m * n2 * 2, s));
+        if (!k3t_dout_poison(&y1, s) || !k3t_dout_poison(&y2, s)) exit(1);
         CHECK(k3_cuda_gemm_launch(ctx, c1, &a1, s, 1) == K3_STATUS_SUCCESS, "chain %s: %s", c1->name,
               k3_ctx_last_error(ctx));
         CHECK(k3_cuda_gemm_launch(ctx, c2, &a2, s, 1) == K3_STATUS_SUCCESS, "chain %s: %s", c2->name,
               k3_ctx_last_error(ctx));
-        CUDA_OK(cudaStreamSynchronize(s));
-        CUDA_OK(cudaMemcpy(hy1, dy1, (size_t)m * n1 * 2, cudaMemcpyDeviceToHost));
-        CUDA_OK(cudaMemcpy(hy2, dy2, (size_t)m * n2 * 2, cudaMemcpyDeviceToHost));
+        K3T_CU(cudaStreamSynchronize(s));
+        k3t_dout_check(&y1, s, r1, 0, NULL);
+        k3t_dout_check(&y2, s, r2, 0, NULL);
+        memcpy(hy2, k3t_dout_host(&y2), (size_t)m * n2 * 2);
         /* reference of the second step on the GPU's first-step output (fp64 loop) */
-        double num = 0, den = 0;
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n2; j++) {
-                double acc = k3_bf16_bits_to_f32(hres[i * n2 + j]);
+                double acc = k3t_bf16_to_f32(hres[i * n2 + j]);
                 for (int64_t kk = 0; kk < n1; kk++)
-                    acc += (double)k3_bf16_bits_to_f32(hy1[i * n1 + kk]) * (double)k3_bf16_bits_to_f32(hw2[j * n1 + kk]);
-                const double d = k3_bf16_bits_to_f32(hy2[i * n2 + j]) - acc;
-                num += d * d;
-                den += acc * acc;
+                    acc += (double)k3t_bf16_to_f32(hy1[i * n1 + kk]) * (double)k3t_bf16_to_f32(hw2[j * n1 + kk]);
+                ref2[i * n2 + j] = acc;
             }
-        double num1 = 0, den1 = 0;
-        for (int64_t i = 0; i < m * n1; i++) {
-            const double d = k3_bf16_bits_to_f32(hy1[i]) - ref1[i];
-            num1 += d * d;
-            den1 += ref1[i] * ref1[i];
-        }
-        CHECK(sqrt(num1 / den1) <= 2e-3, "chain %s step 1 rel-L2 %.3e", c1->name, sqrt(num1 / den1));
-        CHECK(sqrt(num / den) <= 2e-3, "chain %s -> %s step 2 rel-L2 %.3e", c1->name, c2->name, sqrt(num / den));
+        snprintf(w, sizeof w, "chain %s step 1", c1->name);
+        k3t_check_close(w, k3t_view_out(&y1.h, r1), k3t_view2(ref1, K3T_F64, m, n1, n1), K3T_OP_GEMM);
+        snprintf(w, sizeof w, "chain %s -> %s step 2", c1->name, c2->name);
+        k3t_check_close(w, k3t_view2(hy2, K3T_BF16, m, n2, n2), k3t_view2(ref2, K3T_F64, m, n2, n2), K3T_OP_GEMM);
 
-        /* captured graph, replayed 3 times: bitwise equal to the direct run */
+        /* captured graph (the poisoning captured too), replayed 3 times: bitwise equal to the direct run */
         cudaGraph_t g;
         cudaGraphExec_t ge;
-        CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        CUDA_OK(cudaMemsetAsync(dy1, 0xFF, (size_t)m * n1 * 2, s));
-        CUDA_OK(cudaMemsetAsync(dy2, 0xFF, (size_t)m * n2 * 2, s));
+        K3T_CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        const int poisoned = k3t_dout_poison(&y1, s) && k3t_dout_poison(&y2, s);
         const k3_status st1 = k3_cuda_gemm_launch(ctx, c1, &a1, s, 1);
         const k3_status st2 = k3_cuda_gemm_launch(ctx, c2, &a2, s, 1);
-        CUDA_OK(cudaStreamEndCapture(s, &g));
-        CHECK(st1 == K3_STATUS_SUCCESS && st2 == K3_STATUS_SUCCESS, "capture %s -> %s: %s", c1->name, c2->name,
-              k3_ctx_last_error(ctx));
-        CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+        K3T_CU(cudaStreamEndCapture(s, &g));
+        CHECK(poisoned && st1 == K3_STATUS_SUCCESS && st2 == K3_STATUS_SUCCESS, "capture %s -> %s: %s", c1->name,
+              c2->name, k3_ctx_last_error(ctx));
+        K3T_CU(cudaGraphInstantiate(&ge, g, 0));
         for (int rep = 0; rep < 3; rep++) {
-            CUDA_OK(cudaGraphLaunch(ge, s));
-            CUDA_OK(cudaStreamSynchronize(s));
-            CUDA_OK(cudaMemcpy(hy2b, dy2, (size_t)m * n2 * 2, cudaMemcpyDeviceToHost));
-            CHECK(memcmp(hy2, hy2b, (size_t)m * n2 * 2) == 0, "graph replay %d of %s -> %s differs from direct run",
-                  rep, c1->name, c2->name);
+            K3T_CU(cudaGraphLaunch(ge, s));
+            K3T_CU(cudaStreamSynchronize(s));
+            k3t_dout_check(&y2, s, r2, 0, NULL);
+            snprintf(w, sizeof w, "graph replay %d of %s -> %s vs the direct run", rep, c1->name, c2->name);
+            k3t_check_same(w, k3t_dout_host(&y2), hy2, K3T_BF16, m * n2);
         }
-        CUDA_OK(cudaGraphExecDestroy(ge));
-        CUDA_OK(cudaGraphDestroy(g));
+        K3T_CU(cudaGraphExecDestroy(ge));
+        K3T_CU(cudaGraphDestroy(g));
     }
-    CUDA_OK(cudaStreamDestroy(s));
+    K3T_CU(cudaStreamDestroy(s));
     cudaFree(dx);
     cudaFree(dw1);
     cudaFree(dw2);
     cudaFree(dres);
-    cudaFree(dy1);
-    cudaFree(dy2);
+    k3t_dout_free(&y1);
+    k3t_dout_free(&y2);
     free(hx);
     free(hw1);
     free(hw2);
     free(hres);
-    free(hy1);
     free(hy2);
-    free(hy2b);
     free(ref1);
+    free(ref2);
 }
 
 /* Same geometry: configurations that differ only in what the registry does not describe (L2 prefetch, the L2
@@ -428,6 +408,11 @@ static void test_bitwise(k3_ctx *ctx, problem *p) {
     const k3_gemm_config *cfgs = k3_gemm_configs(&count);
     uint16_t *first = malloc(p->y_elems * 2);
     uint16_t *outs = malloc((size_t)count * p->y_elems * 2);
+    if (!first || !outs) {
+        fprintf(stderr, "FATAL: out of host memory\n");
+        exit(1);
+    }
+    const uint16_t *hy = (const uint16_t *)k3t_dout_host(&p->y);
     int32_t pairs = 0;
     for (int32_t c = 0; c < count; c++) {
         if (!k3_gemm_config_supports(&cfgs[c], p->s.n, p->s.k, cfgs[c].max_m, p->s.x_stride, NULL)) continue;
@@ -435,17 +420,19 @@ static void test_bitwise(k3_ctx *ctx, problem *p) {
         poison(p);
         CHECK(k3_cuda_gemm_launch(ctx, &cfgs[c], &a, NULL, 0) == K3_STATUS_SUCCESS, "bitwise run 1");
         fetch(p);
-        memcpy(first, p->hy, p->y_elems * 2);
+        memcpy(first, hy, p->y_elems * 2);
         poison(p);
         CHECK(k3_cuda_gemm_launch(ctx, &cfgs[c], &a, NULL, 1) == K3_STATUS_SUCCESS, "bitwise run 2");
         fetch(p);
-        CHECK(memcmp(first, p->hy, p->y_elems * 2) == 0, "%s: second run differs", cfgs[c].name);
-        memcpy(outs + (size_t)c * p->y_elems, p->hy, p->y_elems * 2);
+        char w[160];
+        snprintf(w, sizeof w, "%s: second run vs the first", cfgs[c].name);
+        k3t_check_same(w, hy, first, K3T_BF16, (int64_t)p->y_elems);
+        memcpy(outs + (size_t)c * p->y_elems, hy, p->y_elems * 2);
         for (int32_t d = 0; d < c; d++)
             if (same_geometry(&cfgs[d], &cfgs[c])) {
                 pairs++;
-                CHECK(memcmp(outs + (size_t)d * p->y_elems, p->hy, p->y_elems * 2) == 0,
-                      "%s differs bitwise from %s (same geometry)", cfgs[c].name, cfgs[d].name);
+                snprintf(w, sizeof w, "%s vs %s (same geometry)", cfgs[c].name, cfgs[d].name);
+                k3t_check_same(w, hy, outs + (size_t)d * p->y_elems, K3T_BF16, (int64_t)p->y_elems);
                 break;
             }
     }
@@ -453,6 +440,28 @@ static void test_bitwise(k3_ctx *ctx, problem *p) {
     free(outs);
     free(first);
 }
+
+/* Every K of the K3 shape set; strided x (the KDA f_a slice: k 128 in rows of 144); row counts that leave partial
+ * row blocks; a K that only the 8-element step divides (7176: MMA must refuse, skinny must work). shape = {n, k,
+ * x_stride}; every configuration runs at m = 1..its max_m (at most MAXM); options: OPT_*. */
+static const k3t_case k_shape_cases[] = {
+    {"shape", {144, 7168, 7168}, MAXM, OPT_REJECTIONS | OPT_BITWISE, 0, K3T_OP_GEMM},
+    {"shape", {200, 1536, 1560}, MAXM, 0, 1, K3T_OP_GEMM},
+    {"shape", {1536, 128, 144}, MAXM, OPT_BITWISE, 2, K3T_OP_GEMM}, /* k 128: where the whole-K warp tiles run */
+    {"shape", {96, 768, 768}, MAXM, 0, 3, K3T_OP_GEMM},
+    {"shape", {72, 3584, 3648}, MAXM, 0, 4, K3T_OP_GEMM},
+    {"shape", {48, 4224, 4224}, MAXM, 0, 5, K3T_OP_GEMM},
+    {"shape", {40, 7176, 7176}, MAXM, 0, 6, K3T_OP_GEMM},
+    {"shape", {24, 32, 32}, MAXM, 0, 7, K3T_OP_GEMM},
+    {"shape", {40, 96, 104}, MAXM, 0, 8, K3T_OP_GEMM}, /* K under a whole-K warp tile's 128: chunks past K are 0 */
+};
+
+/* The PDL chains: shape = {k1, n1, n2}, m tokens. The K3 shapes (x w(1536x7168) then 2304x1536), then a K = 128
+ * consumer (the whole-K warp tiles read x after the wait too) over two token tiles. */
+static const k3t_case k_chain_cases[] = {
+    {"chain", {7168, 1536, 2304}, 5, 0, 100, K3T_OP_GEMM},
+    {"chain", {7168, 128, 1536}, 12, 0, 101, K3T_OP_GEMM},
+};
 
 int main(void) {
     int ndev = 0;
@@ -463,29 +472,22 @@ int main(void) {
     k3_ctx *ctx = NULL;
     if (k3_ctx_create(&opt, &ctx) != K3_STATUS_SUCCESS) K3T_SKIP("no usable CUDA context");
     const int quick = getenv("K3T_GEMM_QUICK") != NULL;
-    const uint64_t seed = 0x4b3c1e55ull;
     const char *only = getenv("K3T_GEMM_ONLY");
-    printf("gpu_gemm_kernels: seed 0x%llx%s%s%s\n", (unsigned long long)seed, quick ? " (quick: M subset)" : "",
-           only ? ", configurations matching " : "", only ? only : "");
-
-    /* every K of the K3 shape set; strided x (the KDA f_a slice: k 128 in rows of 144); row counts that leave
-     * partial row blocks; a K that only the 8-element step divides (7176: MMA must refuse, skinny must work) */
-    const shape shapes[] = {
-        {144, 7168, 7168}, {200, 1536, 1560}, {1536, 128, 144}, {96, 768, 768},
-        {72, 3584, 3648},  {48, 4224, 4224},  {40, 7176, 7176}, {24, 32, 32},
-        {40, 96, 104}, /* K under a whole-K warp tile's 128: the chunks past K hold zeros */
-    };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    printf("gpu_gemm_kernels%s%s%s\n", quick ? " (quick: M subset)" : "", only ? ", configurations matching " : "",
+           only ? only : "");
+    k3t_seed_init("gpu_gemm_kernels", DEFAULT_SEED);
+    for (size_t i = 0; i < sizeof k_shape_cases / sizeof k_shape_cases[0]; i++) {
+        const k3t_case *kc = &k_shape_cases[i];
+        const shape sh = {kc->shape[0], kc->shape[1], kc->shape[2]};
         problem p;
-        problem_init(&p, shapes[i], seed + i);
+        problem_init(&p, sh, k3t_case_begin(kc));
         test_configs_on(ctx, &p, quick);
-        if (i == 0) test_rejections(ctx, &p);
-        if (i == 0 || shapes[i].k == 128) test_bitwise(ctx, &p); /* 128: the whole-K warp tiles run there */
+        if (kc->options & OPT_REJECTIONS) test_rejections(ctx, &p);
+        if (kc->options & OPT_BITWISE) test_bitwise(ctx, &p);
         problem_free(&p);
     }
-    test_chain_graph(ctx, seed + 100, 5, 7168, 1536, 2304); /* K3 shapes: x w(1536x7168) then 2304x1536 */
-    /* then a K = 128 consumer (the whole-K warp tiles read x after the wait too), two token tiles */
-    test_chain_graph(ctx, seed + 101, 12, 7168, 128, 1536);
+    for (size_t i = 0; i < sizeof k_chain_cases / sizeof k_chain_cases[0]; i++)
+        test_chain_graph(ctx, &k_chain_cases[i]);
     k3_ctx_destroy(ctx);
     return k3t_finish();
 }
