@@ -1,4 +1,4 @@
-/* k3 bench kda: the KDA projection overlap measured as BENCHMARKS.md says (graph replay, cold weights,
+/* k3 bench kda: the KDA projection overlap measured by the method of docs/benchmarks.md (graph replay, cold weights,
  * medians), in one run: overlapped, sequential with our kernels, the sequential cuBLAS chain (QKVG, F_AB, f_b)
  * and the QKVG GEMM alone, for each M. Also checks every variant against an fp64 evaluation first. */
 #include <math.h>
@@ -28,7 +28,7 @@ static void kda_bench_help(void) {
            "  cublas       QKVG, F_AB, f_b each through cuBLASLt, one after another\n"
            "Method: each variant is captured into a CUDA graph of many back-to-back calls over enough weight\n"
            "copies to exceed 3x the L2, replayed R times (default 15); the median per-call time is reported.\n"
-           "Bars (issue 5), for M = 1..14: overlapped <= the faster QKVG alone + 1.0 us and <= 0.75 x cublas.\n"
+           "Bars (docs/benchmarks.md), for M = 1..14: overlapped <= the faster QKVG alone + 1.0 us and <= 0.75 x cublas.\n"
            "Also prints the largest M through which overlapping never loses to sequential (the tuned max_tokens)\n"
            "and the fastest alternative per M (the data of the table's kda rows, tables/<arch>.txt).\n"
            "  --table FILE   plan the QKVG GEMM from this table file (k3_ctx_load_table); --force ignores its key\n"
