@@ -1,6 +1,6 @@
 /*
  * An independent fp64 evaluation of the routed experts and of the latent-MoE block, written from the format
- * definitions and K3-MODEL.md sections 3-5, NOT from the library's code: its own E2M1 table, its own swizzle
+ * definitions and docs/model.md sections 2-5, NOT from the library's code: its own E2M1 table, its own swizzle
  * offset, its own activation formulas, per-element dequantization, fp64 dot products. It uses only the public
  * scalar codecs (e4m3/e2m1/bf16 encode and decode). The rounding points are the documented ones (moe.c,
  * latent.c): GEMM1 output -> bf16; activation -> bf16 (W4A16) or NVFP4 fake-quant (W4A4); x fake-quantized in
@@ -65,7 +65,7 @@ static inline double ref_weight(const k3_moe_desc *d, const k3_moe_weights *w, i
 
 static inline double ref_sigmoid(double v) { return 1.0 / (1.0 + exp(-v)); }
 
-/* One gated pair or relu2 value, from the formulas of K3-MODEL.md section 3. */
+/* One gated pair or relu2 value, from the formulas of docs/model.md section 2. */
 static inline double ref_act_value(const k3_act_desc *a, double g, double u) {
     const double lim = a->limit;
     switch (a->kind) {
@@ -105,7 +105,7 @@ static inline void ref_act_row(const k3_act_desc *a, const double *in, double *o
 }
 
 /* NVFP4 quantize-dequantize of n values (blocks of 16) with global scale gs, from the definition in
- * K3-MODEL.md section 5 (sf = e4m3(gs amax / 6), q = e2m1(x gs / sf), x' = q sf / gs), in place. */
+ * docs/model.md section 5 (sf = e4m3(gs amax / 6), q = e2m1(x gs / sf), x' = q sf / gs), in place. */
 static inline void ref_fake_quant(double *x, int64_t n, double gs) {
     for (int64_t b = 0; b < n; b += 16) {
         double amax = 0;
@@ -153,7 +153,7 @@ static inline void ref_moe(const k3_moe_desc *d, const k3_moe_weights *w, int64_
     free(a);
 }
 
-/* The router in fp64 (K3-MODEL.md 4.1, or softmax top-k): ids (descending key, ties to the lower id), weights. */
+/* The router in fp64 (docs/model.md section 3, or softmax top-k): ids (descending key, ties to the lower id), weights. */
 static inline void ref_router(const k3_router_desc *d, int64_t m, const uint16_t *x, const void *gate,
                               const float *bias, int32_t *ids, double *wts) {
     const int64_t hd = d->hidden;
