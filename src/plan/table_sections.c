@@ -291,7 +291,7 @@ void k3_table_format_sections(k3_sbuf *b, const k3_table *t) {
     }
     if (!t->kda.present) return;
     const k3_table_kda *k = &t->kda;
-    char r[16];
+    char r[32];
     k3_sbuf_printf(b, "# kda M-RANGE SHAPE QKVG HEAD_STEPS; kda unfused M-RANGE SHAPE QKVG (where the one launch\n"
                       "# does not fit the device)\n"
                       "kda overlap_max_tokens %d\n",
