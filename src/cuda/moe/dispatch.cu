@@ -5,7 +5,7 @@
  *                  ascending expert id, then pair order: active[u] = the unit's expert, act_off[u] = its first
  *                  pair (act_off[*n_active] = offs[E]), so a GEMM block reads its unit's expert, first pair and
  *                  count (act_off[u + 1] - act_off[u]) in one round trip; and an expert with more pairs than a
- *                  pass takes is spread over blocks instead of passes of one block (session 19),
+ *                  pass takes is spread over blocks instead of passes of one block (bench/NOTES-moe.md),
  *   list [np]      pair indices (token * top_k + slot) grouped by expert, ascending within an expert
  *                  (the CPU reference's counting-sort order).
  * Integer atomics only (counts), so the result is deterministic. The counters sit in shared memory up to
@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(DT)
         const int32_t i = base + tid;
         const int32_t e = i < np ? ids[i] : -1;
         const bool valid = e >= 0 && e < ne;
-        /* loaded here, beside ids [i], not in the warp's turn below: there each warp waited for its load in turn
-         * (TP8 m 64 +6..+14 us, prefill m 512 +72 us; session 20) */
+        /* loaded here, beside ids [i], not in the warp's turn below: there each warp waited for its load in turn,
+         * serialized across the block (bench/NOTES-moe.md) */
         const float wv = wsort != NULL && i < np ? wts[i] : 0.0f;
         const unsigned peers = __match_any_sync(0xffffffffu, valid ? e : -1 - lane);
         const unsigned lt = (1u << lane) - 1u;
