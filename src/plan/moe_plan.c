@@ -89,6 +89,8 @@ k3_status k3_moe_launch_resolve(k3_ctx *ctx, const k3_moe_desc *d, int32_t sm_co
     const int32_t nt = l->nt;
     const int32_t gated = d->act.kind != K3_ACT_RELU2_NO_MUL;
     int64_t g1x = slots, g1y = d->inter / 16;
+    /* GEMM2's warps split K where K gives each of them g2_split_chunks chunks or more: more blocks, more bytes in
+     * flight with few experts */
     l->g2_split = d->inter / 128 >= (int64_t)t->g2_split_chunks * K3_MOE_G2_WARPS;
     const int32_t ks = l->g2_split ? K3_MOE_G2_WARPS : 1;
     int64_t g2x = slots, g2y = l->g2_split ? d->hidden / 16 : g2_block_rows(d->hidden, 1);
@@ -103,10 +105,13 @@ k3_status k3_moe_launch_resolve(k3_ctx *ctx, const k3_moe_desc *d, int32_t sm_co
      * block's 16 outputs in one half-warp */
     l->pair = !no_pair && gated && as1 && nt == 1 && !w4a4 && g1x * (d->inter / 8) <= t->pair_waves * sms * per1;
     if (l->pair) g1y = d->inter / 8;
+    /* the wide split (8 warps over K) where the split-K grid leaves SMs idle */
     l->wide = l->g2_split && as2 && nt == 1 && g2x * g2y <= t->wide_blocks_per_sm * sms;
     const int64_t blocks2 = g2x * g2y;
+    /* the fold where both grids are within fold_waves waves: there the dispatch launch is a large part of the call */
     const int small = g1x * g1y <= t->fold_waves * sms * per1 && blocks2 <= t->fold_waves * sms * per2;
     l->fold = !no_fold && !w4a4 && as1 && as2 && np <= K3_MOE_FOLD_NP && d->num_experts <= K3_MOE_FOLD_E && small;
+    /* denser GEMM2 instances where its grid runs past the table's waves of the default instance */
     const int64_t dense_waves = l->g2_split ? t->dense_split_waves : t->dense_k1_waves;
     l->dense = as2 && nt == 1 && !l->wide && blocks2 > dense_waves * sms * per2 && (l->g2_split || !l->fold);
     /* top_k 1: GEMM2 writes out itself (the cp.async instances have that epilogue) */
@@ -114,9 +119,11 @@ k3_status k3_moe_launch_resolve(k3_ctx *ctx, const k3_moe_desc *d, int32_t sm_co
     /* units of one pass where distinct ids can give an expert more than a pass, else a whole expert per unit */
     l->tpu = m > 8 * nt ? 8 * nt : (int32_t)(np > 0 ? np : 1);
     if (!l->fold) g1x = g2x = max_units(d->num_experts, np, l->tpu);
+    /* early routing where GEMM1's grid is within early_waves waves: its first wave's weights stream during dispatch */
     l->early = !no_early && !l->fold && !l->pair && !w4a4 && as1 && nt == 1 && np <= K3_MOE_FOLD_NP &&
                d->num_experts <= K3_MOE_FOLD_E && g1x * g1y <= t->early_waves * sms * per1;
     l->early_blocks = l->early ? sms * per1 : 0;
+    /* 2 or 4 row tiles per GEMM2 warp (unfolded KS 1, NT 1): four where the two-tile grid exceeds g2_t4_waves waves */
     l->g2_tiles = 1;
     if (!no_tiles && !l->g2_split && as2 && nt == 1 && !l->fold && !l->wide) {
         const int32_t t2 = k3_moe_g2_find(fmt, 1, 1, 1, 0, 5, 0, 2);

@@ -26,8 +26,8 @@ __device__ __forceinline__ uint32_t combine_ok(const moe_params &P, int64_t t, i
 }
 /* s plus those slots' pair outputs of column c, in slot order. Every slot below top_k is loaded, used or not (a
  * skipped slot's row of pair_out is workspace that nothing wrote this call), so that the loads do not wait for the
- * ids: in the first batch (top_k <= 16) ptxas then issues all 16 before the first add (SASS; predicated on the ids
- * it issued them in three groups, i.e. three round trips after GEMM2). */
+ * ids: ptxas then issues a whole batch before its first add, where loads predicated on the ids went out in
+ * dependent groups, a round trip each (SASS, bench/NOTES-moe.md). */
 __device__ __forceinline__ float combine_add(const moe_params &P, int64_t t, int64_t c, int j0, uint32_t ok, float s) {
     float v[COMBINE_BATCH];
 #pragma unroll

@@ -8,8 +8,8 @@
 namespace {
 
 /*
- * The dispatch folded into the GEMMs at decode sizes. Why: the dispatch kernel was a whole launch
- * (~3.6-4.7 us of every call) in front of GEMM1, which could not start its weight stream before it finished. At
+ * The dispatch folded into the GEMMs at decode sizes. Why: the dispatch kernel is a whole launch (a large share
+ * of a decode call: bench/NOTES-moe.md) in front of GEMM1, which cannot start its weight stream before it ends. At
  * np <= FOLD_NP pairs each GEMM1 / GEMM2 block (NTH = 128 or 256 threads) derives what it needs from topk_ids
  * itself (FOLD_NP / NTH pairs per thread, kept in registers), with the dispatch kernel's exact order:
  *   fold_find: the touched experts as a bitmap (integer atomicOr in shared memory), the slot-th set bit = the
@@ -19,9 +19,9 @@ namespace {
  * So p0, cnt and the list (hence every output row and every sum) are the dispatch's: bitwise the same results.
  * GEMM2 recomputes them before its PDL wait (topk_ids is two or more kernels back: complete, see pdl.cuh).
  * The bitmap is dead before the weight ring fills, so it lives in the ring: the fold exists only in the NVFP4 cp.async
- * kernels, as their FOLD instances. Why instances and not a run-time flag: with the flag, the points that do not
- * fold ran 1-15 us slower (TP8 M 4 GEMM2 +1.5 us, M 16 +13; bench/NOTES-moe.md), so those points run
- * kernels without a line of the fold's code.
+ * kernels, as their FOLD instances. Why instances and not a run-time flag: the flag's branches changed the code of
+ * the launches that do not fold, and they ran slower (bench/NOTES-moe.md), so those run kernels without a line of
+ * the fold's code.
  */
 constexpr int FOLD_NP = 256;  /* pair indices fit a byte; two pairs per thread of a 128-thread block, one of 256 */
 constexpr int FOLD_E = 4096;  /* bitmap words: 128, at most 4 per lane of the warp that scans them */
@@ -39,8 +39,8 @@ struct fold_smem {
     uint8_t list[FOLD_NP];    /* e's pair indices, ascending */
     int32_t over;             /* fold_find COUNT: an expert has more than P.tpu pairs */
 };
-/* Dynamic shared memory a folded launch adds after its ring: fold_smem. As static shared memory, its 320 bytes cost
- * the cp.async GEMM2 a block per SM (TP8 M 16 +18 us, bench/NOTES-moe.md). */
+/* Dynamic shared memory a folded launch adds after its ring: fold_smem. As static shared memory it was in every
+ * launch, folded or not, and cost the cp.async GEMM2 a block per SM (bench/NOTES-moe.md). */
 constexpr size_t fold_dyn_bytes() { return (sizeof(fold_smem) + 15) / 16 * 16; }
 
 /* Block-wide (every thread of an NTH-thread block calls it). id[h]: this thread's pair h * NTH + tid (h < PPT), -1

@@ -20,9 +20,8 @@ constexpr size_t g1_dyn_bytes() { return (size_t)G1_WARPS * as_warp_uint4<SETS, 
 template <int SETS, bool ROUTED>
 constexpr size_t g1_smem_bytes() { return g1_dyn_bytes<SETS>() + (ROUTED ? fold_dyn_bytes() : 0); }
 /* Blocks per SM the register budget is sized for: the cp.async kernel at NT 1 (no activation ring: 30 KB of
- * shared memory per block) fits 4 at 128 registers, no spills in the loop; NT 2 keeps 3 (162 registers). Denser
- * instances were slower or no faster even where they took a grid to one wave (5 at 96 registers: 
- * EP16 M 3 (bench/NOTES-moe.md); 6 at 80, paired or not): the loops already keep the integer pipe half busy. */
+ * shared memory per block) fits 4 without spills in the loop; NT 2 keeps 3. Denser instances were slower or no
+ * faster, even where they took a grid to one wave (bench/NOTES-moe.md). */
 constexpr int g1_min_blocks(bool async, int nt) { return async && nt == 1 ? 4 : G1_MIN_BLOCKS; }
 
 /* Direct output (top_k 1): the tokens whose id is outside [0, E) reach no GEMM2 block, so their rows of out get
@@ -51,13 +50,13 @@ __host__ __device__ constexpr int red_floats() { return SETS * NT * 4 * 33; }
  * epilogue run on all 4 warps: every warp stores its partials (in its own dead ring), one block
  * barrier, then each thread sums and finishes one (token, row) output per token tile: token nl = tid / 16, row
  * r = tid % 16, so a W4A4 block's 16 rows are one half-warp. The sum is warp 0 + warp 1 + warp 2 + warp 3 in
- * that order, as warp 0 alone did before (bitwise the same output). No barrier after the last pass. Why: ncu
- * put 1.68 of GEMM1's ~7.8 cycles per issued instruction on barriers: warps 1-3 waited at a second
- * barrier while warp 0 alone summed and ran the epilogue for all 16 x 8 x NT outputs.
+ * that order, whichever thread computes it (deterministic). No barrier after the last pass. Why: with warp 0
+ * alone summing and running the epilogue for all 16 x 8 x NT outputs, warps 1-3 waited at a second barrier,
+ * and barrier stalls were a large share of GEMM1's cycles (ncu, bench/NOTES-moe.md).
  * PAIR (gated, cp.async, W4A16): the block owns 8 outputs, and their gate rows (MMA rows 0-7) and up rows (8-15)
  * share ONE 16-row tile, so a lane holds both halves of its outputs (accumulators c0/c1 gate, c2/c3 up). Half the
- * work per block, twice the blocks: for grids that would otherwise leave SMs idle (EP16 M 1: 192 blocks on 132
- * SMs), where every warp's serial chunk walk, not the bytes, set the time (bench/NOTES-moe.md).
+ * work per block, twice the blocks: for grids that would otherwise leave SMs idle (fewer blocks than a wave),
+ * where every warp's serial chunk walk, not the bytes, set the time (bench/NOTES-moe.md).
  */
 /* GEMM1, before it reads anything the dispatch (or W4A4 quantization) wrote: wait for it, then let GEMM2 come up (after
  * the wait: pdl.cuh), and (direct output) zero the rows of the tokens that no GEMM2 block writes. */
@@ -219,8 +218,8 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
             } else {
                 o = k3_act_relu2(hg);
             }
-            if (!PAIR && P.w4a4) { /* PAIR: W4A16 only (shape_of) */
-                /* NVFP4 requantization of this tile's 16-wide block of the token (CPU: nvfp4_block): its 16 rows are
+            if (!PAIR && P.w4a4) { /* PAIR: W4A16 only (the plan: src/plan/moe_plan.c) */
+                /* NVFP4 requantization of this tile's 16-wide block of the token (CPU: src/core/fp4.c): its 16 rows are
                  * this half-warp */
                 float am = fabsf(o);
 #pragma unroll

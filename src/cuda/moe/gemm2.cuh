@@ -14,18 +14,19 @@ namespace {
 /* KS = 1: each warp owns a 16-row tile and the whole K (short K: I / 128 small). KS = G2_WARPS: the block owns
  * one tile and its warps split K, summed in warp order (long K with few experts: more blocks, more bytes in
  * flight). KS = G2_WIDE_KS (NVFP4 cp.async, NT 1): the same with twice the warps (256-thread blocks), where the
- * grid leaves SMs idle (EP16 M 1: 224 blocks): each warp's serial chunk walk halves, as GEMM1's paired tiles do. */
+ * grid leaves SMs idle (fewer blocks than a wave): each warp's serial chunk walk halves, as GEMM1's paired tiles
+ * do. Its sum has 8 terms, not 4: deterministic, but not bitwise the 4-warp result. */
 constexpr int G2_WIDE_KS = 8;
 template <int KS>
 constexpr int g2_warps() { return KS > G2_WARPS ? KS : G2_WARPS; }
 /* The ring's stages of the KS 1 GEMM2 with `tiles` row tiles per warp: four tiles take two stages, the shared
- * memory of two tiles' four (40 KB per block), since the ring's depth hardly matters (the probe). */
+ * memory of two tiles' four (40 KB per block), since the ring's depth hardly matters there (bench/NOTES-moe.md). */
 constexpr int g2_stages(int tiles) { return tiles == 4 ? 2 : G2_STAGES; }
 template <int KS, int TILES = 1>
 constexpr size_t g2_dyn_bytes() { return (size_t)g2_warps<KS>() * as_warp_uint4<TILES, g2_stages(TILES)>() * 16; }
 /* The dispatch path's epilogue lookups of a pass (its pair indices, then their routing weights: two dependent round
  * trips after the main loop) go to shared memory with the ring's first chunk instead: 8 (pair, weight) per warp
- * after the rings. NT 1 only (at NT 2 the split-K instance then spilled 28 bytes); where the fold routes, the pair
+ * after the rings. NT 1 only (at NT 2 the split-K instance then spilled); where the fold routes, the pair
  * indices are in fold_smem already. */
 template <int NT, bool FOLD>
 constexpr bool g2_epi() { return NT == 1 && !FOLD; }
@@ -37,25 +38,22 @@ constexpr size_t g2_smem_bytes() {
 }
 /* TILES = 2 or 4 row tiles per warp in the unfolded KS 1 cp.async GEMM2 (every tile's chunks in each ring stage, as
  * GEMM1's gate and up sets), so a block's routing prologue, setup and epilogue lookups serve 2 or 4 times the bytes;
- * a half or a quarter of the block rows. Bitwise the one-tile result (each row's chunk order is the same). Measured on
- * the H200 (same-call A/B):
- * - two tiles (5 blocks per SM, 40 KB ring, 96 / 94 registers, no spills) against one: TP8 M 4 / 8 / 12 / 16 / 32
- *   65.2 / 106.7 / 147.9 / 187.2 / 315.5 -> 61.9 / 103.9 / 143.9 / 182.7 / 312.4 us, M 2 -0.7, M 64 within +-1.5;
- * - four tiles (4 blocks per SM, two stages, 128 registers, 8 bytes spilled) against two, three runs: M 12 / 16 /
- *   32 / 64 -0.8 / -2.2 / -9.0 / -15.8 us, M 8 -0.2, but M 2 +1.5 and M 4 +0.6: four tiles pay where the two-tile
- *   grid is many waves (G2_T4_WAVES), two where it is a few.
- * M 1 folds and EP16 splits K: neither takes these instances. */
+ * a half or a quarter of the block rows. Bitwise the one-tile result (each row's chunk order is the same). Two
+ * tiles (5 blocks per SM, 40 KB ring) were faster than one or level at every point measured; four (4 blocks per
+ * SM, two stages) pay where the two-tile grid is many waves, since each block's fixed cost is then paid half as
+ * often, and lose where it is a few (the plan's rule: the table key g2_t4_waves; bench/NOTES-moe.md). Folded
+ * launches and split-K take neither. */
 constexpr int G2_T2_MINB = 5, G2_T4_MINB = 4;
-/* Blocks per SM of the cp.async GEMM2 (a block's ring: 20 KB): KS 1 at NT 1 (TP8: 3 chunks per warp, the
- * block's life is mostly its fixed latency) 6 (74 registers); NT 2 (spills in the loop at 80 registers) and
- * split-K (EP16) 5. Measured (bench/NOTES-moe.md) against 4, 5 and 6 for all. The wide split: 2 (its grids are
- * <= 2 blocks per SM, shape_of). */
+/* Blocks per SM of the cp.async GEMM2 (a block's ring: 20 KB): 6 for KS 1 at NT 1 (short K: a warp walks few
+ * chunks, so a block's life is mostly its fixed latency); 5 for NT 2 (at 6 it spills in the loop) and split-K.
+ * Chosen against 4, 5 and 6 for all (bench/NOTES-moe.md). The wide split: 2 (the plan gives it grids of at most
+ * wide_blocks_per_sm blocks per SM). */
 constexpr int g2_min_blocks(bool async, int nt, int ks) {
     return !async ? G2_MIN_BLOCKS : (ks == G2_WIDE_KS ? 2 : (ks == 1 && nt == 1 ? 6 : 5));
 }
-/* The denser instances shape_of picks for grids past a wave of the default (the cp.async kernels at NT 1):
- * split-K at 7 blocks per SM (72 registers, no spills), KS 1 at 8 (64 registers, a few spilled). MINB = 0 in
- * the kernel template: g2_min_blocks. */
+/* The denser instances the plan picks for grids past the table's dense_split_waves / dense_k1_waves waves of the
+ * default (the cp.async kernels at NT 1): split-K at 7 blocks per SM, KS 1 at 8 (GEMM2 is lean enough in
+ * registers: bench/NOTES-moe.md). MINB = 0 in the kernel template: g2_min_blocks. */
 constexpr int G2_DENSE_SPLIT = 7, G2_DENSE_K1 = 8;
 
 template <int FMT, int NT, int KS, bool ASYNC, bool FOLD, int MINB = 0, bool DIRECT = false, int TILES = 1>
@@ -77,7 +75,7 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     /* FOLD: as in GEMM1 */
     fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g2_dyn_bytes<KS, TILES>() / 16);
     uint32_t *const bm = reinterpret_cast<uint32_t *>(k3_moe_dyn);
-    /* PDL: the dispatch lists (two kernels back, complete: see pdl.cuh), or with the fold topk_ids (likewise),
+    /* PDL: the dispatch lists (two or more kernels back, complete: pdl.cuh), or with the fold topk_ids (likewise),
      * are read before the wait, and the weight ring is filled before it too (nv_fill, or mma_any<..., true>);
      * GEMM1's output a only after it */
     k3_pdl_launch();
@@ -93,20 +91,22 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     const uint8_t *wexp = P.w2 + (size_t)e * P.w2_eb;
     const uint8_t *sexp = FMT == FMT_BF16 ? nullptr : P.w2s + (size_t)e * P.w2_sb;
     const int64_t row_bytes = FMT == FMT_BF16 ? P.I * 2 : P.I / 2;
+    /* a warp's tiles exist together: L % (16 * TILES) == 0 (L % 32: k3_cuda_moe_prepare; four tiles only at
+     * L % 64: the plan) */
     const uint8_t *wrow[SETS][2];
     int64_t row[SETS][2];
 #pragma unroll
     for (int s = 0; s < SETS; s++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            row[s][h] = r0 + 16 * s + g + 8 * h; /* a warp's tiles exist together (L % (16 * TILES) == 0: shape_of) */
+            row[s][h] = r0 + 16 * s + g + 8 * h;
             wrow[s][h] = wexp + row[s][h] * row_bytes;
         }
     float alpha = FMT == FMT_NVFP4 ? __ldg(P.w2_s2 + e) : 1.0f;
     const float inv_gs = P.w4a4 ? 1.0f / (1.0f / __ldg(P.w2_in + e)) : 1.0f;
     uint4 *const ring = k3_moe_dyn + warp * as_warp_uint4<SETS, STG>();
     /* ASYNC and g2_epi: this warp's first-pass (pair, weight) copies (g2_smem_bytes); the warps that store outputs
-     * ask for them with their ring's first chunk (list and wsort are the dispatch's: two kernels back, complete) */
+     * ask for them with their ring's first chunk (list and wsort are the dispatch's: two or more kernels back) */
     constexpr bool EPI = ASYNC && g2_epi<NT, FOLD>();
     int32_t *const epi_pair = reinterpret_cast<int32_t *>(k3_moe_dyn + g2_dyn_bytes<KS, TILES>() / 16) + warp * 16;
     float *const epi_wt = reinterpret_cast<float *>(epi_pair + 8);

@@ -9,20 +9,20 @@
 namespace {
 
 /* ---- NVFP4 main loop through a cp.async shared-memory ring ---------------------------------------------
- * Why: register loads of the ring above share one scoreboard, and SASS waits on a scoreboard until ALL its
- * loads are back; the wait for chunk t therefore also waited for the refills issued after it, so only about
- * one chunk was really in flight per warp (bench/NOTES-moe.md). cp.async groups complete in
+ * Why: the loads of the register ring (mainloop_ring.cuh) share one scoreboard, and SASS waits on a scoreboard
+ * until ALL its loads are back; the wait for chunk t therefore also waited for the refills issued after it, so
+ * only about one chunk was really in flight per warp (bench/NOTES-moe.md). cp.async groups complete in
  * order and `cp.async.wait_group N` waits for exactly the older ones: S - 1 chunks (weights and block scales)
  * stay in flight while one is decoded. Each lane copies and reads back only its own bytes, so no barrier is
  * needed. Per warp and stage: weights [SETS * 2][32] x 16 B, the 4-byte word holding the lane's two scale
- * bytes [SETS * 2][32] x 4 B. The activations are NOT in the ring: a token tile's 8 rows took
- * 2 KB per stage although at decode sizes an expert has 1-2 tokens (7 of 8 rows zero-filled), which capped
- * GEMM1 at 3 blocks per SM (2 at NT 2). They are read straight into registers (plain coherent L1-cached
+ * bytes [SETS * 2][32] x 4 B. The activations are NOT in the ring: a token tile's 8 rows would take 2 KB per
+ * stage although at decode sizes an expert has one or two tokens (the other rows zero-filled), and that shared
+ * memory cost GEMM1 blocks per SM. They are read straight into registers (plain coherent L1-cached
  * loads: every block of an SM reads the same few token rows) at the start of their chunk, with an L1
  * prefetch S - 1 chunks ahead. Used when the scale words are 4-byte aligned (swizzled layout, or
  * cols % 64 == 0 with an aligned scale pointer) and NT <= 2. */
-/* Ring depths (chunks; S - 1 in flight per warp). GEMM1 at S = 3 measured 3-5% faster than 4 at every point (more
- * requests in flight only lengthen the queues; bench/NOTES-moe.md). */
+/* Ring depths (chunks; S - 1 in flight per warp). GEMM1 was faster at 3 stages than at 4: more requests in flight
+ * only lengthen the queues (bench/NOTES-moe.md). */
 constexpr int G1_STAGES = 3;
 constexpr int G2_STAGES = 4;
 template <int SETS>
@@ -37,7 +37,7 @@ __device__ __forceinline__ void k3_cp_async4(void *smem, const void *gmem) {
 
 /* The weights' 16-byte copy with the L2 prefetch-size hint (256-byte blocks): the 4 warps of a block read 4
  * adjacent 64-byte chunks of each row at about the same time, so one DRAM read of 256 bytes serves all four
- * (GEMM1 2-3% faster than without the hint). */
+ * (measured faster than without the hint: bench/NOTES-moe.md). */
 __device__ __forceinline__ void nv_cp_w16(void *smem, const void *gmem) {
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
@@ -45,9 +45,9 @@ __device__ __forceinline__ void nv_cp_w16(void *smem, const void *gmem) {
 
 /* The producer side of one lane's ring: its addresses at the warp's first chunk and the byte steps from one
  * of its chunks to the next; chunk k's address is base + k * step, one IMAD.WIDE each. Why: recomputing
- * row * row_bytes + chunk * 64 and the scale offsets in 64 bits for every chunk cost ~130 of the loop's 579
- * instructions (SASS); a post-incremented pointer costs 4 (the cp.async keeps reading its address
- * registers, so ptxas copies them first). */
+ * row * row_bytes + chunk * 64 and the scale offsets in 64 bits for every chunk was a large share of the loop's
+ * instructions, and a post-incremented pointer costs several per address (the cp.async keeps reading its address
+ * registers, so ptxas copies them first; SASS, bench/NOTES-moe.md). */
 template <int SETS>
 struct nv_feed {
     const uint8_t *w[SETS][2];  /* weights: 16 bytes per row and chunk */
@@ -110,9 +110,9 @@ __device__ __forceinline__ uint4 ld_x16(const uint8_t *p) {
     asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
-/* Padding lanes (no token) load nothing: their registers keep the zeros the caller set once per pass (clearing
- * them per chunk cost 8 register clears per chunk; loading the last token's row into them instead cost 4x the L1
- * wavefronts of a one-token tile, EP16 M 8 +1.5 us). */
+/* Padding lanes (no token) load nothing: their registers keep the zeros the caller set once per pass. Clearing
+ * them every chunk cost instructions; loading the last token's row into them instead multiplied the L1 wavefronts
+ * of a one-token tile (bench/NOTES-moe.md). */
 template <int NT>
 __device__ __forceinline__ void nv_load_x(const uint8_t *const (&xp)[NT], uint32_t xok, int ntv, uint32_t k,
                                           uint32_t xstep, uint4 (&xv)[NT][4]) {
@@ -125,8 +125,8 @@ __device__ __forceinline__ void nv_load_x(const uint8_t *const (&xp)[NT], uint32
         }
     }
 }
-/* The L1 prefetch of a chunk's activation line, issued with the chunk's weight copies (S - 1 chunks ahead);
- * (bench/NOTES-moe.md): without it GEMM1 was 5-8% slower. */
+/* The L1 prefetch of a chunk's activation line, issued with the chunk's weight copies (S - 1 chunks ahead), so
+ * that nv_load_x hits L1 (without it GEMM1 was slower: bench/NOTES-moe.md). */
 template <int NT>
 __device__ __forceinline__ void nv_prefetch_x(const uint8_t *const (&xp)[NT], uint32_t xok, int ntv, uint32_t k,
                                               uint32_t xstep) {
@@ -214,8 +214,9 @@ __device__ __forceinline__ void mma_range_nv_async(const nv_feed<SETS> &f, const
 }
 
 /* A warp's chunks of a K split into `parts` warps: every parts-th chunk from chunk `part` (interleaved: the
- * warps of a block read adjacent 64-byte pieces of each row at about the same time; a contiguous range per
- * warp was measured 2-8% slower (bench/NOTES-moe.md)). The 16-element tail steps are split j % parts == part. */
+ * warps of a block read adjacent 64-byte pieces of each row at about the same time, which nv_cp_w16's 256-byte
+ * hint relies on; a contiguous range per warp was slower: bench/NOTES-moe.md). The 16-element tail steps are
+ * split j % parts == part. */
 __device__ __forceinline__ void k_split(int64_t cols, int part, int parts, int &c0, int &cstep, int &n) {
     const int chunks = (int)(cols / 128);
     c0 = part, cstep = parts, n = part < chunks ? (chunks - part + parts - 1) / parts : 0;

@@ -240,7 +240,8 @@ __device__ __forceinline__ void mma_fp4_tile(float (&acc)[SETS][NT][4], int nt, 
  * BF16 fragments and multiplied into the accumulators of the ntv token tiles. xc: the chunk's activations in
  * shared memory at this lane's first 16 bytes ([nt][j][lane] of 16 bytes). The padding lanes of a token tile
  * (no token: bit nt of xok clear) had zeros copied in (cp.async zero-fill, no global read), so no per-lane
- * checks are needed here. Both FP4 main loops use it. */
+ * checks are needed here. The register ring's chunk body (the cp.async ring's, with the activations in
+ * registers, is mma_chunk_nv_rx in mainloop_async.cuh). */
 template <int FMT, int SETS, int NT, bool XP = false>
 __device__ __forceinline__ void mma_chunk_fp4(const uint4 (&cw)[SETS][2], const uint32_t (&cs)[SETS][2][2],
                                               const uint4 *xc, int ntv, float (&acc)[SETS][NT][4]) {
@@ -259,9 +260,10 @@ __device__ __forceinline__ void mma_chunk_fp4(const uint4 (&cw)[SETS][2], const 
     }
 }
 
-/* FP4 version of the main loop: D chunks (weights and scales) in flight per lane in a register ring; a slot is
- * refilled right after it is decoded, so D - 1 loads are outstanding while a chunk's MMAs issue. The
- * activations come through a shared-memory ring (x_issue) XD - 1 chunks ahead, so no chunk waits on L2.
+/* FP4 version of the main loop: D chunks (weights and scales) per lane in a register ring; a slot is refilled
+ * right after it is decoded, so D - 1 loads are issued ahead of a chunk's MMAs (the loads share one scoreboard,
+ * so fewer are really in flight: why NVFP4 prefers the cp.async ring, mainloop_async.cuh). The activations come
+ * through a shared-memory ring (x_issue) XD - 1 chunks ahead, so no chunk waits on L2.
  * WAIT: k3_pdl_wait() after the weight ring is filled and before the first activation load (GEMM2: its
  * weights stream while GEMM1 drains). For NVFP4 the accumulators come out scaled by 1 / NV_ACC. */
 template <int FMT, int SETS, int NT, int D, bool WAIT, bool XP = false>

@@ -31,7 +31,7 @@ __device__ __forceinline__ uint32_t k3_rotl(uint32_t x, int k) { return __funnel
  * takes the signs of codes {0, 1, 4, 5} (lo) or {2, 3, 6, 7} (hi) from x8 and the rest from x2, whose sign
  * and magnitude fields of the pair's codes then do not collide; a rotation by a multiple of 4 and one mask
  * (sign bits 15 / 31, magnitude 8..6 / 24..22) give each register. (Checked equal to the shift-and-mask
- * formula on 200k random words and the corner words before use; every NVFP4 test output goes through it.) */
+ * formula before use, bench/NOTES-moe.md; every NVFP4 test output goes through it.) */
 __device__ __forceinline__ void k3_nv_decode_word(uint32_t w, uint32_t (&a)[4]) {
     constexpr uint32_t M = 0x81c081c0u, KLO = 0x88008800u, KHI = 0x00880088u;
     const uint32_t x8 = k3_rotl(w, 8), x2 = k3_rotl(w, 2);

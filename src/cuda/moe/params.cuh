@@ -22,7 +22,7 @@ struct moe_params {
     const uint16_t *xq;                      /* W4A4: [np, L] grouped, q * sf */
     uint16_t *a;                             /* [np, I] grouped */
     float *pair_out;                         /* [np, L] by pair index */
-    int32_t direct;                          /* shape_of direct: GEMM2 writes out (and out_f32), not pair_out */
+    int32_t direct;                          /* the plan's direct: GEMM2 writes out (and out_f32), not pair_out */
     uint16_t *out;                           /* [m, L] (direct) */
     float *out_f32;                          /* [m, L] or NULL (direct) */
     const uint8_t *w13, *w13s, *w2, *w2s;
@@ -35,8 +35,8 @@ struct moe_params {
 /* GEMM2's activations (GEMM1's output `a`, FP4 formats) are stored pair-permuted: in each 8-element group,
  * element e at position e < 4 ? 2e : 2e - 7, so the 32-bit words of a 16-byte load are the B fragments of the FP4
  * chunk map's pairs (p + i, p + i + 4) as they stand (mma_fp4_tile XP): GEMM2 saves the 16 byte permutations per
- * chunk that the user's activations cost GEMM1, ~15% of its integer-pipe work (the pipe that bounds these loops:
- * ncu). BF16 weights pair elements (p, p + 1): no permutation. `a` is internal to a call. */
+ * chunk that the user's activations cost GEMM1, a sizeable part of its integer work (bench/NOTES-moe.md). BF16
+ * weights pair elements (p, p + 1): no permutation. `a` is internal to a call, so its layout is free. */
 template <int FMT>
 constexpr bool A_PERM = FMT != FMT_BF16;
 template <int FMT>

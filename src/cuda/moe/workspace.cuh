@@ -14,8 +14,8 @@ constexpr size_t ALIGN_BUF = 65536;
 size_t align_buf(size_t v) { return (v + (ALIGN_BUF - 1)) & ~(size_t)(ALIGN_BUF - 1); }
 
 /* The dispatch path's block rows (units) for `np` pairs in runs of at most `tpu` (k3_cuda_moe_dispatch): one per
- * touched expert, plus at most np / tpu more. The workspace is sized for the smallest tpu (8), shape_of's grids
- * for the call's. */
+ * touched expert, plus at most np / tpu more. The workspace is sized for the smallest tpu (8), the plan's grids
+ * (src/plan/moe_plan.c, its own copy of this bound) for the call's. */
 int64_t max_units(int64_t e, int64_t np, int64_t tpu) { return (e < np ? e : np) + np / tpu; }
 
 /* The carve-up of the device workspace (offsets from its ALIGN_BUF-aligned start). */
@@ -37,8 +37,8 @@ ws_layout layout_of(const k3_cuda_moe *p) {
     s.a = o, o += align_up(np * (size_t)d->inter * 2);
     o = align_buf(o);
     s.pair_out = o, o += align_up(np * (size_t)d->hidden * 4);
-    /* the dispatch's units, last: inserted before n_active, act_off shifted a and pair_out by 3.75 KB, and TP8 m
-     * 2-4 ran 1.3-2.7 us slower (same call, bitwise the same work): the buffers' placement matters */
+    /* the dispatch's units, last: placed before a and pair_out they moved those buffers, which made the same work
+     * measurably slower (bench/NOTES-moe.md); keep a and pair_out where they are */
     const size_t units = (size_t)max_units((int64_t)e, (int64_t)np, 8);
     s.active = o, o += align_up(units * 4);
     s.act_off = o, o += align_up((units + 1) * 4);
