@@ -27,6 +27,28 @@ contains "$T/out" '"kernel": "cublaslt"' "json fallback"
 if command -v python3 >/dev/null 2>&1; then
     if python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$T/out"; then ok; else bad "plan --json is not JSON"; fi
 fi
+# k3 plan --moe: the routed experts' launches per m (the plan's data, resolved without a GPU on a simulated sm90)
+expect 0 "plan --moe help" -- "$K3" plan --moe --help
+contains "$T/out" "--force-off LIST" "plan --moe help"
+expect 0 "plan --moe tp8" -- "$K3" plan --moe --arch 9.0
+contains "$T/out" "1    folded   g1_nvfp4_gated_nt1_async_fold " "tp8 m 1 routes itself (the fold)"
+contains "$T/out" "g1_nvfp4_gated_nt1_async_early" "tp8 early routing at m 2-16"
+expect 0 "plan --moe no fold" -- "$K3" plan --moe --arch 9.0 --force-off fold,early --max-tokens 2
+contains "$T/out" "1    yes      g1_nvfp4_gated_nt1_async " "the forced-off fold keeps the dispatch kernel"
+expect 0 "plan --moe ep16 json" -- "$K3" plan --moe --arch 9.0 --config ep16 --max-tokens 4 --json
+contains "$T/out" '"gemm2": "g2_nvfp4_nt1_ks8_async_fold_direct"' "ep16 m 1: the wide split, direct output"
+if command -v python3 >/dev/null 2>&1; then
+    if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert len(d["m"]) == 4' "$T/out"; then ok
+    else bad "plan --moe --json is not JSON with 4 rows"; fi
+fi
+expect 0 "plan --moe sm count" -- "$K3" plan --moe --arch 9.0 --sm-count 16 --max-tokens 1
+contains "$T/out" "1    yes      g1_nvfp4_gated_nt1_async_early" "16 SMs: the grid is past the fold's waves"
+expect 2 "plan --moe bad force" -- "$K3" plan --moe --arch 9.0 --force-off everything
+expect 2 "plan --moe sm count without arch" -- "$K3" plan --moe --sm-count 100
+expect 2 "plan --moe bad format" -- "$K3" plan --moe --arch 9.0 --format fp8
+expect 1 "plan --moe bad shape" -- "$K3" plan --moe --arch 9.0 --top-k 0
+contains "$T/err" "top_k" "plan --moe names the bad field"
+
 expect 0 "configs" -- "$K3" plan --configs
 contains "$T/out" "skinny" "configs lists skinny"
 contains "$T/out" "mma" "configs lists mma"

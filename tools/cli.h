@@ -39,6 +39,9 @@ int k3_cli_parse_f32(const char *s, const char *what, float *out);
 int k3_cli_parse_list(const char *s, const char *what, int64_t *out, int cap);
 /* 1 when s names a backend ("cpu", "cuda", "auto"); else prints a usage error for option `what` and returns 0. */
 int k3_cli_device_name_ok(const char *s, const char *what);
+/* A CPU context simulating compute capability `arch` ("MAJOR.MINOR") with sm_count SMs (0: the architecture
+ * table's key); NULL after printing a message prefixed by cmd, with *usage set when `arch` itself was bad. */
+k3_ctx *k3_cli_sim_ctx(const char *cmd, const char *arch, int32_t sm_count, int *usage);
 /* Creates a context for "cpu", "cuda" or "auto"; prints the failure and returns NULL on error. */
 k3_ctx *k3_cli_ctx(const char *device);
 

@@ -100,3 +100,25 @@ k3_ctx *k3_cli_ctx(const char *device) {
     }
     return ctx;
 }
+
+k3_ctx *k3_cli_sim_ctx(const char *cmd, const char *arch, int32_t sm_count, int *usage) {
+    int major = 0, minor = 0;
+    char tail = 0;
+    k3_arch_info probe;
+    *usage = 0;
+    if (sscanf(arch, "%d.%d%c", &major, &minor, &tail) != 2 ||
+        k3_arch_from_capability(major, minor, &probe) != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "%s: --arch wants MAJOR.MINOR such as 9.0 or 10.3 (got '%s')\n", cmd, arch);
+        *usage = 1;
+        return NULL;
+    }
+    k3_ctx_options opt;
+    k3_ctx_options_init(&opt);
+    opt.backend = K3_BACKEND_CPU;
+    opt.sim_major = major, opt.sim_minor = minor, opt.sim_sm_count = sm_count;
+    k3_ctx *ctx = NULL;
+    const k3_status st = k3_ctx_create(&opt, &ctx);
+    if (st != K3_STATUS_SUCCESS)
+        fprintf(stderr, "%s: cannot create a simulated %s context: %s\n", cmd, arch, k3_status_string(st));
+    return ctx;
+}

@@ -160,24 +160,8 @@ int k3_cmd_plan(int argc, char **argv) {
 
     k3_ctx *ctx = NULL;
     if (arch) {
-        int major = 0, minor = 0;
-        char tail = 0;
-        k3_arch_info probe;
-        if (sscanf(arch, "%d.%d%c", &major, &minor, &tail) != 2 ||
-            k3_arch_from_capability(major, minor, &probe) != K3_STATUS_SUCCESS) {
-            fprintf(stderr, "k3 plan: --arch wants MAJOR.MINOR such as 9.0 or 10.3 (got '%s')\n", arch);
-            return K3_EXIT_USAGE;
-        }
-        k3_ctx_options opt;
-        k3_ctx_options_init(&opt);
-        opt.backend = K3_BACKEND_CPU;
-        opt.sim_major = major;
-        opt.sim_minor = minor;
-        k3_status st = k3_ctx_create(&opt, &ctx);
-        if (st != K3_STATUS_SUCCESS) {
-            fprintf(stderr, "k3 plan: cannot create a simulated %s context: %s\n", arch, k3_status_string(st));
-            return K3_EXIT_FAIL;
-        }
+        int usage = 0;
+        if (!(ctx = k3_cli_sim_ctx("k3 plan", arch, 0, &usage))) return usage ? K3_EXIT_USAGE : K3_EXIT_FAIL;
     } else if (!(ctx = k3_cli_ctx(device))) {
         return K3_EXIT_FAIL;
     }

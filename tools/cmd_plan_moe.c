@@ -49,26 +49,6 @@ static int parse_word(const char *v, const char *what, const char *const *words,
     return 0;
 }
 
-static k3_ctx *sim_ctx(const char *arch, int64_t sms) {
-    int major = 0, minor = 0;
-    char tail = 0;
-    k3_arch_info probe;
-    if (sscanf(arch, "%d.%d%c", &major, &minor, &tail) != 2 ||
-        k3_arch_from_capability(major, minor, &probe) != K3_STATUS_SUCCESS) {
-        fprintf(stderr, "k3 plan: --arch wants MAJOR.MINOR such as 9.0 or 10.3 (got '%s')\n", arch);
-        return NULL;
-    }
-    k3_ctx_options opt;
-    k3_ctx_options_init(&opt);
-    opt.backend = K3_BACKEND_CPU;
-    opt.sim_major = major, opt.sim_minor = minor, opt.sim_sm_count = (int32_t)sms;
-    k3_ctx *ctx = NULL;
-    const k3_status st = k3_ctx_create(&opt, &ctx);
-    if (st != K3_STATUS_SUCCESS)
-        fprintf(stderr, "k3 plan: cannot create a simulated %s context: %s\n", arch, k3_status_string(st));
-    return ctx;
-}
-
 int k3_cmd_plan_moe(int argc, char **argv) {
     if (k3_cli_wants_help(argc, argv)) {
         plan_moe_help();
@@ -145,8 +125,9 @@ int k3_cmd_plan_moe(int argc, char **argv) {
         fprintf(stderr, "k3 plan: --sm-count needs --arch (a real device reports its own)\n");
         return K3_EXIT_USAGE;
     }
-    k3_ctx *ctx = arch ? sim_ctx(arch, sms) : k3_cli_ctx(device);
-    if (!ctx) return arch ? K3_EXIT_USAGE : K3_EXIT_FAIL;
+    int usage = 0;
+    k3_ctx *ctx = arch ? k3_cli_sim_ctx("k3 plan", arch, (int32_t)sms, &usage) : k3_cli_ctx(device);
+    if (!ctx) return usage ? K3_EXIT_USAGE : K3_EXIT_FAIL;
     k3_moe_plan *plan = NULL;
     k3_status st = k3_moe_plan_create(ctx, &d, &plan);
     if (st != K3_STATUS_SUCCESS) {
