@@ -3,7 +3,7 @@
 
 #include "cli.h"
 #include "gemm_shapes.h"
-#include "plan/linear_plan.h"
+#include "plan/linear_plan.h" /* internals: the table and each M's resolved choice, which the API does not list */
 
 static void plan_help(void) {
     printf("usage: k3 plan [--arch X.Y] [--json] [--table FILE [--force]] [--shapes SET] [--max-m M] [--configs]\n\n"

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+/* internals: the file format and the codecs (the checkpoint reader will give these a public call) */
 #include "core/formats.h"
 #include "io/safetensors.h"
 

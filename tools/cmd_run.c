@@ -4,7 +4,7 @@
 
 #include "cli.h"
 #include "cli_mem.h"
-#include "io/safetensors.h"
+#include "io/safetensors.h" /* internals: the file format (no public call yet) */
 #include "run_moe.h"
 
 

@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "gemm_bench.h"
 #include "gemm_shapes.h"
+/* internals: the tuner builds a table from the registry's candidates and writes it in the table format */
 #include "plan/linear_plan.h"
 #include "plan/table.h"
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan/gemm_configs.h"
+#include "plan/gemm_configs.h" /* internals: the registry's configurations, timed one by one */
 
 double k3b_bytes(int64_t n, int64_t k, int64_t m) { return 2.0 * ((double)n * (double)k + (double)m * (double)k + (double)m * (double)n); }
 
@@ -103,7 +103,7 @@ void k3b_measure(k3b_shape *s, const k3_linear_desc *d, int64_t m, k3b_result *r
 
 #include <cuda_runtime.h>
 
-#include "cpu/cpu.h"
+#include "cpu/cpu.h" /* internals: the reference loop checks each candidate before it is timed */
 
 
 struct k3b_shape {

@@ -7,7 +7,7 @@
 
 #include "bench_graph.h"
 #include "cli.h"
-#include "cuda/kda/proj.h"
+#include "cuda/kda/proj.h" /* internals: the F_AB block shapes timed one by one */
 
 static void kda_bench_help(void) {
     printf("usage: k3 bench kda [--m LIST] [--reps R] [--json] [--table FILE [--force]] [--diag]\n\n"

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "io/safetensors.h"
+#include "io/safetensors.h" /* internals: the file format (no public call yet) */
 #include "run_moe.h"
 
 /* "U8 [16, 256, 32]" */
