@@ -109,11 +109,18 @@ typedef struct k3t_case {
 } k3t_case;
 
 /* The run's base seed and the case being run: named in every failure message. */
-static struct k3t_state {
+struct k3t_state_s {
     uint64_t base;
     uint64_t seed;
     char name[96];
-} k3t_state = {0, 0, "-"};
+};
+#if defined(K3T_SHARED_STATE) && !defined(K3T_DEFINE_STATE) /* several files, one state: see test_util.h */
+extern struct k3t_state_s k3t_state;
+#elif defined(K3T_SHARED_STATE)
+struct k3t_state_s k3t_state = {0, 0, "-"};
+#else
+static struct k3t_state_s k3t_state = {0, 0, "-"};
+#endif
 
 /* Sets the base seed: K3T_SEED (decimal or 0x hex) when set, else the test's fixed default; prints it. */
 static inline uint64_t k3t_seed_init(const char *test, uint64_t dflt) {

@@ -10,7 +10,15 @@
 
 #include "k3.h"
 
+/* The counts are per program. A test program of several files defines K3T_SHARED_STATE in all of them (CMake
+ * does) and K3T_DEFINE_STATE in the one that owns main(), so that every file counts into the same totals. */
+#if defined(K3T_SHARED_STATE) && !defined(K3T_DEFINE_STATE)
+extern int k3t_passed, k3t_failed;
+#elif defined(K3T_SHARED_STATE)
+int k3t_passed, k3t_failed;
+#else
 static int k3t_passed, k3t_failed;
+#endif
 
 #define CHECK(cond, ...)                                                                                     \
     do {                                                                                                     \
