@@ -5,19 +5,7 @@
 
 #include "plan/kda_tuning.h"
 #include "plan/table.h"
-#include "test_util.h"
-
-/* Parses text expecting failure at `line` with `what` in the message. */
-static void expect_bad(const char *text, int line, const char *what) {
-    char err[512], want[32];
-    k3_table *t = (k3_table *)0x1;
-    k3_status st = k3_table_parse(text, "t.txt", &t, err, sizeof err);
-    snprintf(want, sizeof want, "t.txt:%d: ", line);
-    CHECK(st == K3_STATUS_FORMAT_ERROR, "malformed table accepted (want '%s'):\n%s", what, text);
-    CHECK(t == NULL, "no table on failure");
-    CHECK(strstr(err, want) == err, "message '%s' should start with '%s'", err, want);
-    CHECK(strstr(err, what) != NULL, "message '%s' should mention '%s'", err, what);
-}
+#include "plan_test_util.h" /* expect_bad */
 
 #define MOE_ROWS                                                                                             \
     "moe async_nt1_max_m 64\n"                                                                               \
