@@ -5,6 +5,8 @@
 #include "plan/linear_plan.h"
 #include "plan/table.h"
 
+_Static_assert(K3_KDA_FUSED_MAX_HEAD_STEPS == K3_TABLE_KDA_MAX_HEAD_STEPS, "the kda rows check the compiled head steps");
+
 /* The choices are data: the kda rows of tables/<arch>.txt (format in src/plan/table.h). What was measured to
  * pick them, and the alternatives that lost, is in bench/NOTES-kda.md, beside the numbers it needs; a comment here
  * would only go stale when the table is retuned. */

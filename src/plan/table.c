@@ -94,18 +94,6 @@ const char *k3_table_embedded_text(k3_table_id id) {
 
 /* ------------------------------------------------------------------ parser ------------------- */
 
-k3_status k3_table_perr(k3_table_parser *p, const char *fmt, ...) {
-    if (p->err && p->err_size) {
-        int n = snprintf(p->err, p->err_size, "%s:%d: ", p->source, (int)p->line);
-        if (n >= 0 && (size_t)n < p->err_size) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(p->err + n, p->err_size - (size_t)n, fmt, ap);
-            va_end(ap);
-        }
-    }
-    return K3_STATUS_FORMAT_ERROR;
-}
 
 static int is_space(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 
@@ -123,28 +111,7 @@ static int tokenize(char *s, char **tok, int cap) {
     return n;
 }
 
-int k3_table_parse_num(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    if (!s || !*s) return 0;
-    for (const char *c = s; *c; c++)
-        if (*c < '0' || *c > '9') return 0;
-    if (strlen(s) > 12) return 0;
-    errno = 0;
-    long long v = strtoll(s, NULL, 10);
-    if (errno || v < lo || v > hi) return 0;
-    *out = (int64_t)v;
-    return 1;
-}
 
-int k3_table_parse_range(const char *s, int64_t max_m, int64_t *lo, int64_t *hi) {
-    char range[64];
-    snprintf(range, sizeof range, "%s", s);
-    char *dash = strchr(range, '-');
-    if (dash) *dash = '\0';
-    if (!k3_table_parse_num(range, 0, 1000000, lo) || (dash && !k3_table_parse_num(dash + 1, 0, 1000000, hi)))
-        return 0;
-    if (!dash) *hi = *lo;
-    return *lo >= 1 && *hi <= max_m && *lo <= *hi ? 1 : -1;
-}
 
 static const char *const header_fields[] = {"format", "arch", "gpu",  "sm_count", "capability",
                                             "driver", "runtime", "library", "date", "note"};
@@ -391,5 +358,35 @@ k3_status k3_table_check_key(k3_ctx *ctx, const k3_table *t, int32_t force) {
     if (t->key.library[0] && strcmp(t->key.library, k3_version()))
         k3_log(ctx, K3_LOG_WARN, "table %s was tuned with k3kernels %s, this is %s", t->source, t->key.library,
                k3_version());
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_table_sections_for(const k3_table *t, k3_table_id arch, k3_table_moe *moe, k3_table_kda *kda, char *err,
+                                size_t err_size) {
+    if (err && err_size) err[0] = '\0';
+    const int want_moe = moe && !(t && t->moe.present), want_kda = kda && !(t && t->kda.present);
+    if (moe) {
+        memset(moe, 0, sizeof *moe);
+        if (t && t->moe.present) *moe = t->moe;
+    }
+    if (kda) {
+        memset(kda, 0, sizeof *kda);
+        if (t && t->kda.present) *kda = t->kda;
+    }
+    if (!want_moe && !want_kda) return K3_STATUS_SUCCESS;
+    const char *text = k3_table_embedded_text(arch);
+    if (!text) return K3_STATUS_SUCCESS; /* no table for this architecture: the sections are absent */
+    char source[64], perr[512];
+    snprintf(source, sizeof source, "embedded %s", k3_table_name(arch));
+    k3_table *e = NULL;
+    const k3_status st = k3_table_parse(text, source, &e, perr, sizeof perr);
+    if (st == K3_STATUS_OUT_OF_MEMORY) return st;
+    if (st != K3_STATUS_SUCCESS) {
+        if (err && err_size) snprintf(err, err_size, "the library's own table does not parse (%s)", perr);
+        return K3_STATUS_INTERNAL_ERROR;
+    }
+    if (want_moe) *moe = e->moe;
+    if (want_kda) *kda = e->kda;
+    k3_table_destroy(e);
     return K3_STATUS_SUCCESS;
 }

@@ -4,8 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan/kda_tuning.h"
-#include "plan/table_text.h"
+#include "plan/table_sections.h"
 
 /* ------------------------------------------------------------------ moe ---------------------- */
 
@@ -173,9 +172,9 @@ k3_status k3_table_parse_kda(k3_table_parser *p, k3_table *t, char **tok, int nt
     k3_kda_qkvg qkvg;
     K3_TRY(kda_words(p, tok[2], tok[3], &shape, &qkvg));
     int64_t steps = 0;
-    if (!k3_table_parse_num(tok[4], 1, K3_KDA_FUSED_MAX_HEAD_STEPS, &steps))
+    if (!k3_table_parse_num(tok[4], 1, K3_TABLE_KDA_MAX_HEAD_STEPS, &steps))
         return k3_table_perr(p, "kda head steps '%s' is outside its range [1, %d] (the compiled instances)", tok[4],
-                             K3_KDA_FUSED_MAX_HEAD_STEPS);
+                             K3_TABLE_KDA_MAX_HEAD_STEPS);
     for (int64_t m = lo; m <= hi; m++)
         if (p->kda_line[m])
             return k3_table_perr(p, "kda m %d already has a choice on line %d (overlapping M ranges)", (int)m,
@@ -205,8 +204,8 @@ k3_status k3_table_kda_check(const k3_table_kda *kda, char *err, size_t err_size
         const char *why = NULL;
         if (shape < K3_KDA_RUN_N_ROWS1 || shape > K3_KDA_RUN_N_FUSED) why = "the shape is not rows1 .. fused";
         else if (!qkvg_ok(kda->qkvg[m])) why = "the QKVG kernel is not table or cublaslt";
-        else if (kda->head_steps[m] < 1 || kda->head_steps[m] > K3_KDA_FUSED_MAX_HEAD_STEPS)
-            why = "the head steps are outside [1, K3_KDA_FUSED_MAX_HEAD_STEPS]";
+        else if (kda->head_steps[m] < 1 || kda->head_steps[m] > K3_TABLE_KDA_MAX_HEAD_STEPS)
+            why = "the head steps are outside [1, K3_TABLE_KDA_MAX_HEAD_STEPS]";
         else if (shape == K3_KDA_RUN_N_FUSED && (unfused < K3_KDA_RUN_N_ROWS1 || unfused > K3_KDA_RUN_N_SLICED))
             why = "the unfused shape is not rows1 .. sliced";
         else if (shape == K3_KDA_RUN_N_FUSED && !qkvg_ok(kda->unfused_qkvg[m]))
@@ -324,32 +323,3 @@ void k3_table_format_sections(k3_sbuf *b, const k3_table *t) {
 
 /* ------------------------------------------------------------------ a context's sections ----- */
 
-k3_status k3_table_sections_for(const k3_table *t, k3_table_id arch, k3_table_moe *moe, k3_table_kda *kda, char *err,
-                                size_t err_size) {
-    if (err && err_size) err[0] = '\0';
-    const int want_moe = moe && !(t && t->moe.present), want_kda = kda && !(t && t->kda.present);
-    if (moe) {
-        memset(moe, 0, sizeof *moe);
-        if (t && t->moe.present) *moe = t->moe;
-    }
-    if (kda) {
-        memset(kda, 0, sizeof *kda);
-        if (t && t->kda.present) *kda = t->kda;
-    }
-    if (!want_moe && !want_kda) return K3_STATUS_SUCCESS;
-    const char *text = k3_table_embedded_text(arch);
-    if (!text) return K3_STATUS_SUCCESS; /* no table for this architecture: the sections are absent */
-    char source[64], perr[512];
-    snprintf(source, sizeof source, "embedded %s", k3_table_name(arch));
-    k3_table *e = NULL;
-    const k3_status st = k3_table_parse(text, source, &e, perr, sizeof perr);
-    if (st == K3_STATUS_OUT_OF_MEMORY) return st;
-    if (st != K3_STATUS_SUCCESS) {
-        if (err && err_size) snprintf(err, err_size, "the library's own table does not parse (%s)", perr);
-        return K3_STATUS_INTERNAL_ERROR;
-    }
-    if (want_moe) *moe = e->moe;
-    if (want_kda) *kda = e->kda;
-    k3_table_destroy(e);
-    return K3_STATUS_SUCCESS;
-}

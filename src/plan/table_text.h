@@ -1,11 +1,11 @@
 /* Internal to the table code (table.c, table_sections.c, table_write.c): the line parser's state and helpers, the
- * growing output buffer of the writer. */
+ * growing output buffer of the writer (defined in table_text.c). */
 #ifndef K3_PLAN_TABLE_TEXT_H
 #define K3_PLAN_TABLE_TEXT_H
 
 #include <stddef.h>
 
-#include "plan/table.h"
+#include "plan/table_types.h"
 
 #define K3_TABLE_MOE_KEYS 11 /* keys of the moe section (k3_table_moe's members between present and line) */
 
@@ -33,12 +33,6 @@ int k3_table_parse_num(const char *s, int64_t lo, int64_t hi, int64_t *out);
 /* "4" or "1-6" within [1, max_m]: 1 and *lo, *hi; else 0. */
 int k3_table_parse_range(const char *s, int64_t max_m, int64_t *lo, int64_t *hi);
 
-/* The section rows: tok[0] is "moe" / "kda", ntok counts every token (at most cap + 1 = more than fit). */
-k3_status k3_table_parse_moe(k3_table_parser *p, k3_table *t, char **tok, int ntok);
-k3_status k3_table_parse_kda(k3_table_parser *p, k3_table *t, char **tok, int ntok);
-/* After the last line: the sections' completeness rules (every moe key, every kda m, ...). */
-k3_status k3_table_sections_finish(k3_table_parser *p, k3_table *t);
-
 typedef struct k3_sbuf {
     char *s;
     size_t len, cap;
@@ -50,7 +44,5 @@ void k3_sbuf_printf(k3_sbuf *b, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
-/* The moe and kda rows of t (nothing for a section that is not present). */
-void k3_table_format_sections(k3_sbuf *b, const k3_table *t);
 
 #endif

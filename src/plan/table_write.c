@@ -5,34 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan/table_text.h"
+#include "plan/table.h"
 
-void k3_sbuf_printf(k3_sbuf *b, const char *fmt, ...) {
-    if (b->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->failed = 1;
-            return;
-        }
-        if (b->s && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->len + (size_t)n + 1) cap *= 2;
-        char *s = (char *)realloc(b->s, cap);
-        if (!s) {
-            b->failed = 1;
-            return;
-        }
-        b->s = s;
-        b->cap = cap;
-    }
-}
 
 /* The opening comment of every written table: enough of the format to edit one by hand. */
 static const char format_comment[] =
