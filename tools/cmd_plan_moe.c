@@ -151,6 +151,8 @@ int k3_cmd_plan_moe(int argc, char **argv) {
                (int)d.top_k, (long long)d.hidden, (long long)d.inter, formats[d.format], layouts[d.scale_layout],
                modes[d.mode], d.force_shape ? " (shapes forced off)" : "", "m", "dispatch", "gemm1", "grid", "gemm2",
                "grid", "combine");
+    if (!json && k3_ctx_backend(ctx) == K3_BACKEND_CPU && !a.simulated)
+        printf("(a CPU context runs the reference loops; --arch X.Y shows what a GPU of that architecture launches)\n");
     int rc = K3_EXIT_OK;
     for (int64_t m = 1; m <= d.max_tokens; m++) {
         k3_moe_launch_info li;
