@@ -174,6 +174,8 @@ int k3_cmd_plan_moe(int argc, char **argv) {
                    (long long)li.gemm1_grid[1], li.gemm2, (long long)li.gemm2_grid[0], (long long)li.gemm2_grid[1],
                    li.combine, li.token_tiles, li.tokens_per_unit, li.fold, li.pair, li.early,
                    (long long)li.early_blocks, li.wide, li.dense, li.direct, li.gemm2_split_k, li.gemm2_tiles);
+        else if (!strcmp(li.gemm1, "cpu"))
+            printf("%-4lld %-8s the CPU reference loops\n", (long long)m, "-");
         else
             printf("%-4lld %-8s %-40s %-11s %-44s %-11s %s\n", (long long)m, li.dispatch ? "yes" : "folded", li.gemm1,
                    g1, li.gemm2, g2, li.combine ? "yes" : "no");
