@@ -1,0 +1,151 @@
+"""The C API of libk3 through ctypes: the library, the structs of include/k3.h, the function signatures.
+
+include/k3.h is the one source of truth; these mirrors are checked against it by reading back the defaults that the
+library's own *_desc_init functions write (check_layouts), so a layout that drifted fails at import, not later.
+"""
+import ctypes
+import os
+
+c_int32, c_int64, c_float, c_size_t, c_void_p, c_char_p = (ctypes.c_int32, ctypes.c_int64, ctypes.c_float,
+                                                            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p)
+
+# enums (append-only in the C header)
+BACKEND_CPU, BACKEND_CUDA, BACKEND_AUTO = 0, 1, 2
+STATUS_SUCCESS = 0
+DTYPE_BF16, DTYPE_F32 = 0, 1
+ROUTER_SIGMOID_NOAUX_TC, ROUTER_SOFTMAX = 0, 1
+WEIGHT_BF16, WEIGHT_NVFP4, WEIGHT_MXFP4 = 0, 1, 2
+FP4_NVFP4, FP4_MXFP4 = 0, 1
+SCALE_LINEAR, SCALE_SWIZZLED = 0, 1
+MOE_W4A16, MOE_W4A4 = 0, 1
+ACT = {"silu": 0, "swigluoai": 1, "swigluoai_uninterleave": 2, "relu2_no_mul": 3, "situ": 4}
+
+LOG_FN = ctypes.CFUNCTYPE(None, c_void_p, ctypes.c_int, c_char_p)
+
+
+class CtxOptions(ctypes.Structure):
+    _fields_ = [("backend", ctypes.c_int), ("device", c_int32), ("sim_major", c_int32), ("sim_minor", c_int32),
+                ("sim_sm_count", c_int32), ("log_fn", c_void_p), ("log_user", c_void_p), ("log_level", ctypes.c_int)]
+
+
+class ArchInfo(ctypes.Structure):
+    _fields_ = [("cc_major", c_int32), ("cc_minor", c_int32), ("sm_version", c_int32), ("simulated", c_int32),
+                ("has_mixed_bf16_fma", c_int32), ("has_fp4_mma", c_int32), ("table", ctypes.c_int),
+                ("cuda_backend_usable", c_int32), ("sm_count", c_int32), ("l2_bytes", c_int64),
+                ("driver_version", c_int32), ("runtime_version", c_int32), ("device_name", ctypes.c_char * 128)]
+
+
+class ActDesc(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("alpha", c_float), ("beta", c_float), ("limit", c_float),
+                ("situ_beta", c_float), ("situ_linear_beta", c_float)]
+
+
+class LinearDesc(ctypes.Structure):
+    _fields_ = [("n", c_int64), ("k", c_int64), ("max_m", c_int64), ("x_stride", c_int64), ("y_stride", c_int64),
+                ("accum", ctypes.c_int), ("force_kernel", ctypes.c_int), ("force_config", c_char_p)]
+
+
+class RouterDesc(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("num_experts", c_int32), ("top_k", c_int32), ("hidden", c_int64),
+                ("gate_dtype", ctypes.c_int), ("renormalize", c_int32), ("scaling_factor", c_float),
+                ("max_tokens", c_int64)]
+
+
+class MoeDesc(ctypes.Structure):
+    _fields_ = [("num_experts", c_int32), ("top_k", c_int32), ("hidden", c_int64), ("inter", c_int64),
+                ("format", ctypes.c_int), ("scale_layout", ctypes.c_int), ("w13_separate_scale_2", c_int32),
+                ("mode", ctypes.c_int), ("act", ActDesc), ("max_tokens", c_int64), ("force_shape", c_int32)]
+
+
+class MoeWeights(ctypes.Structure):
+    _fields_ = [("w13", c_void_p), ("w13_scale", c_void_p), ("w13_scale_2", c_void_p), ("w13_input_scale", c_void_p),
+                ("w2", c_void_p), ("w2_scale", c_void_p), ("w2_scale_2", c_void_p), ("w2_input_scale", c_void_p)]
+
+
+def _candidates():
+    env = os.environ.get("K3KERNELS_LIB")
+    if env:
+        yield env
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "_lib", "libk3.so")
+    # a source checkout: python/k3kernels -> the repository's build folder
+    yield os.path.join(here, "..", "..", "build", "libk3.so")
+
+
+def load():
+    tried = []
+    for path in _candidates():
+        path = os.path.normpath(path)
+        if os.path.exists(path):
+            lib = ctypes.CDLL(path)
+            _declare(lib)
+            return lib, path
+        tried.append(path)
+    raise ImportError("k3kernels: libk3.so not found (looked at %s); install the package with `pip install .` or set "
+                      "K3KERNELS_LIB" % ", ".join(tried))
+
+
+def _declare(lib):
+    P = ctypes.POINTER
+    sigs = {
+        "k3_version": (c_char_p, []),
+        "k3_status_string": (c_char_p, [ctypes.c_int]),
+        "k3_ctx_options_init": (None, [P(CtxOptions)]),
+        "k3_ctx_create": (ctypes.c_int, [P(CtxOptions), P(c_void_p)]),
+        "k3_ctx_destroy": (None, [c_void_p]),
+        "k3_ctx_last_error": (c_char_p, [c_void_p]),
+        "k3_ctx_backend": (ctypes.c_int, [c_void_p]),
+        "k3_ctx_arch": (ctypes.c_int, [c_void_p, P(ArchInfo)]),
+        "k3_table_name": (c_char_p, [ctypes.c_int]),
+        "k3_act_desc_init": (None, [P(ActDesc), ctypes.c_int]),
+        "k3_act_desc_k3": (None, [P(ActDesc)]),
+        "k3_linear_desc_init": (None, [P(LinearDesc), c_int64, c_int64]),
+        "k3_linear_plan_create": (ctypes.c_int, [c_void_p, P(LinearDesc), P(c_void_p)]),
+        "k3_linear_plan_destroy": (None, [c_void_p]),
+        "k3_linear_workspace_size": (ctypes.c_int, [c_void_p, P(c_size_t)]),
+        "k3_linear_run": (ctypes.c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
+                                         c_void_p]),
+        "k3_router_desc_init": (None, [P(RouterDesc)]),
+        "k3_router_plan_create": (ctypes.c_int, [c_void_p, P(RouterDesc), P(c_void_p)]),
+        "k3_router_plan_destroy": (None, [c_void_p]),
+        "k3_router_workspace_size": (ctypes.c_int, [c_void_p, P(c_size_t)]),
+        "k3_router_run": (ctypes.c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                                         c_size_t, c_void_p]),
+        "k3_moe_desc_init": (None, [P(MoeDesc)]),
+        "k3_moe_plan_create": (ctypes.c_int, [c_void_p, P(MoeDesc), P(c_void_p)]),
+        "k3_moe_plan_destroy": (None, [c_void_p]),
+        "k3_moe_workspace_size": (ctypes.c_int, [c_void_p, P(c_size_t)]),
+        "k3_moe_run": (ctypes.c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_void_p, P(MoeWeights), c_void_p,
+                                      c_void_p, c_void_p, c_size_t, c_void_p]),
+        "k3_fp4_scale_bytes": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, c_int64, c_int64, P(c_size_t)]),
+        "k3_fp4_quantize": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p,
+                                           c_void_p, c_void_p]),
+        "k3_fp4_dequantize": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, c_int64, c_int64, c_int64, c_void_p,
+                                             c_void_p, c_void_p, c_void_p]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+def check_layouts(lib):
+    """Reads back what the library's *_desc_init functions write: a mirror whose fields moved reads garbage."""
+    m = MoeDesc()
+    lib.k3_moe_desc_init(ctypes.byref(m))
+    r = RouterDesc()
+    lib.k3_router_desc_init(ctypes.byref(r))
+    d = LinearDesc()
+    lib.k3_linear_desc_init(ctypes.byref(d), 1536, 7168)
+    o = CtxOptions()
+    lib.k3_ctx_options_init(ctypes.byref(o))
+    ok = (m.num_experts, m.top_k, m.hidden, m.inter, m.format, m.max_tokens, m.force_shape, m.act.kind) == \
+        (896, 16, 3584, 384, WEIGHT_NVFP4, 16, 0, ACT["situ"]) and abs(m.act.situ_beta - 4.0) < 1e-6 and \
+        abs(m.act.situ_linear_beta - 25.0) < 1e-6 and \
+        (r.num_experts, r.top_k, r.hidden, r.gate_dtype, r.renormalize, r.max_tokens) == (896, 16, 7168, DTYPE_BF16,
+                                                                                           1, 16) and \
+        abs(r.scaling_factor - 1.0) < 1e-6 and (d.n, d.k, d.max_m) == (1536, 7168, 16) and \
+        (o.backend, o.device, o.sim_major, o.sim_sm_count) == (BACKEND_AUTO, 0, 0, 0)
+    if not ok:
+        raise ImportError("k3kernels: the ctypes mirrors of include/k3.h do not match this libk3 (rebuild the package "
+                          "from the same source tree)")
+

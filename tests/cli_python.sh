@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The Python package (python/k3kernels) over this build's libk3.so: the numpy tests of python/tests (pytest).
+# Skipped (77) without python3, numpy or pytest, and in the sanitizer build (an ASan libk3 cannot be loaded into
+# a python that was not started with the ASan runtime).
+# usage: bash tests/cli_python.sh path/to/k3
+set -u
+src=${K3_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
+bin=${K3_BINARY_DIR:-$(dirname "$1")}
+if grep -q '^K3_SANITIZE:BOOL=ON' "$bin/CMakeCache.txt" 2>/dev/null; then
+    echo "SKIPPED: the sanitizer build's libk3.so cannot be loaded by python (the main build runs these tests)"
+    exit 77
+fi
+py=$(command -v python3 || true)
+if [ -z "$py" ] || ! "$py" -c 'import numpy, pytest' 2>/dev/null; then
+    echo "SKIPPED: python3 with numpy and pytest is needed (.ci/run installs them)"
+    exit 77
+fi
+lib="$bin/libk3.so"
+[ -f "$lib" ] || { echo "FAIL: $lib not built"; exit 1; }
+cd "$src" && K3KERNELS_LIB="$lib" PYTHONPATH="$src/python" "$py" -m pytest -q -p no:cacheprovider python/tests
