@@ -57,6 +57,12 @@ class MoeDesc(ctypes.Structure):
                 ("mode", ctypes.c_int), ("act", ActDesc), ("max_tokens", c_int64), ("force_shape", c_int32)]
 
 
+class KdaProjDesc(ctypes.Structure):
+    _fields_ = [("hidden", c_int64), ("local_heads", c_int64), ("head_dim", c_int64), ("fa_dim", c_int64),
+                ("packed_rows", c_int64), ("max_tokens", c_int64), ("overlap_max_tokens", c_int64),
+                ("run_n_shape", ctypes.c_int), ("qkvg_kernel", ctypes.c_int)]
+
+
 class MoeWeights(ctypes.Structure):
     _fields_ = [("w13", c_void_p), ("w13_scale", c_void_p), ("w13_scale_2", c_void_p), ("w13_input_scale", c_void_p),
                 ("w2", c_void_p), ("w2_scale", c_void_p), ("w2_scale_2", c_void_p), ("w2_input_scale", c_void_p)]
@@ -117,6 +123,12 @@ def _declare(lib):
         "k3_moe_workspace_size": (ctypes.c_int, [c_void_p, P(c_size_t)]),
         "k3_moe_run": (ctypes.c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_void_p, P(MoeWeights), c_void_p,
                                       c_void_p, c_void_p, c_size_t, c_void_p]),
+        "k3_kda_proj_desc_init": (None, [P(KdaProjDesc)]),
+        "k3_kda_proj_plan_create": (ctypes.c_int, [c_void_p, P(KdaProjDesc), P(c_void_p)]),
+        "k3_kda_proj_plan_destroy": (None, [c_void_p]),
+        "k3_kda_proj_workspace_size": (ctypes.c_int, [c_void_p, P(c_size_t)]),
+        "k3_kda_proj_run": (ctypes.c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                                           c_void_p, c_void_p, c_size_t, c_void_p]),
         "k3_fp4_scale_bytes": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, c_int64, c_int64, P(c_size_t)]),
         "k3_fp4_quantize": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p,
                                            c_void_p, c_void_p]),
@@ -138,13 +150,17 @@ def check_layouts(lib):
     lib.k3_linear_desc_init(ctypes.byref(d), 1536, 7168)
     o = CtxOptions()
     lib.k3_ctx_options_init(ctypes.byref(o))
+    kd = KdaProjDesc()
+    lib.k3_kda_proj_desc_init(ctypes.byref(kd))
     ok = (m.num_experts, m.top_k, m.hidden, m.inter, m.format, m.max_tokens, m.force_shape, m.act.kind) == \
         (896, 16, 3584, 384, WEIGHT_NVFP4, 16, 0, ACT["situ"]) and abs(m.act.situ_beta - 4.0) < 1e-6 and \
         abs(m.act.situ_linear_beta - 25.0) < 1e-6 and \
         (r.num_experts, r.top_k, r.hidden, r.gate_dtype, r.renormalize, r.max_tokens) == (896, 16, 7168, DTYPE_BF16,
                                                                                            1, 16) and \
         abs(r.scaling_factor - 1.0) < 1e-6 and (d.n, d.k, d.max_m) == (1536, 7168, 16) and \
-        (o.backend, o.device, o.sim_major, o.sim_sm_count) == (BACKEND_AUTO, 0, 0, 0)
+        (o.backend, o.device, o.sim_major, o.sim_sm_count) == (BACKEND_AUTO, 0, 0, 0) and \
+        (kd.hidden, kd.local_heads, kd.head_dim, kd.fa_dim, kd.packed_rows, kd.max_tokens) == (7168, 12, 128, 128,
+                                                                                                6288, 16)
     if not ok:
         raise ImportError("k3kernels: the ctypes mirrors of include/k3.h do not match this libk3 (rebuild the package "
                           "from the same source tree)")

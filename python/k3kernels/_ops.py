@@ -404,3 +404,43 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant="nvfp4", 
                            plan.ws_bytes, None), ctx)
     del keep
     return _bf16_to_f32(out).reshape(m, l)
+
+
+def kda_proj(x, packed_weight, f_b_weight, head_dim=128):
+    """Kimi-K3's KDA input projection: qkvg = x W[:Q]^T, fab = x W[Q:]^T, g1 = fab[:, :fa] f_b^T, all BF16 with
+    fp32 sums (x, weights rounded to BF16). packed_weight [P, H] (rows q, k, v, g, then f_a, beta, padding),
+    f_b_weight [Q / 4, fa] with Q = 4 * local_heads * head_dim. Returns (qkvg [M, Q], fab [M, P - Q], g1 [M, Q / 4]),
+    float32 holding BF16 values. M <= 16."""
+    x = _array("x", x, 2, "f")
+    packed_weight = _array("packed_weight", packed_weight, 2, "f")
+    f_b_weight = _array("f_b_weight", f_b_weight, 2, "f")
+    m, h = x.shape
+    p, h2 = packed_weight.shape
+    g, fa = f_b_weight.shape
+    if h2 != h:
+        raise ValueError("packed_weight must be [P, H] with H = x.shape[1] = %d (got %s)" % (h, packed_weight.shape))
+    if not isinstance(head_dim, int) or head_dim < 1 or g % head_dim:
+        raise ValueError("f_b_weight must be [local_heads * head_dim, fa] with head_dim = %r (got %s)" %
+                         (head_dim, f_b_weight.shape))
+    if not 1 <= m <= 16:
+        raise ValueError("x must have 1 to 16 rows (got %d)" % m)
+    q = 4 * g
+    if p <= q:
+        raise ValueError("packed_weight must have more than 4 * f_b rows = %d rows (got %d)" % (q, p))
+    ctx = _cpu_ctx()
+
+    def make():
+        d = C.KdaProjDesc()
+        _lib.k3_kda_proj_desc_init(ctypes.byref(d))
+        d.hidden, d.local_heads, d.head_dim, d.fa_dim, d.packed_rows, d.max_tokens = h, g // head_dim, head_dim, fa, p, 16
+        return _make_plan(ctx, _lib.k3_kda_proj_plan_create, _lib.k3_kda_proj_plan_destroy,
+                          _lib.k3_kda_proj_workspace_size, d)
+
+    plan = _plan(("kda", h, g // head_dim, head_dim, fa, p), make)
+    xb, wb, fb = _f32_to_bf16(x), _f32_to_bf16(packed_weight), _f32_to_bf16(f_b_weight)
+    qkvg = np.empty((m, q), np.uint16)
+    fab = np.empty((m, p - q), np.uint16)
+    g1 = np.empty((m, g), np.uint16)
+    _check(_lib.k3_kda_proj_run(plan.handle, m, _p(xb), _p(wb), _p(fb), _p(qkvg), _p(fab), _p(g1), plan.ws_ptr(),
+                                plan.ws_bytes, None), ctx)
+    return (_bf16_to_f32(qkvg).reshape(m, q), _bf16_to_f32(fab).reshape(m, p - q), _bf16_to_f32(g1).reshape(m, g))

@@ -225,3 +225,24 @@ def test_fused_moe_bf16_and_errors():
         k3.fused_moe(x, w13, w2, wts, ids.astype(np.int64), quant="bf16")
     with pytest.raises(k3.K3Error, match="topk_ids"):
         k3.fused_moe(x, w13, w2, wts, np.array([[0, 4], [2, 1]], np.int32), quant="bf16")
+
+
+def test_kda_proj():
+    rng = np.random.default_rng(21)
+    heads, head_dim, fa, h, m = 1, 32, 128, 512, 3
+    g = heads * head_dim
+    q = 4 * g
+    p = q + fa + heads + 15  # q, k, v, g; f_a; beta; zero padding
+    x = rng.standard_normal((m, h)).astype(np.float32)
+    w = (0.05 * rng.standard_normal((p, h))).astype(np.float32)
+    w[q + fa + heads:] = 0.0
+    fb = (0.1 * rng.standard_normal((g, fa))).astype(np.float32)
+    qkvg, fab, g1 = k3.kda_proj(x, w, fb, head_dim=head_dim)
+    xb, wb = bf16_ref(x).astype(np.float64), bf16_ref(w).astype(np.float64)
+    ref_q, ref_f = xb @ wb[:q].T, xb @ wb[q:].T
+    ref_g = bf16_ref(ref_f[:, :fa].astype(np.float32)).astype(np.float64) @ bf16_ref(fb).astype(np.float64).T
+    for got, ref in ((qkvg, ref_q), (fab, ref_f), (g1, ref_g)):
+        assert got.shape == ref.shape
+        assert np.all(np.abs(got - ref) <= 2.0 ** -7 * np.maximum(np.abs(ref), 1e-3))
+    with pytest.raises(ValueError, match="1 to 16 rows"):
+        k3.kda_proj(np.zeros((17, h), np.float32), w, fb, head_dim=head_dim)
