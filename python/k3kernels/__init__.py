@@ -11,8 +11,8 @@ raises K3Error with the library's message.
     w = np.random.randn(256, 512).astype(np.float32)
     y = k3kernels.linear(x, w)                     # y = bf16(x) bf16(w)^T, one BF16 rounding
 """
-from ._ops import (K3Error, dequantize_mxfp4, dequantize_nvfp4, fused_moe, info, kda_proj, linear, quantize_mxfp4,
-                   quantize_nvfp4, round_bf16, router)
+from ._ops import (K3Error, dequantize_mxfp4, dequantize_nvfp4, fused_moe, info, kda_proj, latent_moe, linear,
+                   quantize_mxfp4, quantize_nvfp4, round_bf16, router)
 
 __all__ = ["K3Error", "info", "linear", "router", "fused_moe", "quantize_nvfp4", "quantize_mxfp4",
-           "dequantize_nvfp4", "dequantize_mxfp4", "round_bf16", "kda_proj"]
+           "dequantize_nvfp4", "dequantize_mxfp4", "round_bf16", "kda_proj", "latent_moe"]

@@ -68,6 +68,16 @@ class MoeWeights(ctypes.Structure):
                 ("w2", c_void_p), ("w2_scale", c_void_p), ("w2_scale_2", c_void_p), ("w2_input_scale", c_void_p)]
 
 
+class LatentMoeDesc(ctypes.Structure):
+    _fields_ = [("hidden", c_int64), ("router", RouterDesc), ("experts", MoeDesc), ("shared_inter", c_int64),
+                ("shared_act", ActDesc), ("rms_eps", c_float), ("max_tokens", c_int64)]
+
+
+class LatentMoeWeights(ctypes.Structure):
+    _fields_ = [("gate", c_void_p), ("bias", c_void_p), ("down_proj", c_void_p), ("experts", MoeWeights),
+                ("norm", c_void_p), ("up_proj", c_void_p), ("shared_gate_up", c_void_p), ("shared_down", c_void_p)]
+
+
 def _candidates():
     env = os.environ.get("K3KERNELS_LIB")
     if env:
@@ -129,6 +139,12 @@ def _declare(lib):
         "k3_kda_proj_workspace_size": (ctypes.c_int, [c_void_p, P(c_size_t)]),
         "k3_kda_proj_run": (ctypes.c_int, [c_void_p, c_int64, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
                                            c_void_p, c_void_p, c_size_t, c_void_p]),
+        "k3_latent_moe_desc_init": (None, [P(LatentMoeDesc)]),
+        "k3_latent_moe_plan_create": (ctypes.c_int, [c_void_p, P(LatentMoeDesc), P(c_void_p)]),
+        "k3_latent_moe_plan_destroy": (None, [c_void_p]),
+        "k3_latent_moe_workspace_size": (ctypes.c_int, [c_void_p, P(c_size_t)]),
+        "k3_latent_moe_run": (ctypes.c_int, [c_void_p, c_int64, c_void_p, P(LatentMoeWeights), c_void_p, c_void_p,
+                                             c_void_p, c_void_p, c_void_p, c_size_t, c_void_p]),
         "k3_fp4_scale_bytes": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, c_int64, c_int64, P(c_size_t)]),
         "k3_fp4_quantize": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p,
                                            c_void_p, c_void_p]),
@@ -152,6 +168,8 @@ def check_layouts(lib):
     lib.k3_ctx_options_init(ctypes.byref(o))
     kd = KdaProjDesc()
     lib.k3_kda_proj_desc_init(ctypes.byref(kd))
+    ld = LatentMoeDesc()
+    lib.k3_latent_moe_desc_init(ctypes.byref(ld))
     ok = (m.num_experts, m.top_k, m.hidden, m.inter, m.format, m.max_tokens, m.force_shape, m.act.kind) == \
         (896, 16, 3584, 384, WEIGHT_NVFP4, 16, 0, ACT["situ"]) and abs(m.act.situ_beta - 4.0) < 1e-6 and \
         abs(m.act.situ_linear_beta - 25.0) < 1e-6 and \
@@ -160,7 +178,10 @@ def check_layouts(lib):
         abs(r.scaling_factor - 1.0) < 1e-6 and (d.n, d.k, d.max_m) == (1536, 7168, 16) and \
         (o.backend, o.device, o.sim_major, o.sim_sm_count) == (BACKEND_AUTO, 0, 0, 0) and \
         (kd.hidden, kd.local_heads, kd.head_dim, kd.fa_dim, kd.packed_rows, kd.max_tokens) == (7168, 12, 128, 128,
-                                                                                                6288, 16)
+                                                                                                6288, 16) and \
+        (ld.hidden, ld.router.num_experts, ld.experts.num_experts, ld.shared_inter, ld.max_tokens) == (7168, 896, 896,
+                                                                                                     768, 16) and \
+        abs(ld.rms_eps - 1e-5) < 1e-9 and ld.shared_act.kind == ACT["situ"]
     if not ok:
         raise ImportError("k3kernels: the ctypes mirrors of include/k3.h do not match this libk3 (rebuild the package "
                           "from the same source tree)")

@@ -312,14 +312,10 @@ _QUANT = {"nvfp4": C.WEIGHT_NVFP4, "mxfp4": C.WEIGHT_MXFP4, "bf16": C.WEIGHT_BF1
 _MODES = {"w4a16": C.MOE_W4A16, "w4a4": C.MOE_W4A4}
 
 
-def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant="nvfp4", w13_scale=None, w13_scale_2=None,
-              w2_scale=None, w2_scale_2=None, scale_layout="linear", activation="situ", situ_beta=4.0,
-              situ_linear_beta=25.0, mode="w4a16", w13_input_scale=None, w2_input_scale=None):
-    """The routed experts: out[t] = bf16(sum_j w_j W2_e(act(bf16(W13_e x_t)))), e = topk_ids[t, j], fp32 sums.
-    hidden_states [M, L] float32 (rounded to BF16); w13 = [gate; up]: packed uint8 [E, 2I, L/2] (nvfp4, mxfp4) or
-    float32 [E, 2I, L] (bf16, rounded); w2 [E, L, I/2] or [E, L, I]; scales per expert as quantize_* returns them
-    (w13_scale [E, bytes], w13_scale_2 [E] or [E, 2] (gate, up)); topk_ids int32 [M, k] in [0, E), topk_weights
-    float32 [M, k]. Returns float32 [M, L] holding BF16 values."""
+def _experts(l, w13, w2, k, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2, scale_layout, activation, situ_beta,
+             situ_linear_beta, mode, w13_input_scale, w2_input_scale, max_tokens):
+    """The routed experts' arguments checked and converted: (a filled MoeDesc, MoeWeights, the arrays they point
+    at, which must outlive the call, the plan cache key)."""
     if quant not in _QUANT:
         raise ValueError("quant must be one of %s (got %r)" % (sorted(_QUANT), quant))
     if activation not in C.ACT:
@@ -327,14 +323,6 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant="nvfp4", 
     if mode not in _MODES:
         raise ValueError("mode must be 'w4a16' or 'w4a4' (got %r)" % (mode,))
     fmt = _QUANT[quant]
-    x = _array("hidden_states", hidden_states, 2, "f")
-    ids = _array("topk_ids", topk_ids, 2, "i", np.int32)
-    wts = _array("topk_weights", topk_weights, 2, "f", np.float32)
-    m, l = x.shape
-    if ids.shape != wts.shape or ids.shape[0] != m:
-        raise ValueError("topk_ids and topk_weights must both be [M, k] with M = %d (got %s and %s)" %
-                         (m, ids.shape, wts.shape))
-    k = ids.shape[1]
     width = 1 if activation == "relu2_no_mul" else 2
     if fmt == C.WEIGHT_BF16:
         w13 = _array("w13", w13, 3, "f")
@@ -355,17 +343,17 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant="nvfp4", 
         inter = rows13 // width
         if rows13 != width * inter or w2p.shape != (e, l, inter // 2):
             raise ValueError("w2 must be packed [E, L, I/2] = [%d, %d, %d] (got %s)" % (e, l, inter // 2, w2p.shape))
-        for name, s in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
-            if s is None:
+        for name, sc in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
+            if sc is None:
                 raise ValueError("%s is required for quant=%r" % (name, quant))
     d = C.MoeDesc()
     _lib.k3_moe_desc_init(ctypes.byref(d))
     d.num_experts, d.top_k, d.hidden, d.inter, d.format = e, k, l, inter, fmt
-    d.scale_layout, d.mode = _layout(scale_layout), _MODES[mode]
+    d.scale_layout, d.mode, d.max_tokens = _layout(scale_layout), _MODES[mode], max_tokens
     _lib.k3_act_desc_init(ctypes.byref(d.act), C.ACT[activation])
     if activation == "situ":
         d.act.situ_beta, d.act.situ_linear_beta = float(situ_beta), float(situ_linear_beta)
-    keep = []  # the converted arrays must outlive the call
+    keep = [w13p, w2p]
 
     def f32(name, a, shapes):
         if a is None:
@@ -376,7 +364,7 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant="nvfp4", 
         keep.append(a)
         return a
 
-    s13_2 = s2_2 = in13 = in2 = None
+    s13_2 = s2_2 = in13 = in2 = s13 = s2 = None
     if fmt == C.WEIGHT_NVFP4:
         if w13_scale_2 is None or w2_scale_2 is None:
             raise ValueError("w13_scale_2 and w2_scale_2 are required for quant='nvfp4'")
@@ -386,18 +374,42 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant="nvfp4", 
     if mode == "w4a4":
         in13 = f32("w13_input_scale", w13_input_scale, [(e,)])
         in2 = f32("w2_input_scale", w2_input_scale, [(e,)])
-    s13 = s2 = None
     if fmt != C.WEIGHT_BF16:
         s13 = np.ascontiguousarray(np.asarray(w13_scale, dtype=np.uint8))
         s2 = np.ascontiguousarray(np.asarray(w2_scale, dtype=np.uint8))
-    max_tokens = max(16, 1 << (m - 1).bit_length())
-    d.max_tokens = max_tokens
-    ctx = _cpu_ctx()
-    key = ("moe", e, k, l, inter, fmt, d.scale_layout, d.w13_separate_scale_2, d.mode, activation,
-           float(situ_beta), float(situ_linear_beta), max_tokens)
-    plan = _plan(key, lambda: _make_plan(ctx, _lib.k3_moe_plan_create, _lib.k3_moe_plan_destroy,
-                                         _lib.k3_moe_workspace_size, d))
+        keep += [s13, s2]
     w = C.MoeWeights(_p(w13p), _p(s13), _p(s13_2), _p(in13), _p(w2p), _p(s2), _p(s2_2), _p(in2))
+    key = (e, k, l, inter, fmt, d.scale_layout, d.w13_separate_scale_2, d.mode, activation, float(situ_beta),
+           float(situ_linear_beta), max_tokens)
+    return d, w, keep, key
+
+
+def _tokens(m):
+    """The plan's max_tokens for a batch of m: a power of two of at least 16, so a few plans serve every m."""
+    return max(16, 1 << (m - 1).bit_length())
+
+
+def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant="nvfp4", w13_scale=None, w13_scale_2=None,
+              w2_scale=None, w2_scale_2=None, scale_layout="linear", activation="situ", situ_beta=4.0,
+              situ_linear_beta=25.0, mode="w4a16", w13_input_scale=None, w2_input_scale=None):
+    """The routed experts: out[t] = bf16(sum_j w_j W2_e(act(bf16(W13_e x_t)))), e = topk_ids[t, j], fp32 sums.
+    hidden_states [M, L] float32 (rounded to BF16); w13 = [gate; up]: packed uint8 [E, 2I, L/2] (nvfp4, mxfp4) or
+    float32 [E, 2I, L] (bf16, rounded); w2 [E, L, I/2] or [E, L, I]; scales per expert as quantize_* returns them
+    (w13_scale [E, bytes], w13_scale_2 [E] or [E, 2] (gate, up)); topk_ids int32 [M, k] in [0, E), topk_weights
+    float32 [M, k]. Returns float32 [M, L] holding BF16 values."""
+    x = _array("hidden_states", hidden_states, 2, "f")
+    ids = _array("topk_ids", topk_ids, 2, "i", np.int32)
+    wts = _array("topk_weights", topk_weights, 2, "f", np.float32)
+    m, l = x.shape
+    if ids.shape != wts.shape or ids.shape[0] != m:
+        raise ValueError("topk_ids and topk_weights must both be [M, k] with M = %d (got %s and %s)" %
+                         (m, ids.shape, wts.shape))
+    d, w, keep, key = _experts(l, w13, w2, ids.shape[1], quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                               scale_layout, activation, situ_beta, situ_linear_beta, mode, w13_input_scale,
+                               w2_input_scale, _tokens(m))
+    ctx = _cpu_ctx()
+    plan = _plan(("moe",) + key, lambda: _make_plan(ctx, _lib.k3_moe_plan_create, _lib.k3_moe_plan_destroy,
+                                                    _lib.k3_moe_workspace_size, d))
     xb = _f32_to_bf16(x)
     out = np.empty((m, l), dtype=np.uint16)
     _check(_lib.k3_moe_run(plan.handle, m, _p(xb), _p(ids), _p(wts), ctypes.byref(w), _p(out), None, plan.ws_ptr(),
@@ -405,6 +417,86 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant="nvfp4", 
     del keep
     return _bf16_to_f32(out).reshape(m, l)
 
+
+def latent_moe(hidden_states, gate_weight, down_proj, w13, w2, norm_weight, up_proj, *, e_score_correction_bias=None,
+               shared_gate_up=None, shared_down=None, residual=None, top_k=16, renormalize=True,
+               routed_scaling_factor=1.0, quant="nvfp4", w13_scale=None, w13_scale_2=None, w2_scale=None,
+               w2_scale_2=None, scale_layout="linear", activation="situ", situ_beta=4.0, situ_linear_beta=25.0,
+               rms_eps=1e-5):
+    """Kimi-K3's latent-MoE block: the router on x, the down projection to the latent width L, the routed experts
+    summed in fp32 (u), RMSNorm(u), the up projection back to H, plus the shared experts (gate_up [2Is, H], down
+    [H, Is], same activation) and the residual, one BF16 rounding at the end. hidden_states [M, H] float32;
+    gate_weight [E, H] (F32); down_proj [L, H]; norm_weight [L]; up_proj [H, L]; experts as fused_moe. Returns
+    (out [M, H], topk_weights [M, k], topk_ids [M, k])."""
+    x = _array("hidden_states", hidden_states, 2, "f")
+    m, h = x.shape
+    gate = _array("gate_weight", gate_weight, 2, "f").astype(np.float32, copy=False)
+    down = _array("down_proj", down_proj, 2, "f")
+    norm = _array("norm_weight", norm_weight, 1, "f")
+    up = _array("up_proj", up_proj, 2, "f")
+    l = down.shape[0]
+    if gate.shape[1] != h or down.shape != (l, h) or norm.shape != (l,) or up.shape != (h, l):
+        raise ValueError("gate_weight [E, H], down_proj [L, H], norm_weight [L] and up_proj [H, L] must agree with "
+                         "hidden_states [M, H = %d] (got %s, %s, %s, %s)" % (h, gate.shape, down.shape, norm.shape,
+                                                                             up.shape))
+    e = gate.shape[0]
+    if not isinstance(top_k, int) or not 1 <= top_k <= min(e, 32):
+        raise ValueError("top_k must be an int in [1, min(E, 32)] = [1, %d] (got %r)" % (min(e, 32), top_k))
+    if (shared_gate_up is None) != (shared_down is None):
+        raise ValueError("shared_gate_up and shared_down come together (both or neither)")
+    bias = None
+    if e_score_correction_bias is not None:
+        bias = _array("e_score_correction_bias", e_score_correction_bias, 1, "f").astype(np.float32, copy=False)
+        if bias.shape != (e,):
+            raise ValueError("e_score_correction_bias must be [E] = [%d] (got %s)" % (e, bias.shape))
+    max_tokens = _tokens(m)
+    dm, wm, keep, key = _experts(l, w13, w2, top_k, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                                 scale_layout, activation, situ_beta, situ_linear_beta, "w4a16", None, None,
+                                 max_tokens)
+    if dm.num_experts != e:
+        raise ValueError("w13 holds %d experts, gate_weight %d" % (dm.num_experts, e))
+    width = 1 if activation == "relu2_no_mul" else 2
+    sgu = sdn = None
+    shared_inter = 0
+    if shared_gate_up is not None:
+        sgu = _array("shared_gate_up", shared_gate_up, 2, "f")
+        sdn = _array("shared_down", shared_down, 2, "f")
+        shared_inter = sgu.shape[0] // width
+        if sgu.shape != (width * shared_inter, h) or sdn.shape != (h, shared_inter) or shared_inter < 1:
+            raise ValueError("shared_gate_up must be [%dIs, H] and shared_down [H, Is] (got %s and %s)" %
+                             (width, sgu.shape, sdn.shape))
+        sgu, sdn = _f32_to_bf16(sgu), _f32_to_bf16(sdn)
+    rb = None
+    if residual is not None:
+        residual = _array("residual", residual, 2, "f")
+        if residual.shape != (m, h):
+            raise ValueError("residual must be [M, H] = [%d, %d] (got %s)" % (m, h, residual.shape))
+        rb = _f32_to_bf16(residual)
+    d = C.LatentMoeDesc()
+    _lib.k3_latent_moe_desc_init(ctypes.byref(d))
+    d.hidden = h
+    d.router.num_experts, d.router.top_k, d.router.hidden, d.router.gate_dtype = e, top_k, h, C.DTYPE_F32
+    d.router.renormalize, d.router.scaling_factor = 1 if renormalize else 0, float(routed_scaling_factor)
+    d.router.max_tokens = max_tokens
+    d.experts = dm
+    d.shared_inter = shared_inter
+    d.shared_act = dm.act
+    d.rms_eps, d.max_tokens = float(rms_eps), max_tokens
+    ctx = _cpu_ctx()
+    plan = _plan(("latent", h, e, top_k, bool(renormalize), float(routed_scaling_factor), shared_inter,
+                  float(rms_eps)) + key,
+                 lambda: _make_plan(ctx, _lib.k3_latent_moe_plan_create, _lib.k3_latent_moe_plan_destroy,
+                                    _lib.k3_latent_moe_workspace_size, d))
+    downb, normb, upb = _f32_to_bf16(down), _f32_to_bf16(norm), _f32_to_bf16(up)
+    lw = C.LatentMoeWeights(_p(gate), _p(bias), _p(downb), wm, _p(normb), _p(upb), _p(sgu), _p(sdn))
+    xb = _f32_to_bf16(x)
+    y = np.empty((m, h), np.uint16)
+    ids = np.empty((m, top_k), np.int32)
+    wts = np.empty((m, top_k), np.float32)
+    _check(_lib.k3_latent_moe_run(plan.handle, m, _p(xb), ctypes.byref(lw), _p(rb), _p(y), _p(ids), _p(wts),
+                                  plan.ws_ptr(), plan.ws_bytes, None), ctx)
+    del keep
+    return _bf16_to_f32(y).reshape(m, h), wts, ids
 
 def kda_proj(x, packed_weight, f_b_weight, head_dim=128):
     """Kimi-K3's KDA input projection: qkvg = x W[:Q]^T, fab = x W[Q:]^T, g1 = fab[:, :fa] f_b^T, all BF16 with

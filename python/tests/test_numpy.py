@@ -246,3 +246,41 @@ def test_kda_proj():
         assert np.all(np.abs(got - ref) <= 2.0 ** -7 * np.maximum(np.abs(ref), 1e-3))
     with pytest.raises(ValueError, match="1 to 16 rows"):
         k3.kda_proj(np.zeros((17, h), np.float32), w, fb, head_dim=head_dim)
+
+
+def test_latent_moe_bf16_experts():
+    rng = np.random.default_rng(31)
+    h, l, e, inter, top_k, shared, m = 256, 128, 16, 32, 4, 64, 3
+    x = rng.standard_normal((m, h)).astype(np.float32)
+    gate = (0.1 * rng.standard_normal((e, h))).astype(np.float32)
+    bias = (0.01 * rng.standard_normal(e)).astype(np.float32)
+    down = (0.06 * rng.standard_normal((l, h))).astype(np.float32)
+    w13 = (0.1 * rng.standard_normal((e, 2 * inter, l))).astype(np.float32)
+    w2 = (0.1 * rng.standard_normal((e, l, inter))).astype(np.float32)
+    norm = (1.0 + 0.1 * rng.standard_normal(l)).astype(np.float32)
+    up = (0.08 * rng.standard_normal((h, l))).astype(np.float32)
+    sgu = (0.06 * rng.standard_normal((2 * shared, h))).astype(np.float32)
+    sdn = (0.1 * rng.standard_normal((h, shared))).astype(np.float32)
+    res = rng.standard_normal((m, h)).astype(np.float32)
+    y, wts, ids = k3.latent_moe(x, gate, down, w13, w2, norm, up, e_score_correction_bias=bias, shared_gate_up=sgu,
+                                shared_down=sdn, residual=res, top_k=top_k, quant="bf16")
+    # fp64 reference of the block, the library's rounding points (include/k3.h, k3_latent_moe_run)
+    b = lambda a: bf16_ref(np.asarray(a, np.float32)).astype(np.float64)  # noqa: E731
+    rw, rids = router_ref(x, gate, bias, top_k, True, 1.0, "sigmoid")
+    assert np.array_equal(ids, rids) and np.allclose(wts, rw, rtol=1e-5, atol=1e-7)
+    xl = b(b(x) @ b(down).T)
+    u = np.zeros((m, l))
+    for t in range(m):
+        for j in range(top_k):
+            ex = rids[t, j]
+            gu = b(b(w13[ex]) @ xl[t])
+            a = b(situ(gu[:inter], gu[inter:]))
+            u[t] += rw[t, j] * (b(w2[ex]) @ a)
+    v = b(b(u / np.sqrt(np.mean(u * u, axis=1, keepdims=True) + 1e-5)) * b(norm))
+    upo = b(v @ b(up).T)
+    g = b(b(x) @ b(sgu).T)
+    sh = b(b(situ(g[:, :shared], g[:, shared:])) @ b(sdn).T)
+    ref = upo + sh + b(res)
+    assert y.shape == (m, h) and rel_l2(y, ref) <= 1e-2
+    with pytest.raises(ValueError, match="both or neither"):
+        k3.latent_moe(x, gate, down, w13, w2, norm, up, shared_gate_up=sgu, top_k=top_k, quant="bf16")
