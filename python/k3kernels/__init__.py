@@ -1,7 +1,9 @@
 """k3kernels: the decode kernels of Kimi-K3-class models (BF16 GEMM plan, router, NVFP4/MXFP4 routed experts) from
 Python, over the library's C API.
 
-This first slice takes numpy arrays and runs the CPU backend. numpy has no BF16 type: inputs are float32 arrays,
+numpy arrays run the CPU backend; torch tensors (when torch is installed) run the CPU backend for CPU tensors and the
+CUDA backend for CUDA tensors, on torch's current stream (linear, router, fused_moe; registered as torch.library ops
+k3kernels::linear, ::router, ::fused_moe with fake implementations for torch.compile). numpy has no BF16 type: inputs are float32 arrays,
 rounded to BF16 once (round to nearest even) exactly where the C API takes BF16, and BF16 outputs come back as
 float32 arrays holding BF16 values. Every bad argument raises ValueError or TypeError naming it; a library failure
 raises K3Error with the library's message.
@@ -13,6 +15,13 @@ raises K3Error with the library's message.
 """
 from ._ops import (K3Error, dequantize_mxfp4, dequantize_nvfp4, fused_moe, info, kda_proj, latent_moe, linear,
                    quantize_mxfp4, quantize_nvfp4, round_bf16, router)
+
+try:  # torch is optional: with it, torch tensors are taken and the ops are registered with torch.library
+    import torch as _torch_mod  # noqa: F401
+except ImportError:  # pragma: no cover - numpy only
+    _torch_mod = None
+if _torch_mod is not None:
+    from . import _torch  # noqa: F401  (registers k3kernels::linear, ::router, ::fused_moe)
 
 __all__ = ["K3Error", "info", "linear", "router", "fused_moe", "quantize_nvfp4", "quantize_mxfp4",
            "dequantize_nvfp4", "dequantize_mxfp4", "round_bf16", "kda_proj", "latent_moe"]

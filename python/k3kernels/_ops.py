@@ -137,9 +137,22 @@ def info():
             "has_fp4_mma": bool(a.has_fp4_mma)}
 
 
+def _is_torch(a):
+    return type(a).__module__.startswith("torch")
+
+
 def linear(x, weight, residual=None, out=None):
-    """y = bf16(x) bf16(weight)^T (+ bf16(residual)), fp32 accumulation, one BF16 rounding. x [M, K] float32,
-    weight [N, K] float32; returns (or writes into `out`, float32 [M, N]) float32 holding BF16 values."""
+    """y = bf16(x) bf16(weight)^T (+ bf16(residual)), fp32 accumulation, one BF16 rounding. numpy: x [M, K] float32,
+    weight [N, K] float32; returns (or writes into `out`, float32 [M, N]) float32 holding BF16 values. torch: bfloat16
+    tensors on one device (CPU: the CPU backend; CUDA: that GPU, torch's current stream); returns bfloat16 [M, N]
+    (or copies into `out`)."""
+    if _is_torch(x):
+        import torch
+        y = torch.ops.k3kernels.linear(x, weight, residual)
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
     x = _array("x", x, 2, "f")
     weight = _array("weight", weight, 2, "f")
     m, k = x.shape
@@ -185,7 +198,14 @@ def router(x, gate_weight, e_score_correction_bias=None, top_k=16, renormalize=T
            scoring="sigmoid"):
     """Kimi-K3's router: logits = bf16(x) gate^T in fp32, then sigmoid with the correction bias for the choice
     (scoring "sigmoid", noaux_tc) or softmax; top-k. x [M, H] float32 (rounded to BF16), gate_weight [E, H] float32
-    (used as F32, not rounded). Returns (topk_weights float32 [M, k], topk_ids int32 [M, k])."""
+    (used as F32, not rounded). Returns (topk_weights float32 [M, k], topk_ids int32 [M, k]). torch: x bfloat16,
+    gate_weight bfloat16 or float32, the bias float32, all on one device; returns tensors there."""
+    if _is_torch(x):
+        import torch
+        if scoring not in ("sigmoid", "softmax"):
+            raise ValueError("scoring must be 'sigmoid' or 'softmax' (got %r)" % (scoring,))
+        return torch.ops.k3kernels.router(x, gate_weight, e_score_correction_bias, int(top_k), bool(renormalize),
+                                          float(routed_scaling_factor), scoring == "softmax")
     x = _array("x", x, 2, "f")
     gate_weight = _array("gate_weight", gate_weight, 2, "f").astype(np.float32, copy=False)
     m, h = x.shape
@@ -396,7 +416,14 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant="nvfp4", 
     hidden_states [M, L] float32 (rounded to BF16); w13 = [gate; up]: packed uint8 [E, 2I, L/2] (nvfp4, mxfp4) or
     float32 [E, 2I, L] (bf16, rounded); w2 [E, L, I/2] or [E, L, I]; scales per expert as quantize_* returns them
     (w13_scale [E, bytes], w13_scale_2 [E] or [E, 2] (gate, up)); topk_ids int32 [M, k] in [0, E), topk_weights
-    float32 [M, k]. Returns float32 [M, L] holding BF16 values."""
+    float32 [M, k]. Returns float32 [M, L] holding BF16 values. torch: hidden_states bfloat16, weights uint8 (packed)
+    or bfloat16, scales uint8 / float32, topk_ids int32, topk_weights float32, all on one device; returns bfloat16."""
+    if _is_torch(hidden_states):
+        import torch
+        return torch.ops.k3kernels.fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, quant, w13_scale,
+                                             w13_scale_2, w2_scale, w2_scale_2, scale_layout, activation,
+                                             float(situ_beta), float(situ_linear_beta), mode, w13_input_scale,
+                                             w2_input_scale)
     x = _array("hidden_states", hidden_states, 2, "f")
     ids = _array("topk_ids", topk_ids, 2, "i", np.int32)
     wts = _array("topk_weights", topk_weights, 2, "f", np.float32)

@@ -1,0 +1,273 @@
+"""The torch front end: torch tensors on the CPU backend (CPU tensors) or the CUDA backend (CUDA tensors, on the
+tensor's device and torch's current stream), workspaces from torch's allocator, and the ops registered with
+torch.library (with fake implementations) so that torch.compile traces them and CUDA graphs capture them."""
+import atexit
+import ctypes
+import threading
+from typing import Optional, Tuple
+
+import torch
+
+from . import _capi as C
+from . import _ops as O
+
+_lib = O._lib
+_lock = threading.Lock()
+_ctxs = {}
+_plans = {}
+
+
+def _device_key(t):
+    return ("cuda", t.device.index if t.device.index is not None else torch.cuda.current_device()) \
+        if t.is_cuda else ("cpu", 0)
+
+
+def _ctx(dev):
+    with _lock:
+        h = _ctxs.get(dev)
+        if h is None:
+            opt = C.CtxOptions()
+            _lib.k3_ctx_options_init(ctypes.byref(opt))
+            opt.backend = C.BACKEND_CUDA if dev[0] == "cuda" else C.BACKEND_CPU
+            opt.device = dev[1]
+            h = ctypes.c_void_p()
+            st = _lib.k3_ctx_create(ctypes.byref(opt), ctypes.byref(h))
+            if st != C.STATUS_SUCCESS:
+                raise O.K3Error(st, "cannot create a %s context for device %d" % dev)
+            _ctxs[dev] = h
+        return h
+
+
+def _plan(dev, key, make):
+    with _lock:
+        p = _plans.get((dev, key))
+    if p is None:
+        p = make(_ctx(dev))
+        with _lock:
+            p = _plans.setdefault((dev, key), p)
+    return p
+
+
+def _free_all():
+    with _lock:
+        for (dev, _), p in _plans.items():
+            p.destroy(p.handle)
+        _plans.clear()
+        for h in _ctxs.values():
+            _lib.k3_ctx_destroy(h)
+        _ctxs.clear()
+
+
+atexit.register(_free_all)
+
+
+class _P:
+    """A plan handle and its workspace size; the workspace itself comes from torch at each call."""
+
+    def __init__(self, handle, destroy, ws_bytes):
+        self.handle, self.destroy, self.ws_bytes = handle, destroy, ws_bytes
+
+
+def _make(ctx, create, destroy, wsize, desc):
+    h = ctypes.c_void_p()
+    O._check(create(ctx, ctypes.byref(desc), ctypes.byref(h)), ctx)
+    n = ctypes.c_size_t()
+    st = wsize(h, ctypes.byref(n))
+    if st != C.STATUS_SUCCESS:
+        destroy(h)
+        O._check(st, ctx)
+    return _P(h, destroy, n.value)
+
+
+def _stream(dev):
+    return torch.cuda.current_stream(dev[1]).cuda_stream if dev[0] == "cuda" else None
+
+
+def _ws(plan, like):
+    return torch.empty(max(plan.ws_bytes, 1), dtype=torch.uint8, device=like.device)
+
+
+def _t(name, t, dtype, ndim, dev):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("%s must be a torch tensor (got %s)" % (name, type(t).__name__))
+    if t.dtype != dtype:
+        raise TypeError("%s must be %s (got %s)" % (name, dtype, t.dtype))
+    if t.dim() not in (ndim if isinstance(ndim, tuple) else (ndim,)):
+        raise ValueError("%s must have %s dimensions (got shape %s)" % (name, ndim, tuple(t.shape)))
+    if _device_key(t) != dev:
+        raise ValueError("%s is on %s, the call runs on %s" % (name, t.device, dev))
+    if not t.is_contiguous():
+        raise ValueError("%s must be contiguous" % name)
+    return t
+
+
+def _ptr(t):
+    return None if t is None else t.data_ptr()
+
+
+# ---------------------------------------------------------------- implementations (the custom ops' bodies)
+def linear_impl(x, weight, residual):
+    dev = _device_key(x)
+    _t("x", x, torch.bfloat16, 2, dev)
+    _t("weight", weight, torch.bfloat16, 2, dev)
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError("weight must be [N, K] with K = x.shape[1] = %d (got %s)" % (k, tuple(weight.shape)))
+    if residual is not None:
+        _t("residual", residual, torch.bfloat16, 2, dev)
+        if tuple(residual.shape) != (m, n):
+            raise ValueError("residual must be [M, N] = [%d, %d] (got %s)" % (m, n, tuple(residual.shape)))
+
+    def make(ctx):
+        d = C.LinearDesc()
+        _lib.k3_linear_desc_init(ctypes.byref(d), n, k)
+        d.max_m = 32
+        return _make(ctx, _lib.k3_linear_plan_create, _lib.k3_linear_plan_destroy, _lib.k3_linear_workspace_size, d)
+
+    plan = _plan(dev, ("linear", n, k), make)
+    ctx = _ctx(dev)
+    y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    ws = _ws(plan, x)
+    s = _stream(dev)
+    for r0 in range(0, m, 32):
+        r1 = min(m, r0 + 32)
+        res = residual[r0:r1] if residual is not None else None
+        O._check(_lib.k3_linear_run(plan.handle, r1 - r0, _ptr(x[r0:r1]), _ptr(weight), _ptr(res), _ptr(y[r0:r1]),
+                                    ws.data_ptr(), plan.ws_bytes, s), ctx)
+    return y
+
+
+def router_impl(x, gate_weight, bias, top_k, renormalize, routed_scaling_factor, softmax):
+    dev = _device_key(x)
+    _t("x", x, torch.bfloat16, 2, dev)
+    if gate_weight.dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError("gate_weight must be bfloat16 or float32 (got %s)" % gate_weight.dtype)
+    _t("gate_weight", gate_weight, gate_weight.dtype, 2, dev)
+    m, h = x.shape
+    e = gate_weight.shape[0]
+    if gate_weight.shape[1] != h:
+        raise ValueError("gate_weight must be [E, H] with H = %d (got %s)" % (h, tuple(gate_weight.shape)))
+    if not 1 <= top_k <= min(e, 32):
+        raise ValueError("top_k must be in [1, min(E, 32)] = [1, %d] (got %d)" % (min(e, 32), top_k))
+    if bias is not None:
+        _t("e_score_correction_bias", bias, torch.float32, 1, dev)
+    gdt = C.DTYPE_BF16 if gate_weight.dtype == torch.bfloat16 else C.DTYPE_F32
+    kind = C.ROUTER_SOFTMAX if softmax else C.ROUTER_SIGMOID_NOAUX_TC
+    max_tokens = O._tokens(m)
+
+    def make(ctx):
+        d = C.RouterDesc()
+        _lib.k3_router_desc_init(ctypes.byref(d))
+        d.kind, d.num_experts, d.top_k, d.hidden, d.gate_dtype = kind, e, top_k, h, gdt
+        d.renormalize, d.scaling_factor, d.max_tokens = int(bool(renormalize)), float(routed_scaling_factor), max_tokens
+        return _make(ctx, _lib.k3_router_plan_create, _lib.k3_router_plan_destroy, _lib.k3_router_workspace_size, d)
+
+    plan = _plan(dev, ("router", kind, e, top_k, h, gdt, bool(renormalize), float(routed_scaling_factor),
+                       max_tokens), make)
+    ctx = _ctx(dev)
+    ids = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
+    wts = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
+    ws = _ws(plan, x)
+    O._check(_lib.k3_router_run(plan.handle, m, _ptr(x), _ptr(gate_weight), _ptr(bias), _ptr(ids), _ptr(wts),
+                                ws.data_ptr(), plan.ws_bytes, _stream(dev)), ctx)
+    return wts, ids
+
+
+def fused_moe_impl(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                   scale_layout, activation, situ_beta, situ_linear_beta, mode, w13_input_scale, w2_input_scale):
+    dev = _device_key(x)
+    _t("hidden_states", x, torch.bfloat16, 2, dev)
+    _t("topk_ids", topk_ids, torch.int32, 2, dev)
+    _t("topk_weights", topk_weights, torch.float32, 2, dev)
+    m, l = x.shape
+    if tuple(topk_ids.shape) != tuple(topk_weights.shape) or topk_ids.shape[0] != m:
+        raise ValueError("topk_ids and topk_weights must both be [M, k] with M = %d" % m)
+    if quant not in O._QUANT or activation not in C.ACT or mode not in O._MODES:
+        raise ValueError("quant %r, activation %r or mode %r is not one of %s / %s / %s" %
+                         (quant, activation, mode, sorted(O._QUANT), sorted(C.ACT), sorted(O._MODES)))
+    fmt = O._QUANT[quant]
+    width = 1 if activation == "relu2_no_mul" else 2
+    wdt = torch.bfloat16 if fmt == C.WEIGHT_BF16 else torch.uint8
+    _t("w13", w13, wdt, 3, dev)
+    _t("w2", w2, wdt, 3, dev)
+    e, rows13 = w13.shape[0], w13.shape[1]
+    inter = rows13 // width
+    lw = l if fmt == C.WEIGHT_BF16 else l // 2
+    iw = inter if fmt == C.WEIGHT_BF16 else inter // 2
+    if rows13 != width * inter or w13.shape[2] != lw or tuple(w2.shape) != (e, l, iw):
+        raise ValueError("w13 must be [E, %dI, %s] and w2 [E, L, %s] (got %s and %s)" %
+                         (width, "L" if lw == l else "L/2", "I" if iw == inter else "I/2", tuple(w13.shape),
+                          tuple(w2.shape)))
+    opt = {}
+    for name, t, dt, nd in (("w13_scale", w13_scale, torch.uint8, (1, 2)), ("w2_scale", w2_scale, torch.uint8, (1, 2)),
+                            ("w13_scale_2", w13_scale_2, torch.float32, (1, 2)),
+                            ("w2_scale_2", w2_scale_2, torch.float32, 1),
+                            ("w13_input_scale", w13_input_scale, torch.float32, 1),
+                            ("w2_input_scale", w2_input_scale, torch.float32, 1)):
+        opt[name] = _t(name, t, dt, nd, dev) if t is not None else None
+    if fmt != C.WEIGHT_BF16 and (opt["w13_scale"] is None or opt["w2_scale"] is None):
+        raise ValueError("w13_scale and w2_scale are required for quant=%r" % quant)
+    if fmt == C.WEIGHT_NVFP4 and (opt["w13_scale_2"] is None or opt["w2_scale_2"] is None):
+        raise ValueError("w13_scale_2 and w2_scale_2 are required for quant='nvfp4'")
+    d = C.MoeDesc()
+    _lib.k3_moe_desc_init(ctypes.byref(d))
+    d.num_experts, d.top_k, d.hidden, d.inter, d.format = e, topk_ids.shape[1], l, inter, fmt
+    d.scale_layout, d.mode, d.max_tokens = O._layout(scale_layout), O._MODES[mode], O._tokens(m)
+    d.w13_separate_scale_2 = int(opt["w13_scale_2"] is not None and opt["w13_scale_2"].dim() == 2)
+    _lib.k3_act_desc_init(ctypes.byref(d.act), C.ACT[activation])
+    if activation == "situ":
+        d.act.situ_beta, d.act.situ_linear_beta = float(situ_beta), float(situ_linear_beta)
+    key = ("moe", e, d.top_k, l, inter, fmt, d.scale_layout, d.w13_separate_scale_2, d.mode, activation,
+           float(situ_beta), float(situ_linear_beta), d.max_tokens)
+    plan = _plan(dev, key, lambda ctx: _make(ctx, _lib.k3_moe_plan_create, _lib.k3_moe_plan_destroy,
+                                             _lib.k3_moe_workspace_size, d))
+    ctx = _ctx(dev)
+    w = C.MoeWeights(_ptr(w13), _ptr(opt["w13_scale"]), _ptr(opt["w13_scale_2"]), _ptr(opt["w13_input_scale"]),
+                     _ptr(w2), _ptr(opt["w2_scale"]), _ptr(opt["w2_scale_2"]), _ptr(opt["w2_input_scale"]))
+    out = torch.empty((m, l), dtype=torch.bfloat16, device=x.device)
+    ws = _ws(plan, x)
+    O._check(_lib.k3_moe_run(plan.handle, m, _ptr(x), _ptr(topk_ids), _ptr(topk_weights), ctypes.byref(w), _ptr(out),
+                             None, ws.data_ptr(), plan.ws_bytes, _stream(dev)), ctx)
+    return out
+
+
+# ---------------------------------------------------------------- torch.library ops (fake shapes for tracing)
+@torch.library.custom_op("k3kernels::linear", mutates_args=())
+def linear_op(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return linear_impl(x, weight, residual)
+
+
+@linear_op.register_fake
+def _(x, weight, residual=None):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@torch.library.custom_op("k3kernels::router", mutates_args=())
+def router_op(x: torch.Tensor, gate_weight: torch.Tensor, bias: Optional[torch.Tensor], top_k: int, renormalize: bool,
+              routed_scaling_factor: float, softmax: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    return router_impl(x, gate_weight, bias, top_k, renormalize, routed_scaling_factor, softmax)
+
+
+@router_op.register_fake
+def _(x, gate_weight, bias, top_k, renormalize, routed_scaling_factor, softmax):
+    m = x.shape[0]
+    return x.new_empty((m, top_k), dtype=torch.float32), x.new_empty((m, top_k), dtype=torch.int32)
+
+
+@torch.library.custom_op("k3kernels::fused_moe", mutates_args=())
+def fused_moe_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor, quant: str, w13_scale: Optional[torch.Tensor],
+                 w13_scale_2: Optional[torch.Tensor], w2_scale: Optional[torch.Tensor],
+                 w2_scale_2: Optional[torch.Tensor], scale_layout: str, activation: str, situ_beta: float,
+                 situ_linear_beta: float, mode: str, w13_input_scale: Optional[torch.Tensor],
+                 w2_input_scale: Optional[torch.Tensor]) -> torch.Tensor:
+    return fused_moe_impl(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                          scale_layout, activation, situ_beta, situ_linear_beta, mode, w13_input_scale,
+                          w2_input_scale)
+
+
+@fused_moe_op.register_fake
+def _(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2, scale_layout,
+      activation, situ_beta, situ_linear_beta, mode, w13_input_scale, w2_input_scale):
+    return x.new_empty(x.shape)
