@@ -454,7 +454,15 @@ def latent_moe(hidden_states, gate_weight, down_proj, w13, w2, norm_weight, up_p
     summed in fp32 (u), RMSNorm(u), the up projection back to H, plus the shared experts (gate_up [2Is, H], down
     [H, Is], same activation) and the residual, one BF16 rounding at the end. hidden_states [M, H] float32;
     gate_weight [E, H] (F32); down_proj [L, H]; norm_weight [L]; up_proj [H, L]; experts as fused_moe. Returns
-    (out [M, H], topk_weights [M, k], topk_ids [M, k])."""
+    (out [M, H], topk_weights [M, k], topk_ids [M, k]). torch: bfloat16 tensors (gate_weight bfloat16 or float32,
+    packed experts uint8, scales uint8 / float32) on one device; returns tensors there."""
+    if _is_torch(hidden_states):
+        import torch
+        return torch.ops.k3kernels.latent_moe(hidden_states, gate_weight, e_score_correction_bias, down_proj, w13, w2,
+                                              norm_weight, up_proj, shared_gate_up, shared_down, residual, int(top_k),
+                                              bool(renormalize), float(routed_scaling_factor), quant, w13_scale,
+                                              w13_scale_2, w2_scale, w2_scale_2, scale_layout, activation,
+                                              float(situ_beta), float(situ_linear_beta), float(rms_eps))
     x = _array("hidden_states", hidden_states, 2, "f")
     m, h = x.shape
     gate = _array("gate_weight", gate_weight, 2, "f").astype(np.float32, copy=False)
