@@ -10,7 +10,8 @@
  *   check only what can change per call, and take the caller's workspace (*_workspace_size bytes) and stream.
  * - Every buffer a run call takes lives where the context computes: host memory on a CPU context, device memory
  *   (cudaMalloc) on a CUDA one. Weights are passed to every run call; plans hold none. Give 16-byte aligned
- *   buffers (malloc and cudaMalloc do): the linear and KDA runs read 16-byte vectors and refuse others.
+ *   buffers (malloc and cudaMalloc do): the linear and KDA runs read 16-byte vectors and refuse others; every
+ *   run refuses a tensor pointer not aligned to its element type, naming it.
  * - Matrices are row-major. Weights are [N, K] with K contiguous; y = x W^T.
  * - BF16 values are passed as uint16_t bit patterns (or void* buffers of them).
  * - `stream` is a cudaStream_t passed as void* (NULL = the legacy default stream); it is ignored by the CPU
@@ -18,7 +19,14 @@
  *   may be captured into CUDA graphs.
  * - A failing call returns its status and leaves a message in k3_ctx_last_error(ctx).
  * - Enums are append-only; sized integer types appear in every signature.
- * - A context is not thread-safe; use one per thread (they are cheap on the CPU backend).
+ * - Threads: a context may be shared by threads. Plan creation, *_workspace_size and run calls on one context
+ *   may run concurrently, and one plan may be run by several threads at once, each run with its own workspace
+ *   and outputs: results are those of one thread alone (plans keep no per-call scratch; the context's table is
+ *   parsed by k3_ctx_create). k3_ctx_load_table and k3_ctx_destroy must not overlap any other call on that
+ *   context, nor k3_*_plan_destroy a call on that plan. On a CUDA context, the plans that own streams, events or
+ *   device state (the KDA projection, the latent block) take their runs one at a time, in stream order.
+ *   Messages are per context: concurrent failing calls on one context may overwrite each other's
+ *   k3_ctx_last_error message (a status never depends on it); where messages matter, use a context per thread.
  *
  * Examples
  * Three complete uses, each the body of a function `int example(void)` that returns 0 on success, with
@@ -334,7 +342,8 @@ K3_API void k3_ctx_options_init(k3_ctx_options *opt);
 K3_API k3_status k3_ctx_create(const k3_ctx_options *opt, k3_ctx **out);
 /* NULL is accepted. */
 K3_API void k3_ctx_destroy(k3_ctx *ctx);
-/* The message of the last failing call on this context ("" when none). Valid until the next call. */
+/* The message of the last failing call on this context ("" when none). Valid until the next call on the
+ * context; with several threads on one context, the message of any of their failing calls (see Threads above). */
 K3_API const char *k3_ctx_last_error(const k3_ctx *ctx);
 K3_API k3_backend k3_ctx_backend(const k3_ctx *ctx);
 
@@ -418,7 +427,7 @@ K3_API k3_status k3_fp4_dequantize(k3_fp4_format fmt, k3_scale_layout layout, in
 
 /* ------------------------------------------------------------------ activations ------------ */
 typedef enum k3_act_kind {
-    K3_ACT_SILU = 0,                   /* [gate, up]: silu(min(g, L)) * clamp(u, -L, L); no clamp when limit <= 0 */
+    K3_ACT_SILU = 0,                   /* [gate, up]: silu(min(g, L)) * clamp(u, -L, L); no clamp when limit is 0 */
     K3_ACT_SWIGLUOAI = 1,              /* interleaved g = x[0::2], u = x[1::2]: (u' + beta) * g' * sigmoid(alpha g') */
     K3_ACT_SWIGLUOAI_UNINTERLEAVE = 2, /* [gate, up], same math as SWIGLUOAI; requires a limit */
     K3_ACT_RELU2_NO_MUL = 3,           /* not gated: relu(x)^2 */
@@ -429,9 +438,11 @@ typedef struct k3_act_desc {
     k3_act_kind kind;
     float alpha;            /* SWIGLUOAI sigmoid scale, default 1.702 */
     float beta;             /* SWIGLUOAI offset added to up (the "+1"), default 1.0 */
-    float limit;            /* clamp limit; <= 0 means none. SWIGLUOAI default 7.0 */
-    float situ_beta;        /* SITU: required, finite, > 0 (K3: 4.0). <= 0 means unset */
-    float situ_linear_beta; /* SITU: optional, finite, > 0 when set (K3: 25.0). <= 0 means unset */
+    float limit;            /* clamp limit, finite and >= 0; 0 means none. SWIGLUOAI default 7.0 */
+    float situ_beta;        /* SITU: required, finite, > 0 (K3: 4.0). 0 means unset */
+    float situ_linear_beta; /* SITU: optional, finite, > 0 when set (K3: 25.0). 0 means unset */
+    /* 0 is the only "unset" value: a negative or non-finite limit, situ_beta or situ_linear_beta is refused
+     * (INVALID_ARGUMENT naming the field), so a sign slip never silently drops a clamp. */
 } k3_act_desc;
 
 /* Defaults for a kind (SITU gets no betas: set them, or use k3_act_desc_k3). */
@@ -514,11 +525,11 @@ typedef struct k3_router_desc {
     k3_router_kind kind;
     int32_t num_experts;      /* E, 1..4096 */
     int32_t top_k;            /* 1..min(E, 32) */
-    int64_t hidden;           /* H: width of x and of the gate weight rows */
+    int64_t hidden;           /* H: width of x and of the gate weight rows, 1..2^24 */
     k3_dtype gate_dtype;      /* dtype of the gate weight [E, H] (x is always BF16) */
     int32_t renormalize;      /* default 1 */
     float scaling_factor;     /* routed_scaling_factor, default 1.0 */
-    int64_t max_tokens;       /* default 16 */
+    int64_t max_tokens;       /* 1..65536, default 16 */
 } k3_router_desc;
 
 typedef struct k3_router_plan k3_router_plan;
@@ -527,6 +538,8 @@ typedef struct k3_router_plan k3_router_plan;
 K3_API void k3_router_desc_init(k3_router_desc *d);
 K3_API k3_status k3_router_plan_create(k3_ctx *ctx, const k3_router_desc *d, k3_router_plan **out);
 K3_API void k3_router_plan_destroy(k3_router_plan *plan);
+/* Bytes of workspace a run needs: on CPU one token's E fp32 logits (plus alignment slack: ws need not be
+ * aligned), on CUDA the [max_tokens, E] fp32 logits. Never 0: a run's ws must not be NULL. */
 K3_API k3_status k3_router_workspace_size(const k3_router_plan *plan, size_t *out_bytes);
 /*
  * logits = fp32(x) . fp32(gate)^T; returns topk_ids [m, top_k] int32 (descending choice; ties to the lower id)
@@ -537,7 +550,8 @@ K3_API k3_status k3_router_workspace_size(const k3_router_plan *plan, size_t *ou
  * sum p[ids] * scaling_factor (p[ids] * scaling_factor without renormalize).
  * A NaN logit (or choice) ranks below every other expert (NaN experts come last, lowest id first) with weight 0.
  * The CUDA router sums the logits in the CPU router's fixed order and shares its exp/sigmoid, so ids and weights
- * are bitwise equal on both backends.
+ * are bitwise equal on both backends. Every pointer must be aligned to its element (x 2 bytes, gate 2 or 4, bias,
+ * topk_ids and topk_weights 4); others are refused with INVALID_ARGUMENT naming the pointer.
  */
 K3_API k3_status k3_router_run(k3_router_plan *plan, int64_t m, const void *x, const void *gate, const float *bias,
                                int32_t *topk_ids, float *topk_weights, void *ws, size_t ws_bytes, void *stream);
@@ -721,10 +735,10 @@ typedef enum k3_kda_qkvg {
 
 typedef struct k3_kda_proj_desc {
     int64_t hidden;             /* K of the big GEMM, 7168 */
-    int64_t local_heads;        /* KDA heads on this rank: 12 at TP8 (24 at TP4, 6 at TP16) */
-    int64_t head_dim;           /* 128 */
+    int64_t local_heads;        /* KDA heads on this rank, 1..4096: 12 at TP8 (24 at TP4, 6 at TP16) */
+    int64_t head_dim;           /* a multiple of 8 in 8..1024: 128 */
     int64_t fa_dim;             /* f_a width, 128 */
-    int64_t packed_rows;        /* rows of the packed weight: 6288 at TP8 (12448 at TP4, 3216 at TP16) */
+    int64_t packed_rows;        /* rows of the packed weight, 1..2^24: 6288 at TP8 (12448 at TP4, 3216 at TP16) */
     int64_t max_tokens;         /* 1..16, default 16 */
     int64_t overlap_max_tokens; /* overlap for m <= this (0 = never); default -1 = the table's value for this
                                    architecture (capped at max_tokens) */

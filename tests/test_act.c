@@ -321,13 +321,24 @@ static void test_validation(void) {
           "K3 preset = SITU 4/25, no limit");
     d.situ_linear_beta = 0.0f;
     CHECK(k3_act_desc_validate(&d, NULL, 0) == K3_STATUS_SUCCESS, "linear_beta unset (0) is fine");
-    d.situ_linear_beta = -1.0f;
-    CHECK(k3_act_desc_validate(&d, NULL, 0) == K3_STATUS_SUCCESS, "linear_beta unset (-1) is fine");
+    d.situ_linear_beta = -1.0f; /* 0 is the only unset value: a negative one must not drop the linear clamp */
+    expect_invalid(&d, "activation_situ_linear_beta must be finite and > 0", "linear_beta -1 refused");
+    d.situ_linear_beta = -25.0f;
+    expect_invalid(&d, "(0 means unset; got -25)", "linear_beta -25 refused, value named");
+    k3_act_desc_k3(&d);
+    d.situ_beta = 1e-45f; /* a tiny positive (denormal) beta is valid, and never "not finite" */
+    CHECK(k3_act_desc_validate(&d, msg, sizeof msg) == K3_STATUS_SUCCESS, "situ_beta 1e-45 is valid: %s", msg);
+    d.situ_linear_beta = 1e-45f;
+    CHECK(k3_act_desc_validate(&d, msg, sizeof msg) == K3_STATUS_SUCCESS, "linear_beta 1e-45 is valid: %s", msg);
     k3_act_desc_init(&d, K3_ACT_SILU);
     d.limit = 10.0f;
     CHECK(k3_act_desc_validate(&d, NULL, 0) == K3_STATUS_SUCCESS, "silu with a limit is fine");
     d.limit = -1.0f;
-    CHECK(k3_act_desc_validate(&d, NULL, 0) == K3_STATUS_SUCCESS, "negative limit means none");
+    expect_invalid(&d, "activation limit must be finite and >= 0 (0 means no clamp; got -1)", "negative limit refused");
+    d.limit = -5.0f;
+    expect_invalid(&d, "activation limit", "limit -5 refused");
+    d.limit = 1e-45f;
+    CHECK(k3_act_desc_validate(&d, msg, sizeof msg) == K3_STATUS_SUCCESS, "limit 1e-45 is valid: %s", msg);
     k3_act_desc_init(&d, K3_ACT_SWIGLUOAI);
     d.limit = 0.0f;
     CHECK(k3_act_desc_validate(&d, NULL, 0) == K3_STATUS_SUCCESS, "interleaved swigluoai without a limit is fine");
@@ -336,7 +347,9 @@ static void test_validation(void) {
     k3_act_desc_init(&d, K3_ACT_SITU);
     expect_invalid(&d, "SITU activation requires activation_situ_beta", "situ without beta");
     d.situ_beta = -4.0f;
-    expect_invalid(&d, "SITU activation requires activation_situ_beta", "situ beta <= 0");
+    expect_invalid(&d, "activation_situ_beta must be finite and > 0 (0 means unset; got -4)", "situ beta < 0");
+    d.situ_beta = -1.0f;
+    expect_invalid(&d, "activation_situ_beta", "situ beta -1");
     d.situ_beta = NAN;
     expect_invalid(&d, "activation_situ_beta must be finite", "situ beta NaN");
     d.situ_beta = INFINITY;
@@ -353,7 +366,7 @@ static void test_validation(void) {
     d.limit = 0.0f;
     expect_invalid(&d, "SWIGLUOAI_UNINTERLEAVE activation requires a clamp limit", "uninterleave without limit");
     d.limit = -2.0f;
-    expect_invalid(&d, "SWIGLUOAI_UNINTERLEAVE activation requires a clamp limit", "uninterleave limit < 0");
+    expect_invalid(&d, "activation limit must be finite and >= 0", "uninterleave limit < 0");
     k3_act_desc_init(&d, K3_ACT_SWIGLUOAI);
     d.alpha = INFINITY;
     expect_invalid(&d, "activation alpha must be finite", "alpha inf");
@@ -376,6 +389,12 @@ static void test_validation(void) {
     k3_act_desc_init(&d, K3_ACT_SILU);
     d.situ_linear_beta = 25.0f;
     expect_invalid(&d, "use K3_ACT_SITU", "situ_linear_beta on a silu kind");
+    /* the defaults of every kind hold no negative value (so they stay valid under the "0 = unset" rule) */
+    for (int kk = 0; kk <= 4; kk++) {
+        k3_act_desc_init(&d, (k3_act_kind)kk);
+        CHECK(d.limit >= 0.0f && d.situ_beta >= 0.0f && d.situ_linear_beta >= 0.0f, "kind %d defaults non-negative",
+              kk);
+    }
     CHECK(k3_act_desc_validate(NULL, msg, sizeof msg) == K3_STATUS_INVALID_ARGUMENT && strstr(msg, "NULL"),
           "NULL descriptor: %s", msg);
     k3_act_desc_init(&d, K3_ACT_SITU);

@@ -48,6 +48,11 @@ int main(void) {
     CHECK(k3_ctx_backend(ctx) == K3_BACKEND_CPU, "backend cpu");
     CHECK(!strcmp(k3_ctx_last_error(ctx), ""), "no error yet");
     CHECK(k3_ctx_arch(ctx, &a) == K3_STATUS_SUCCESS && a.table == K3_TABLE_NONE && !a.cuda_backend_usable, "cpu");
+    /* a NULL out fails with a message (it used to leave none), and the next good call clears it */
+    CHECK(k3_ctx_arch(ctx, NULL) == K3_STATUS_INVALID_ARGUMENT && strstr(k3_ctx_last_error(ctx), "out is NULL"),
+          "k3_ctx_arch NULL out: '%s'", k3_ctx_last_error(ctx));
+    CHECK(k3_ctx_arch(ctx, &a) == K3_STATUS_SUCCESS && !strcmp(k3_ctx_last_error(ctx), ""), "k3_ctx_arch clears");
+    CHECK(k3_ctx_arch(NULL, &a) == K3_STATUS_INVALID_ARGUMENT, "k3_ctx_arch NULL ctx");
     k3_ctx_destroy(ctx);
 
     opt.sim_major = 10;

@@ -232,11 +232,34 @@ static void time_k3_shapes(void) {
     free(w);
 }
 
+/* k3_linear_workspace_size with a NULL out_bytes fails with a message (it used to leave none). */
+static void test_workspace_size_null(void) {
+    k3_ctx_options opt;
+    k3_ctx_options_init(&opt);
+    opt.backend = K3_BACKEND_CPU;
+    k3_ctx *ctx = NULL;
+    CHECK(k3_ctx_create(&opt, &ctx) == K3_STATUS_SUCCESS, "cpu context");
+    k3_linear_desc d;
+    k3_linear_desc_init(&d, 64, 128);
+    k3_linear_plan *p = NULL;
+    CHECK(k3_linear_plan_create(ctx, &d, &p) == K3_STATUS_SUCCESS, "plan: %s", k3_ctx_last_error(ctx));
+    CHECK(k3_linear_workspace_size(p, NULL) == K3_STATUS_INVALID_ARGUMENT &&
+              strstr(k3_ctx_last_error(ctx), "out_bytes is NULL"),
+          "linear workspace size NULL out_bytes: '%s'", k3_ctx_last_error(ctx));
+    size_t ws = 1;
+    CHECK(k3_linear_workspace_size(p, &ws) == K3_STATUS_SUCCESS && !strcmp(k3_ctx_last_error(ctx), ""),
+          "linear workspace size clears the message");
+    CHECK(k3_linear_workspace_size(NULL, &ws) == K3_STATUS_INVALID_ARGUMENT, "NULL plan");
+    k3_linear_plan_destroy(p);
+    k3_ctx_destroy(ctx);
+}
+
 int main(void) {
     const uint64_t seed = 0x11AE4Bull;
     printf("seed 0x%llx\n", (unsigned long long)seed);
     rng.s = seed;
     test_exact_values();
+    test_workspace_size_null();
     const shape shapes[] = {
         {1, 1, 1, 0, 0, 0},        {3, 5, 3, 0, 0, 0},        {5, 1, 7168, 0, 0, 1},   {16, 64, 7168, 0, 0, 0},
         {4, 37, 3, 11, 40, 1},     {7, 29, 100, 128, 31, 2},  {1, 200, 7168, 0, 0, 2}, {16, 48, 1536, 0, 0, 1},

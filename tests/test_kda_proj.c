@@ -55,6 +55,26 @@ static void test_validation(k3_ctx *ctx) {
     bad = d;
     bad.local_heads = 0;
     expect_plan_error(ctx, &bad, "heads 0", "local_heads");
+    /* 4 * local_heads * head_dim overflowed int64 (undefined) and wrapped into an accepted plan */
+    bad = d;
+    bad.local_heads = (INT64_C(1) << 59) + 192;
+    bad.head_dim = 8;
+    expect_plan_error(ctx, &bad, "heads 2^59 + 192", "local_heads must be in [1, 4096]");
+    bad = d;
+    bad.local_heads = 4097;
+    expect_plan_error(ctx, &bad, "heads 4097", "local_heads must be in [1, 4096] (got 4097)");
+    bad = d;
+    bad.head_dim = INT64_C(1) << 60;
+    expect_plan_error(ctx, &bad, "head_dim 2^60", "head_dim must be a multiple of 8 in [8, 1024]");
+    bad = d;
+    bad.head_dim = 0;
+    expect_plan_error(ctx, &bad, "head_dim 0", "head_dim must be a multiple of 8");
+    bad = d;
+    bad.packed_rows = INT64_MAX;
+    expect_plan_error(ctx, &bad, "packed_rows INT64_MAX", "packed_rows must be in [1, 16777216]");
+    bad = d;
+    bad.packed_rows = -6288;
+    expect_plan_error(ctx, &bad, "packed_rows negative", "packed_rows must be in [1, 16777216] (got -6288)");
     k3_kda_proj_plan *p = NULL;
     CHECK(k3_kda_proj_plan_create(ctx, NULL, &p) == K3_STATUS_INVALID_ARGUMENT, "NULL desc");
     CHECK(k3_kda_proj_plan_create(ctx, &d, NULL) == K3_STATUS_INVALID_ARGUMENT, "NULL out");
@@ -68,6 +88,14 @@ static void test_validation(k3_ctx *ctx) {
     CHECK(k3_kda_proj_plan_create(ctx, &tp4, &p) == K3_STATUS_SUCCESS, "TP4 plans: %s", k3_ctx_last_error(ctx));
     k3_kda_proj_plan_destroy(p);
     CHECK(k3_kda_proj_plan_create(ctx, &tp16, &p) == K3_STATUS_SUCCESS, "TP16 plans: %s", k3_ctx_last_error(ctx));
+    /* a NULL out_bytes fails with a message (it used to leave none) */
+    CHECK(k3_kda_proj_workspace_size(p, NULL) == K3_STATUS_INVALID_ARGUMENT &&
+              strstr(k3_ctx_last_error(ctx), "out_bytes is NULL"),
+          "kda workspace size NULL out_bytes: '%s'", k3_ctx_last_error(ctx));
+    size_t kws = 1;
+    CHECK(k3_kda_proj_workspace_size(p, &kws) == K3_STATUS_SUCCESS && !strcmp(k3_ctx_last_error(ctx), ""),
+          "kda workspace size clears the message");
+    CHECK(k3_kda_proj_workspace_size(NULL, &kws) == K3_STATUS_INVALID_ARGUMENT, "kda workspace size NULL plan");
     k3_kda_proj_plan_destroy(p);
     k3_kda_proj_plan_destroy(NULL);
     /* the one-launch projection is a CUDA kernel: on the CPU backend a forced FUSED plans and runs the reference */

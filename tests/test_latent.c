@@ -212,7 +212,8 @@ static void test_errors(k3t_rng *r) {
     BAD(d.router.num_experts = 64, "router.num_experts (64) must equal experts.num_experts (896)");
     BAD(d.experts.top_k = 8, "router.top_k (16) must equal experts.top_k (8)");
     BAD(d.experts.inter = 100, "latent plan: experts: inter (I) must be a multiple");
-    BAD(d.experts.act.situ_beta = -1.0f, "latent plan: experts: act: SITU activation requires");
+    BAD(d.experts.act.situ_beta = -1.0f, "latent plan: experts: act: activation_situ_beta must be finite and > 0");
+    BAD(d.experts.act.situ_beta = 0.0f, "latent plan: experts: act: SITU activation requires");
     BAD(d.shared_act.situ_beta = 0.0f, "latent plan: shared_act: SITU activation requires");
     BAD(d.shared_inter = -1, "shared_inter");
     BAD(d.rms_eps = 0.0f, "rms_eps");
@@ -265,7 +266,35 @@ static void test_errors(k3t_rng *r) {
     BADW(w.shared_down = NULL, "shared_down is NULL");
     BADW(w.experts.w13 = NULL, "latent run: experts: weights w13 is NULL");
     BADW(w.experts.w2_scale_2 = NULL, "w2_scale_2 is NULL");
+    /* misaligned tensors are refused, naming the pointer */
+    BADW(w.gate = (const char *)ld.w.gate + 1, "weights gate (");
+    BADW(w.bias = (const float *)(const void *)((const char *)ld.w.bias + 2), "weights bias (");
+    BADW(w.down_proj = (const char *)ld.w.down_proj + 1, "weights down_proj (");
+    BADW(w.norm = (const char *)ld.w.norm + 1, "weights norm (");
+    BADW(w.up_proj = (const char *)ld.w.up_proj + 1, "weights up_proj (");
+    BADW(w.shared_gate_up = (const char *)ld.w.shared_gate_up + 1, "weights shared_gate_up (");
+    BADW(w.shared_down = (const char *)ld.w.shared_down + 1, "weights shared_down (");
+    BADW(w.experts.w13_scale_2 = (const float *)(const void *)((const char *)ld.w.experts.w13_scale_2 + 1),
+         "latent run: experts: weights w13_scale_2 (");
 #undef BADW
+    w = ld.w;
+    EXPECT_INVALID(k3_latent_moe_run(p, 2, (const char *)x + 1, &w, NULL, y, NULL, NULL, ws, wsb, NULL), "x (",
+                   "x misaligned");
+    EXPECT_INVALID(k3_latent_moe_run(p, 2, x, &w, NULL, (char *)y + 1, NULL, NULL, ws, wsb, NULL), "y (",
+                   "y misaligned");
+    EXPECT_INVALID(k3_latent_moe_run(p, 2, x, &w, (const char *)y + 1, y, NULL, NULL, ws, wsb, NULL), "residual (",
+                   "residual misaligned");
+    {
+        int32_t rid[4 * 2 + 1];
+        float rwt[4 * 2 + 1];
+        int32_t *rid_odd = (int32_t *)(void *)((char *)rid + 2);
+        EXPECT_INVALID(k3_latent_moe_run(p, 2, x, &w, NULL, y, rid_odd, rwt, ws, wsb, NULL), "topk_ids (",
+                       "topk_ids misaligned");
+        EXPECT_INVALID(k3_latent_moe_run(p, 2, x, &w, NULL, y, rid, (float *)(void *)((char *)rwt + 1), ws, wsb, NULL),
+                       "topk_weights (", "topk_weights misaligned");
+        CHECK(k3_latent_moe_run(p, 2, x, &w, NULL, y, rid, rwt, ws, wsb, NULL) == K3_STATUS_SUCCESS,
+              "aligned routing outputs run: %s", k3_ctx_last_error(g_ctx));
+    }
     free(ws);
     k3_latent_moe_plan_destroy(p);
 

@@ -369,6 +369,60 @@ static void test_run_errors(k3t_rng *r) {
     BADW(w13_input_scale, "w13_input_scale is NULL (required for W4A4)");
     BADW(w2_input_scale, "w2_input_scale is NULL (required for W4A4)");
 #undef BADW
+    /* misaligned tensors are refused, naming the pointer (the CPU backend reads them as uint16 / int32 / float) */
+    {
+        w = md.w;
+        const char *xc = (const char *)x, *wc = (const char *)wts;
+        EXPECT_INVALID(k3_moe_run(p, 2, xc + 1, ids, wts, &w, out, NULL, ws, wsb, NULL), "x (", "x misaligned");
+        EXPECT_INVALID(k3_moe_run(p, 2, x, (const int32_t *)(const void *)(wc + 2), wts, &w, out, NULL, ws, wsb, NULL),
+                       "topk_ids (", "ids misaligned");
+        EXPECT_INVALID(k3_moe_run(p, 2, x, ids, (const float *)(const void *)(wc + 1), &w, out, NULL, ws, wsb, NULL),
+                       "topk_weights (", "wts misaligned");
+        EXPECT_INVALID(k3_moe_run(p, 2, x, ids, wts, &w, (char *)out + 1, NULL, ws, wsb, NULL), "out (",
+                       "out misaligned");
+        float *of = malloc(sizeof(float) * 4 * 32 + 8);
+        EXPECT_INVALID(k3_moe_run(p, 2, x, ids, wts, &w, out, (float *)(void *)((char *)of + 2), ws, wsb, NULL),
+                       "out_f32 (", "out_f32 misaligned");
+        CHECK(k3_moe_run(p, 2, x, ids, wts, &w, out, of, ws, wsb, NULL) == K3_STATUS_SUCCESS, "aligned out_f32 runs");
+        free(of);
+        const char *s2 = (const char *)md.w.w13_scale_2;
+        w = md.w;
+        w.w13_scale_2 = (const float *)(const void *)(s2 + 1);
+        EXPECT_INVALID(k3_moe_run(p, 2, x, ids, wts, &w, out, NULL, ws, wsb, NULL),
+                       "weights w13_scale_2 (", "w13_scale_2 misaligned");
+        w = md.w;
+        w.w2_input_scale = (const float *)(const void *)((const char *)md.w.w2_input_scale + 2);
+        EXPECT_INVALID(k3_moe_run(p, 2, x, ids, wts, &w, out, NULL, ws, wsb, NULL),
+                       "weights w2_input_scale (", "w2_input_scale misaligned");
+        w = md.w;
+        /* an unaligned workspace is fine (the plan aligns inside it) */
+        unsigned char *raw = malloc(wsb + 1);
+        CHECK(raw && k3_moe_run(p, 2, x, ids, wts, &w, out, NULL, raw + 1, wsb, NULL) == K3_STATUS_SUCCESS,
+              "unaligned workspace runs: %s", k3_ctx_last_error(g_ctx));
+        free(raw);
+    }
+    /* BF16 experts are read as uint16 */
+    {
+        k3_moe_desc db = make_desc(K3_WEIGHT_BF16, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 8, 3, 32, 16, 4);
+        moe_data mb;
+        md_make(&mb, &db, r);
+        k3_moe_plan *pb = NULL;
+        CHECK(k3_moe_plan_create(g_ctx, &db, &pb) == K3_STATUS_SUCCESS, "bf16 plan");
+        size_t wsbb = 0;
+        k3_moe_workspace_size(pb, &wsbb);
+        void *wsb2 = malloc(wsbb);
+        k3_moe_weights wb = mb.w;
+        wb.w13 = (const char *)mb.w.w13 + 1;
+        EXPECT_INVALID(k3_moe_run(pb, 2, x, ids, wts, &wb, out, NULL, wsb2, wsbb, NULL), "weights w13 (",
+                       "bf16 w13 misaligned");
+        wb = mb.w;
+        wb.w2 = (const char *)mb.w.w2 + 1;
+        EXPECT_INVALID(k3_moe_run(pb, 2, x, ids, wts, &wb, out, NULL, wsb2, wsbb, NULL), "weights w2 (",
+                       "bf16 w2 misaligned");
+        free(wsb2);
+        md_free(&mb);
+        k3_moe_plan_destroy(pb);
+    }
     w = md.w;
     int32_t bad[4 * 3];
     memcpy(bad, ids, sizeof bad);

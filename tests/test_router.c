@@ -12,6 +12,9 @@
 
 static k3t_rng rng;
 
+/* a workspace large enough for every CPU plan here (E <= 4096 floats plus alignment slack) */
+static float g_ws[4096 + 64];
+
 static float t_bf16_to_f32(uint16_t b) { return k3t_bf16_to_f32(b); }
 static uint16_t t_trunc_bf16(float x) {
     union {
@@ -82,13 +85,15 @@ static int compare(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const uint16
     k3_status st = k3_router_plan_create(ctx, d, &plan);
     CHECK(st == K3_STATUS_SUCCESS, "%s: plan: %s", label, k3_ctx_last_error(ctx));
     if (st != K3_STATUS_SUCCESS) return 1;
-    size_t ws = 1;
-    CHECK(k3_router_workspace_size(plan, &ws) == K3_STATUS_SUCCESS && ws == 0, "%s: workspace 0", label);
+    size_t ws = 0;
+    CHECK(k3_router_workspace_size(plan, &ws) == K3_STATUS_SUCCESS && ws >= sizeof(float) * (size_t)d->num_experts,
+          "%s: workspace %zu holds E floats", label, ws);
+    void *wsp = malloc(ws); /* exactly what the plan asks for: ASan sees any write past it */
     const int32_t k = d->top_k;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(m * k)), *rids = malloc(sizeof(int32_t) * (size_t)k);
     float *w = malloc(sizeof(float) * (size_t)(m * k));
     double *rw = malloc(sizeof(double) * (size_t)k);
-    st = k3_router_run(plan, m, x, gate, bias, ids, w, NULL, 0, NULL);
+    st = k3_router_run(plan, m, x, gate, bias, ids, w, wsp, ws, NULL);
     CHECK(st == K3_STATUS_SUCCESS, "%s: run: %s", label, k3_ctx_last_error(ctx));
     int bad_ids = 0, bad_w = 0;
     double worst = 0;
@@ -115,6 +120,7 @@ static int compare(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const uint16
     free(rids);
     free(w);
     free(rw);
+    free(wsp);
     k3_router_plan_destroy(plan);
     return bad_ids + bad_w;
 }
@@ -182,7 +188,7 @@ static void test_ties(k3_ctx *ctx) {
     int32_t ids[32];
     float w[32];
     CHECK(k3_router_plan_create(ctx, &d, &plan) == K3_STATUS_SUCCESS, "ties plan");
-    CHECK(k3_router_run(plan, 2, x, gate, bias, ids, w, NULL, 0, NULL) == K3_STATUS_SUCCESS, "ties run");
+    CHECK(k3_router_run(plan, 2, x, gate, bias, ids, w, g_ws, sizeof g_ws, NULL) == K3_STATUS_SUCCESS, "ties run");
     int ok = 1;
     for (int j = 0; j < 12; j++) ok &= ids[j] == 4 + 5 * j && ids[16 + j] == 4 + 5 * j;
     for (int j = 0; j < 4; j++) ok &= ids[12 + j] == 3 + 5 * j && ids[28 + j] == 3 + 5 * j;
@@ -192,7 +198,7 @@ static void test_ties(k3_ctx *ctx) {
 
     /* no bias: all 64 scores tie, so the answer is ids 0..15 in order */
     CHECK(k3_router_plan_create(ctx, &d, &plan) == K3_STATUS_SUCCESS, "ties plan 2");
-    CHECK(k3_router_run(plan, 1, x, gate, NULL, ids, w, NULL, 0, NULL) == K3_STATUS_SUCCESS, "ties run 2");
+    CHECK(k3_router_run(plan, 1, x, gate, NULL, ids, w, g_ws, sizeof g_ws, NULL) == K3_STATUS_SUCCESS, "ties run 2");
     ok = 1;
     for (int j = 0; j < 16; j++) ok &= ids[j] == j;
     CHECK(ok, "all tied: ids 0..15");
@@ -223,7 +229,7 @@ static void test_nan(k3_ctx *ctx) {
         int32_t ids[8];
         float w[8];
         CHECK(k3_router_plan_create(ctx, &d, &plan) == K3_STATUS_SUCCESS, "nan plan");
-        CHECK(k3_router_run(plan, 1, x, gate, NULL, ids, w, NULL, 0, NULL) == K3_STATUS_SUCCESS, "nan run");
+        CHECK(k3_router_run(plan, 1, x, gate, NULL, ids, w, g_ws, sizeof g_ws, NULL) == K3_STATUS_SUCCESS, "nan run");
         const int32_t want[8] = {7, 6, 4, 3, 2, 0, 1, 5};
         CHECK(!memcmp(ids, want, sizeof want), "%s: NaN experts last: %d %d %d %d %d %d %d %d",
               kind ? "softmax" : "sigmoid", ids[0], ids[1], ids[2], ids[3], ids[4], ids[5], ids[6], ids[7]);
@@ -275,9 +281,9 @@ static void test_validation(k3_ctx *ctx) {
     d = base, d.num_experts = 8, d.top_k = 9;
     EXPECT_PLAN_ERR(ctx, &d, "= [1, 8] (got 9)", "top_k > E");
     d = base, d.hidden = 0;
-    EXPECT_PLAN_ERR(ctx, &d, "hidden must be > 0 (got 0)", "hidden 0");
+    EXPECT_PLAN_ERR(ctx, &d, "hidden must be in [1, 16777216] (got 0)", "hidden 0");
     d = base, d.hidden = -5;
-    EXPECT_PLAN_ERR(ctx, &d, "hidden must be > 0 (got -5)", "hidden -5");
+    EXPECT_PLAN_ERR(ctx, &d, "hidden must be in [1, 16777216] (got -5)", "hidden -5");
     d = base, d.gate_dtype = (k3_dtype)7;
     EXPECT_PLAN_ERR(ctx, &d, "gate_dtype 7 is unknown", "dtype 7");
     d = base, d.renormalize = 2;
@@ -291,7 +297,20 @@ static void test_validation(k3_ctx *ctx) {
     d = base, d.scaling_factor = INFINITY;
     EXPECT_PLAN_ERR(ctx, &d, "scaling_factor must be finite and > 0", "scale inf");
     d = base, d.max_tokens = 0;
-    EXPECT_PLAN_ERR(ctx, &d, "max_tokens must be >= 1 (got 0)", "max_tokens 0");
+    EXPECT_PLAN_ERR(ctx, &d, "max_tokens must be in [1, 65536] (got 0)", "max_tokens 0");
+    /* unbounded sizes wrapped the CUDA workspace (max_tokens * E * 4 = 0 for 2^62 x 4) */
+    d = base, d.num_experts = 4, d.top_k = 2, d.max_tokens = INT64_C(1) << 62;
+    EXPECT_PLAN_ERR(ctx, &d, "max_tokens must be in [1, 65536] (got 4611686018427387904)", "max_tokens 2^62");
+    d = base, d.max_tokens = 65537;
+    EXPECT_PLAN_ERR(ctx, &d, "max_tokens must be in [1, 65536] (got 65537)", "max_tokens 65537");
+    d = base, d.hidden = (INT64_C(1) << 24) + 1;
+    EXPECT_PLAN_ERR(ctx, &d, "hidden must be in [1, 16777216] (got 16777217)", "hidden 2^24 + 1");
+    d = base, d.hidden = INT64_MAX;
+    EXPECT_PLAN_ERR(ctx, &d, "hidden must be in [1, 16777216]", "hidden INT64_MAX");
+    d = base, d.max_tokens = 65536, d.hidden = INT64_C(1) << 24;
+    CHECK(k3_router_plan_create(ctx, &d, &p) == K3_STATUS_SUCCESS, "max_tokens 65536, hidden 2^24 valid: %s",
+          k3_ctx_last_error(ctx));
+    k3_router_plan_destroy(p);
     /* the edges that are valid */
     d = base, d.num_experts = 4096, d.top_k = 32;
     CHECK(k3_router_plan_create(ctx, &d, &p) == K3_STATUS_SUCCESS, "E 4096 top_k 32 valid");
@@ -308,7 +327,8 @@ static void test_validation(k3_ctx *ctx) {
     uint16_t gate[32] = {0};
     float bias[8] = {0}, w[6];
     int32_t ids[6];
-    CHECK(k3_router_run(NULL, 1, x, gate, NULL, ids, w, NULL, 0, NULL) == K3_STATUS_INVALID_ARGUMENT, "NULL plan");
+    CHECK(k3_router_run(NULL, 1, x, gate, NULL, ids, w, g_ws, sizeof g_ws, NULL) == K3_STATUS_INVALID_ARGUMENT,
+          "NULL plan");
     struct {
         int64_t m;
         const void *x, *gate;
@@ -326,12 +346,72 @@ static void test_validation(k3_ctx *ctx) {
         {1, x, gate, NULL, ids, NULL, "topk_weights is NULL"},
     };
     for (size_t i = 0; i < sizeof rc / sizeof rc[0]; i++) {
-        k3_status st = k3_router_run(p, rc[i].m, rc[i].x, rc[i].gate, rc[i].bias, rc[i].ids, rc[i].w, NULL, 0, NULL);
+        k3_status st =
+            k3_router_run(p, rc[i].m, rc[i].x, rc[i].gate, rc[i].bias, rc[i].ids, rc[i].w, g_ws, sizeof g_ws, NULL);
         CHECK(st == K3_STATUS_INVALID_ARGUMENT, "run case %zu: status %d", i, (int)st);
         CHECK(strstr(k3_ctx_last_error(ctx), rc[i].needle) != NULL, "run case %zu: \"%s\" lacks \"%s\"", i,
               k3_ctx_last_error(ctx), rc[i].needle);
     }
-    CHECK(k3_router_run(p, 3, x, gate, bias, ids, w, NULL, 0, NULL) == K3_STATUS_SUCCESS &&
+    /* misaligned tensors are refused, naming the pointer (the CPU router reads them as uint16 / float) */
+    {
+        static float fbuf[64];
+        static uint16_t hbuf[64];
+        const char *hb = (const char *)hbuf, *fb = (const char *)fbuf;
+        struct {
+            const void *x, *gate;
+            const float *bias;
+            int32_t *ids;
+            float *w;
+            const char *needle;
+        } mc[] = {
+            {hb + 1, gate, NULL, ids, w, "x ("},
+            {x, hb + 1, NULL, ids, w, "gate ("},
+            {x, gate, (const float *)(const void *)(fb + 2), ids, w, "bias ("},
+            {x, gate, NULL, (int32_t *)(void *)(fbuf + 1), w, NULL}, /* aligned: the control */
+            {x, gate, NULL, (int32_t *)(void *)((char *)fbuf + 2), w, "topk_ids ("},
+            {x, gate, NULL, ids, (float *)(void *)((char *)fbuf + 1), "topk_weights ("},
+        };
+        for (size_t i = 0; i < sizeof mc / sizeof mc[0]; i++) {
+            k3_status st = k3_router_run(p, 1, mc[i].x, mc[i].gate, mc[i].bias, mc[i].ids, mc[i].w, g_ws, sizeof g_ws,
+                                         NULL);
+            if (!mc[i].needle) {
+                CHECK(st == K3_STATUS_SUCCESS, "aligned control run: %s", k3_ctx_last_error(ctx));
+                continue;
+            }
+            CHECK(st == K3_STATUS_INVALID_ARGUMENT && strstr(k3_ctx_last_error(ctx), mc[i].needle) &&
+                      strstr(k3_ctx_last_error(ctx), "aligned"),
+                  "misaligned case %zu: status %d, \"%s\" lacks \"%s\"", i, (int)st, k3_ctx_last_error(ctx),
+                  mc[i].needle);
+        }
+        /* the F32 gate needs 4 bytes */
+        k3_router_desc df = d;
+        df.gate_dtype = K3_DTYPE_F32;
+        k3_router_plan *pf = NULL;
+        CHECK(k3_router_plan_create(ctx, &df, &pf) == K3_STATUS_SUCCESS, "f32 plan");
+        CHECK(k3_router_run(pf, 1, x, hb + 2, NULL, ids, w, g_ws, sizeof g_ws, NULL) == K3_STATUS_INVALID_ARGUMENT &&
+                  strstr(k3_ctx_last_error(ctx), "gate (") && strstr(k3_ctx_last_error(ctx), "4-byte aligned (F32)"),
+              "f32 gate at 2 bytes: %s", k3_ctx_last_error(ctx));
+        k3_router_plan_destroy(pf);
+    }
+    /* the CPU scratch comes from the caller's workspace: NULL or short is refused; an unaligned one is fine */
+    {
+        size_t need = 0;
+        CHECK(k3_router_workspace_size(p, &need) == K3_STATUS_SUCCESS && need >= 8 * sizeof(float), "ws need %zu",
+              need);
+        CHECK(k3_router_run(p, 1, x, gate, NULL, ids, w, NULL, 0, NULL) == K3_STATUS_INVALID_ARGUMENT &&
+                  strstr(k3_ctx_last_error(ctx), "ws_bytes is 0, the plan needs"),
+              "no workspace: %s", k3_ctx_last_error(ctx));
+        CHECK(k3_router_run(p, 1, x, gate, NULL, ids, w, NULL, need, NULL) == K3_STATUS_INVALID_ARGUMENT &&
+                  strstr(k3_ctx_last_error(ctx), "ws is NULL"),
+              "NULL workspace: %s", k3_ctx_last_error(ctx));
+        CHECK(k3_router_run(p, 1, x, gate, NULL, ids, w, g_ws, need - 1, NULL) == K3_STATUS_INVALID_ARGUMENT,
+              "short workspace");
+        unsigned char *raw = malloc(need + 1);
+        CHECK(raw && k3_router_run(p, 1, x, gate, NULL, ids, w, raw + 1, need, NULL) == K3_STATUS_SUCCESS,
+              "unaligned workspace of the asked size: %s", k3_ctx_last_error(ctx));
+        free(raw);
+    }
+    CHECK(k3_router_run(p, 3, x, gate, bias, ids, w, g_ws, sizeof g_ws, NULL) == K3_STATUS_SUCCESS &&
               !strcmp(k3_ctx_last_error(ctx), ""),
           "a good run clears the error");
     CHECK(k3_router_workspace_size(p, NULL) == K3_STATUS_INVALID_ARGUMENT, "NULL out_bytes");
@@ -339,7 +419,7 @@ static void test_validation(k3_ctx *ctx) {
     k3_router_plan_destroy(p);
     d.kind = K3_ROUTER_SOFTMAX;
     CHECK(k3_router_plan_create(ctx, &d, &p) == K3_STATUS_SUCCESS, "softmax plan");
-    CHECK(k3_router_run(p, 1, x, gate, bias, ids, w, NULL, 0, NULL) == K3_STATUS_INVALID_ARGUMENT &&
+    CHECK(k3_router_run(p, 1, x, gate, bias, ids, w, g_ws, sizeof g_ws, NULL) == K3_STATUS_INVALID_ARGUMENT &&
               strstr(k3_ctx_last_error(ctx), "bias is only used by SIGMOID_NOAUX_TC"),
           "softmax with a bias: %s", k3_ctx_last_error(ctx));
     k3_router_plan_destroy(p);

@@ -250,9 +250,13 @@ static void test_routed(void) {
     float wts[M * K];
     uint16_t y[M * L];
     CHECK(k3_router_plan_create(g_ctx, &rd, &rp) == K3_STATUS_SUCCESS, "router plan");
+    size_t rws_bytes = 0;
+    k3_router_workspace_size(rp, &rws_bytes);
+    void *rws = malloc(rws_bytes);
     CHECK(k3_router_run(rp, M, xl, data_of(q, "gate_weight"), (const float *)data_of(q, "e_score_correction_bias"), ids,
-                        wts, NULL, 0, NULL) == K3_STATUS_SUCCESS,
+                        wts, rws, rws_bytes, NULL) == K3_STATUS_SUCCESS,
           "router run: %s", k3_ctx_last_error(g_ctx));
+    free(rws);
     k3_router_plan_destroy(rp);
     CHECK(moe_in_process(&d, &w, xl, ids, wts, y), "routed experts in-process");
     CHECK(sh("%s run moe --top-k %d --scaling-factor 2 --weights %s/q_experts.safetensors --input %s/x_l.safetensors "

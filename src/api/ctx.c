@@ -1,8 +1,10 @@
 /* Context creation: resolves the backend, reads (or simulates) the architecture facts. */
 #include "arch/arch.h"
 #include "cuda/common/backend.h"
+#include "plan/linear_plan.h"
 #include "plan/table.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +69,8 @@ k3_status k3_ctx_create(const k3_ctx_options *opt, k3_ctx **out) {
     if (want == K3_BACKEND_AUTO)
         want = (opt->sim_major <= 0 && k3_cuda_device_count() > opt->device) ? K3_BACKEND_CUDA : K3_BACKEND_CPU;
     k3_status st = (want == K3_BACKEND_CUDA) ? ctx_init_cuda(ctx, opt) : ctx_init_cpu(ctx, opt);
+    /* parsed now, not by the first plan, so that plans made by several threads only read the context */
+    if (st == K3_STATUS_SUCCESS) st = k3_linear_ctx_parse_embedded(ctx);
     if (st != K3_STATUS_SUCCESS) {
         k3_ctx_destroy(ctx);
         return st;
@@ -90,7 +94,11 @@ const char *k3_ctx_last_error(const k3_ctx *ctx) { return ctx ? ctx->last_error 
 k3_backend k3_ctx_backend(const k3_ctx *ctx) { return ctx ? ctx->backend : K3_BACKEND_CPU; }
 
 k3_status k3_ctx_arch(const k3_ctx *ctx, k3_arch_info *out) {
-    if (!ctx || !out) return K3_STATUS_INVALID_ARGUMENT;
+    if (!ctx) return K3_STATUS_INVALID_ARGUMENT;
+    /* the message is the only state this call changes; every context is made non-const by k3_ctx_create */
+    k3_ctx *mctx = (k3_ctx *)(uintptr_t)ctx;
+    k3_clear_error(mctx);
+    K3_CHECK_ARG(mctx, out != NULL, "k3_ctx_arch: out is NULL");
     *out = ctx->arch;
     return K3_STATUS_SUCCESS;
 }

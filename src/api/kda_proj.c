@@ -10,6 +10,12 @@
 #include "cuda/kda/proj.h"
 #include "plan/kda_tuning.h"
 
+/* Bounds that keep every row count an int on CUDA and every product far from overflow: 4 * heads * head_dim
+ * <= 2^22 QKVG rows, packed_rows * hidden <= 2^37 weight elements. */
+#define K3_KDA_MAX_HEADS 4096
+#define K3_KDA_MAX_HEAD_DIM 1024
+#define K3_KDA_MAX_PACKED_ROWS (INT64_C(1) << 24)
+
 struct k3_kda_proj_plan {
     k3_ctx *ctx;
     k3_kda_proj_desc d;
@@ -41,9 +47,14 @@ static k3_status kda_validate(k3_ctx *ctx, const k3_kda_proj_desc *d) {
     K3_CHECK_ARG(ctx, d->hidden >= 512 && d->hidden <= 8192 && d->hidden % 512 == 0,
                  "kda: hidden must be a multiple of 512 in [512, 8192] (one run_n block spans K), got %lld",
                  (long long)d->hidden);
-    K3_CHECK_ARG(ctx, d->local_heads >= 1 && d->head_dim >= 1 && d->head_dim % 8 == 0,
-                 "kda: local_heads must be >= 1 and head_dim a positive multiple of 8 (got %lld, %lld)",
-                 (long long)d->local_heads, (long long)d->head_dim);
+    K3_CHECK_ARG(ctx, d->local_heads >= 1 && d->local_heads <= K3_KDA_MAX_HEADS,
+                 "kda: local_heads must be in [1, %d] (got %lld)", K3_KDA_MAX_HEADS, (long long)d->local_heads);
+    K3_CHECK_ARG(ctx, d->head_dim >= 8 && d->head_dim <= K3_KDA_MAX_HEAD_DIM && d->head_dim % 8 == 0,
+                 "kda: head_dim must be a multiple of 8 in [8, %d] (got %lld)", K3_KDA_MAX_HEAD_DIM,
+                 (long long)d->head_dim);
+    K3_CHECK_ARG(ctx, d->packed_rows >= 1 && d->packed_rows <= K3_KDA_MAX_PACKED_ROWS,
+                 "kda: packed_rows must be in [1, %lld] (got %lld)", (long long)K3_KDA_MAX_PACKED_ROWS,
+                 (long long)d->packed_rows);
     K3_CHECK_ARG(ctx, d->fa_dim == K3_KDA_FA_DIM, "kda: fa_dim must be %d (run_k: 16 lanes x 8), got %lld",
                  K3_KDA_FA_DIM, (long long)d->fa_dim);
     const int64_t qkvg = 4 * d->local_heads * d->head_dim, fab = d->packed_rows - qkvg;
@@ -173,7 +184,9 @@ void k3_kda_proj_plan_destroy(k3_kda_proj_plan *p) {
 }
 
 k3_status k3_kda_proj_workspace_size(const k3_kda_proj_plan *p, size_t *out_bytes) {
-    if (!p || !out_bytes) return K3_STATUS_INVALID_ARGUMENT;
+    if (!p) return K3_STATUS_INVALID_ARGUMENT;
+    k3_clear_error(p->ctx);
+    K3_CHECK_ARG(p->ctx, out_bytes != NULL, "kda workspace size: out_bytes is NULL");
     *out_bytes = p->ws_bytes;
     return K3_STATUS_SUCCESS;
 }

@@ -2,6 +2,7 @@
  * the block's composition on CUDA contexts (sub-plans, workspace layout, launch order, the shared branch's
  * fork/join). */
 #include "api/moe_internal.h"
+#include "api/ptr_align.h"
 #include "core/act.h"
 #include "core/act_check.h"
 #ifdef K3_HAVE_CUDA
@@ -320,6 +321,29 @@ k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const void *x, 
                      (long long)d->shared_inter);
     }
     K3_TRY(k3_moe_weights_check(ctx, &d->experts, &w->experts, "latent run: experts"));
+    {
+        /* every tensor is read or written as its element type (the workspace is aligned inside) */
+        const size_t gate_align = d->router.gate_dtype == K3_DTYPE_F32 ? 4 : 2;
+        const struct {
+            const void *p;
+            size_t align;
+            const char *name;
+        } ptrs[] = {{x, 2, "x"},
+                    {y, 2, "y"},
+                    {residual, 2, "residual"},
+                    {topk_ids, 4, "topk_ids"},
+                    {topk_weights, 4, "topk_weights"},
+                    {w->gate, gate_align, "weights gate"},
+                    {w->bias, 4, "weights bias"},
+                    {w->down_proj, 2, "weights down_proj"},
+                    {w->norm, 2, "weights norm"},
+                    {w->up_proj, 2, "weights up_proj"},
+                    {d->shared_inter > 0 ? w->shared_gate_up : NULL, 2, "weights shared_gate_up"},
+                    {d->shared_inter > 0 ? w->shared_down : NULL, 2, "weights shared_down"}};
+        for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+            K3_CHECK_ARG(ctx, k3_aligned(ptrs[i].p, ptrs[i].align), "latent run: %s (%p) is not %zu-byte aligned",
+                         ptrs[i].name, ptrs[i].p, ptrs[i].align);
+    }
     K3_CHECK_ARG(ctx, ws_bytes >= plan->ws_bytes,
                  "latent run: ws_bytes is %zu, the plan needs %zu (k3_latent_moe_workspace_size)", ws_bytes,
                  plan->ws_bytes);

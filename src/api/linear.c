@@ -112,7 +112,9 @@ k3_status k3_linear_plan_create(k3_ctx *ctx, const k3_linear_desc *d, k3_linear_
 }
 
 k3_status k3_linear_workspace_size(const k3_linear_plan *plan, size_t *out_bytes) {
-    if (!plan || !out_bytes) return K3_STATUS_INVALID_ARGUMENT;
+    if (!plan) return K3_STATUS_INVALID_ARGUMENT;
+    k3_clear_error(plan->ctx);
+    K3_CHECK_ARG(plan->ctx, out_bytes != NULL, "linear workspace size: out_bytes is NULL");
     *out_bytes = plan->ws_bytes;
     return K3_STATUS_SUCCESS;
 }
@@ -188,11 +190,7 @@ k3_status k3_linear_run(k3_linear_plan *plan, int64_t m, const void *x, const vo
 k3_status k3_ctx_load_table(k3_ctx *ctx, const char *path, int32_t force) {
     if (!ctx) return K3_STATUS_INVALID_ARGUMENT;
     k3_clear_error(ctx);
-    if (!path) { /* back to the embedded table (parsed again on the next plan) */
-        k3_table_destroy(ctx->table);
-        ctx->table = NULL;
-        return K3_STATUS_SUCCESS;
-    }
+    if (!path) return k3_linear_ctx_parse_embedded(ctx); /* back to the embedded table */
     FILE *f = fopen(path, "rb");
     if (!f) return k3_fail(ctx, K3_STATUS_IO_ERROR, "cannot open table file '%s'", path);
     const size_t max_bytes = (size_t)16 << 20; /* a table is a few KB; refuse anything absurd */

@@ -1,5 +1,6 @@
 /* The public routed-experts (MoE) API: descriptor defaults, plan validation, run-time checks, CPU dispatch. */
 #include "api/moe_internal.h"
+#include "api/ptr_align.h"
 #include "core/act_check.h"
 #include "cuda/moe/moe.h"
 #include "plan/linear_plan.h"
@@ -116,6 +117,22 @@ k3_status k3_moe_weights_check(k3_ctx *ctx, const k3_moe_desc *d, const k3_moe_w
         K3_CHECK_ARG(ctx, w->w13_input_scale != NULL, "%s: weights w13_input_scale is NULL (required for W4A4)", what);
         K3_CHECK_ARG(ctx, w->w2_input_scale != NULL, "%s: weights w2_input_scale is NULL (required for W4A4)", what);
     }
+    /* the CPU backend reads BF16 weights as uint16 and the global scales as float (packed FP4 and block scales
+     * are bytes) */
+    if (d->format == K3_WEIGHT_BF16) {
+        K3_CHECK_ARG(ctx, k3_aligned(w->w13, 2), "%s: weights w13 (%p) is not 2-byte aligned (BF16)", what, w->w13);
+        K3_CHECK_ARG(ctx, k3_aligned(w->w2, 2), "%s: weights w2 (%p) is not 2-byte aligned (BF16)", what, w->w2);
+    }
+    const struct {
+        const float *p;
+        const char *name;
+    } f32s[] = {{w->w13_scale_2, "w13_scale_2"},
+                {w->w2_scale_2, "w2_scale_2"},
+                {w->w13_input_scale, "w13_input_scale"},
+                {w->w2_input_scale, "w2_input_scale"}};
+    for (size_t i = 0; i < sizeof f32s / sizeof f32s[0]; i++)
+        K3_CHECK_ARG(ctx, k3_aligned(f32s[i].p, sizeof(float)), "%s: weights %s (%p) is not 4-byte aligned (F32)", what,
+                     f32s[i].name, (const void *)f32s[i].p);
     return K3_STATUS_SUCCESS;
 }
 
@@ -247,6 +264,13 @@ k3_status k3_moe_run(k3_moe_plan *plan, int64_t m, const void *x, const int32_t 
     K3_CHECK_ARG(ctx, topk_weights != NULL, "moe run: topk_weights is NULL");
     K3_CHECK_ARG(ctx, out != NULL, "moe run: out is NULL");
     K3_TRY(k3_moe_weights_check(ctx, d, w, "moe run"));
+    K3_CHECK_ARG(ctx, k3_aligned(x, 2), "moe run: x (%p) is not 2-byte aligned (BF16)", x);
+    K3_CHECK_ARG(ctx, k3_aligned(topk_ids, 4), "moe run: topk_ids (%p) is not 4-byte aligned (int32)",
+                 (const void *)topk_ids);
+    K3_CHECK_ARG(ctx, k3_aligned(topk_weights, 4), "moe run: topk_weights (%p) is not 4-byte aligned (F32)",
+                 (const void *)topk_weights);
+    K3_CHECK_ARG(ctx, k3_aligned(out, 2), "moe run: out (%p) is not 2-byte aligned (BF16)", out);
+    K3_CHECK_ARG(ctx, k3_aligned(out_f32, 4), "moe run: out_f32 (%p) is not 4-byte aligned (F32)", (void *)out_f32);
     K3_CHECK_ARG(ctx, ws_bytes >= plan->ws_bytes,
                  "moe run: ws_bytes is %zu, the plan needs %zu (k3_moe_workspace_size)", ws_bytes, plan->ws_bytes);
     K3_CHECK_ARG(ctx, ws != NULL, "moe run: ws is NULL (the plan needs %zu bytes)", plan->ws_bytes);

@@ -1,19 +1,26 @@
 /* The public router API: descriptor defaults, plan validation, run-time checks, dispatch to the backend. */
 #include "core/internal.h"
+#include "api/ptr_align.h"
 #include "cpu/cpu.h"
 #include "cuda/router/router.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
+/* Bounds that keep every size computation far from overflow: E * H gate elements < 2^36, max_tokens * E
+ * logits < 2^28 (the CUDA workspace), max_tokens * H elements of x < 2^40. */
 #define K3_ROUTER_MAX_EXPERTS 4096
 #define K3_ROUTER_MAX_TOPK 32
+#define K3_ROUTER_MAX_TOKENS 65536
+#define K3_ROUTER_MAX_HIDDEN (INT64_C(1) << 24)
+#define K3_ROUTER_WS_ALIGN ((size_t)64) /* the CPU scratch starts at the caller's first aligned byte */
 
 struct k3_router_plan {
     k3_ctx *ctx;
     k3_router_desc desc;
-    float *scratch; /* [E] logits / probabilities of one token; made here so run calls allocate nothing */
     int32_t is_cuda; /* CUDA context: the kernels of src/cuda/router/router.cu, logits in the workspace */
+    size_t ws_bytes; /* CPU: one token's [E] logits in the caller's workspace, so plans are reentrant */
 };
 
 void k3_router_desc_init(k3_router_desc *d) {
@@ -37,14 +44,17 @@ static k3_status router_check_desc(k3_ctx *ctx, const k3_router_desc *d) {
     K3_CHECK_ARG(ctx, d->top_k >= 1 && d->top_k <= kmax,
                  "router top_k must be in [1, min(num_experts, %d)] = [1, %d] (got %d)", K3_ROUTER_MAX_TOPK,
                  (int)kmax, (int)d->top_k);
-    K3_CHECK_ARG(ctx, d->hidden > 0, "router hidden must be > 0 (got %lld)", (long long)d->hidden);
+    K3_CHECK_ARG(ctx, d->hidden >= 1 && d->hidden <= K3_ROUTER_MAX_HIDDEN,
+                 "router hidden must be in [1, %lld] (got %lld)", (long long)K3_ROUTER_MAX_HIDDEN,
+                 (long long)d->hidden);
     K3_CHECK_ARG(ctx, d->gate_dtype == K3_DTYPE_BF16 || d->gate_dtype == K3_DTYPE_F32,
                  "router gate_dtype %d is unknown (expected K3_DTYPE_BF16 or K3_DTYPE_F32)", (int)d->gate_dtype);
     K3_CHECK_ARG(ctx, d->renormalize == 0 || d->renormalize == 1, "router renormalize must be 0 or 1 (got %d)",
                  (int)d->renormalize);
     K3_CHECK_ARG(ctx, isfinite(d->scaling_factor) && d->scaling_factor > 0.0f,
                  "router scaling_factor must be finite and > 0 (got %g)", (double)d->scaling_factor);
-    K3_CHECK_ARG(ctx, d->max_tokens >= 1, "router max_tokens must be >= 1 (got %lld)", (long long)d->max_tokens);
+    K3_CHECK_ARG(ctx, d->max_tokens >= 1 && d->max_tokens <= K3_ROUTER_MAX_TOKENS,
+                 "router max_tokens must be in [1, %d] (got %lld)", K3_ROUTER_MAX_TOKENS, (long long)d->max_tokens);
     return K3_STATUS_SUCCESS;
 }
 
@@ -59,24 +69,30 @@ k3_status k3_router_plan_create(k3_ctx *ctx, const k3_router_desc *d, k3_router_
     if (ctx->backend != K3_BACKEND_CPU)
         return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "router plan: this build has no CUDA router");
 #endif
-    k3_router_plan *p = (k3_router_plan *)calloc(1, sizeof *p);
-    float *scratch = (float *)malloc((size_t)d->num_experts * sizeof(float));
-    if (!p || !scratch) {
-        free(p);
-        free(scratch);
-        return k3_fail(ctx, K3_STATUS_OUT_OF_MEMORY, "router plan: out of host memory");
+    size_t ws_bytes = 0;
+    if (ctx->backend == K3_BACKEND_CPU) {
+        ws_bytes = (size_t)d->num_experts * sizeof(float) + K3_ROUTER_WS_ALIGN; /* E <= 4096: no overflow */
     }
+#ifdef K3_HAVE_CUDA
+    else {
+        ws_bytes = k3_cuda_router_ws_bytes(d);
+        if (ws_bytes == SIZE_MAX)
+            return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT,
+                           "router plan: the workspace of max_tokens %lld x num_experts %d logits overflows size_t",
+                           (long long)d->max_tokens, (int)d->num_experts);
+    }
+#endif
+    k3_router_plan *p = (k3_router_plan *)calloc(1, sizeof *p);
+    if (!p) return k3_fail(ctx, K3_STATUS_OUT_OF_MEMORY, "router plan: out of host memory");
     p->ctx = ctx;
     p->desc = *d;
-    p->scratch = scratch;
     p->is_cuda = ctx->backend != K3_BACKEND_CPU;
+    p->ws_bytes = ws_bytes;
     *out = p;
     return K3_STATUS_SUCCESS;
 }
 
 void k3_router_plan_destroy(k3_router_plan *plan) {
-    if (!plan) return;
-    free(plan->scratch);
     free(plan);
 }
 
@@ -84,10 +100,7 @@ k3_status k3_router_workspace_size(const k3_router_plan *plan, size_t *out_bytes
     if (!plan) return K3_STATUS_INVALID_ARGUMENT;
     k3_clear_error(plan->ctx);
     K3_CHECK_ARG(plan->ctx, out_bytes != NULL, "router workspace size: out_bytes is NULL");
-    *out_bytes = 0; /* the CPU scratch lives in the plan */
-#ifdef K3_HAVE_CUDA
-    if (plan->is_cuda) *out_bytes = k3_cuda_router_ws_bytes(&plan->desc);
-#endif
+    *out_bytes = plan->ws_bytes;
     return K3_STATUS_SUCCESS;
 }
 
@@ -106,15 +119,27 @@ k3_status k3_router_run(k3_router_plan *plan, int64_t m, const void *x, const vo
     /* refuse rather than ignore: a caller passing a bias to a softmax router expects it to matter */
     K3_CHECK_ARG(ctx, bias == NULL || d->kind == K3_ROUTER_SIGMOID_NOAUX_TC,
                  "router run: bias is only used by SIGMOID_NOAUX_TC; pass NULL for a SOFTMAX router");
+    /* the tensors are read and written as their element types: a misaligned pointer would be undefined */
+    const size_t gate_align = d->gate_dtype == K3_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+    K3_CHECK_ARG(ctx, k3_aligned(x, sizeof(uint16_t)), "router run: x (%p) is not 2-byte aligned (BF16)", x);
+    K3_CHECK_ARG(ctx, k3_aligned(gate, gate_align), "router run: gate (%p) is not %zu-byte aligned (%s)", gate,
+                 gate_align, d->gate_dtype == K3_DTYPE_F32 ? "F32" : "BF16");
+    K3_CHECK_ARG(ctx, k3_aligned(bias, sizeof(float)), "router run: bias (%p) is not 4-byte aligned (F32)",
+                 (const void *)bias);
+    K3_CHECK_ARG(ctx, k3_aligned(topk_ids, sizeof(int32_t)), "router run: topk_ids (%p) is not 4-byte aligned (int32)",
+                 (void *)topk_ids);
+    K3_CHECK_ARG(ctx, k3_aligned(topk_weights, sizeof(float)),
+                 "router run: topk_weights (%p) is not 4-byte aligned (F32)", (void *)topk_weights);
+    K3_CHECK_ARG(ctx, ws_bytes >= plan->ws_bytes,
+                 "router run: ws_bytes is %zu, the plan needs %zu (k3_router_workspace_size)", ws_bytes,
+                 plan->ws_bytes);
+    K3_CHECK_ARG(ctx, ws != NULL, "router run: ws is NULL (the plan needs %zu bytes, k3_router_workspace_size)",
+                 plan->ws_bytes);
 #ifdef K3_HAVE_CUDA
-    if (plan->is_cuda) {
-        const size_t need = k3_cuda_router_ws_bytes(d);
-        K3_CHECK_ARG(ctx, ws_bytes >= need, "router run: ws_bytes is %zu, the plan needs %zu (k3_router_workspace_size)",
-                     ws_bytes, need);
-        K3_CHECK_ARG(ctx, ws != NULL, "router run: ws is NULL (the plan needs %zu bytes)", need);
-        return k3_cuda_router_run(ctx, d, m, x, gate, bias, topk_ids, topk_weights, ws, stream);
-    }
+    if (plan->is_cuda) return k3_cuda_router_run(ctx, d, m, x, gate, bias, topk_ids, topk_weights, ws, stream);
 #endif
-    k3_cpu_router(d, m, (const uint16_t *)x, gate, bias, topk_ids, topk_weights, plan->scratch);
+    const uintptr_t at = ((uintptr_t)ws + (K3_ROUTER_WS_ALIGN - 1)) & ~(uintptr_t)(K3_ROUTER_WS_ALIGN - 1);
+    float *scratch = (float *)(void *)at;
+    k3_cpu_router(d, m, (const uint16_t *)x, gate, bias, topk_ids, topk_weights, scratch);
     return K3_STATUS_SUCCESS;
 }

@@ -66,14 +66,17 @@ k3_status k3_act_desc_validate(const k3_act_desc *d, char *msg, size_t msg_size)
     const char *name = k3_act_name(d->kind);
     if (!isfinite(d->alpha)) return act_bad(msg, msg_size, "activation alpha must be finite (got %g)", d->alpha);
     if (!isfinite(d->beta)) return act_bad(msg, msg_size, "activation beta must be finite (got %g)", d->beta);
-    if (!isfinite(d->limit))
-        return act_bad(msg, msg_size, "activation limit must be finite (a value <= 0 means no clamp; got %g)",
+    /* 0 is the only "unset" value: a negative limit or beta is refused rather than silently read as unset
+     * (a sign slip would otherwise drop a clamp with no word) */
+    if (!isfinite(d->limit) || d->limit < 0.0f)
+        return act_bad(msg, msg_size, "activation limit must be finite and >= 0 (0 means no clamp; got %g)",
                        d->limit);
-    /* NaN/Inf betas are errors even where "<= 0 means unset", so a garbage value is never read as "unset" */
-    if (!isfinite(d->situ_beta))
-        return act_bad(msg, msg_size, "activation_situ_beta must be finite and > 0 (got %g)", d->situ_beta);
-    if (!isfinite(d->situ_linear_beta))
-        return act_bad(msg, msg_size, "activation_situ_linear_beta must be finite and > 0 when set (got %g)",
+    if (!isfinite(d->situ_beta) || d->situ_beta < 0.0f)
+        return act_bad(msg, msg_size, "activation_situ_beta must be finite and > 0 (0 means unset; got %g)",
+                       d->situ_beta);
+    if (!isfinite(d->situ_linear_beta) || d->situ_linear_beta < 0.0f)
+        return act_bad(msg, msg_size,
+                       "activation_situ_linear_beta must be finite and > 0 when set (0 means unset; got %g)",
                        d->situ_linear_beta);
 
     if (d->kind == K3_ACT_SITU) {

@@ -23,7 +23,7 @@ struct k3_ctx {
     void *log_user;
     k3_log_level log_level;
     struct k3_cuda_state *cuda;
-    struct k3_table *table;   /* NULL until a plan parses the embedded table or k3_ctx_load_table loads one */
+    struct k3_table *table;   /* the embedded table (parsed by k3_ctx_create) or a loaded one; NULL if none */
     char last_error[K3_ERROR_MAX];
 };
 

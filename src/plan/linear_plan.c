@@ -4,20 +4,23 @@
 #include <stdio.h>
 #include <string.h>
 
-k3_status k3_linear_ctx_table(k3_ctx *ctx, const k3_table **out) {
-    *out = NULL;
-    if (!ctx->table) {
-        const char *text = k3_table_embedded_text(ctx->arch.table);
-        if (!text) return K3_STATUS_SUCCESS; /* no table for this architecture: fallback everywhere */
+k3_status k3_linear_ctx_parse_embedded(k3_ctx *ctx) {
+    const char *text = k3_table_embedded_text(ctx->arch.table);
+    k3_table *t = NULL;
+    if (text) {
         char source[64], err[512];
         snprintf(source, sizeof source, "embedded %s", k3_table_name(ctx->arch.table));
-        k3_table *t = NULL;
         k3_status st = k3_table_parse(text, source, &t, err, sizeof err);
         if (st == K3_STATUS_OUT_OF_MEMORY) return k3_fail(ctx, st, "out of host memory parsing %s", source);
         if (st != K3_STATUS_SUCCESS)
             return k3_fail(ctx, K3_STATUS_INTERNAL_ERROR, "the library's own table does not parse (%s)", err);
-        ctx->table = t;
     }
+    k3_table_destroy(ctx->table);
+    ctx->table = t;
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_linear_ctx_table(k3_ctx *ctx, const k3_table **out) {
     *out = ctx->table;
     return K3_STATUS_SUCCESS;
 }

@@ -38,18 +38,23 @@ struct k3_linear_plan {
 
 /*
  * Fills p->choice / p->source for m = 1..p->max_m (p's shape, strides, accum and force_kernel already set and
- * validated) from the context's table and d->force_kernel / d->force_config. Parses the embedded table of the
- * context's architecture into ctx->table on first use. Errors: INVALID_ARGUMENT (a forced choice that cannot
- * run, naming why), INTERNAL_ERROR (an embedded table that does not parse: a build bug), OUT_OF_MEMORY.
+ * validated) from the context's table and d->force_kernel / d->force_config. Reads the context's table only
+ * (parsed when the context was made), so plans may be created by several threads at once. Errors:
+ * INVALID_ARGUMENT (a forced choice that cannot run, naming why), OUT_OF_MEMORY.
  */
 k3_status k3_linear_plan_resolve(k3_ctx *ctx, const k3_linear_desc *d, struct k3_linear_plan *p);
 
 /* The resolved choice for m (NULL when m is outside 1..max_m); *source (optional) receives where it came from. */
 const k3_table_choice *k3_linear_plan_choice(const struct k3_linear_plan *p, int64_t m, k3_choice_source *source);
 
-/* The table plans on ctx consult now (parsing the embedded one on first use): NULL when the architecture has
- * none. Errors as for k3_linear_plan_resolve. */
+/* The table plans on ctx consult now: NULL when the architecture has none. Never changes the context. */
 k3_status k3_linear_ctx_table(k3_ctx *ctx, const k3_table **out);
+
+/* Parses the embedded table of the context's architecture into ctx->table (replacing any table there; NULL
+ * when the architecture has none). Called by k3_ctx_create and k3_ctx_load_table(ctx, NULL, ...), never by a
+ * plan, so that concurrent plan creation on one context only reads it. Errors: INTERNAL_ERROR (an embedded
+ * table that does not parse: a build bug), OUT_OF_MEMORY. */
+k3_status k3_linear_ctx_parse_embedded(k3_ctx *ctx);
 
 #ifdef __cplusplus
 }

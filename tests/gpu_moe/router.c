@@ -66,7 +66,9 @@ static void router_case(const rcase *c) {
         size_t wsc = 0, wsg = 0;
         k3_router_workspace_size(pc, &wsc);
         k3_router_workspace_size(pg, &wsg);
-        CHECK(k3_router_run(pc, m, x, gate, bias_use, ids_c, w_c, NULL, 0, NULL) == K3_STATUS_SUCCESS, "cpu router");
+        void *cws = malloc(wsc);
+        CHECK(k3_router_run(pc, m, x, gate, bias_use, ids_c, w_c, cws, wsc, NULL) == K3_STATUS_SUCCESS, "cpu router");
+        free(cws);
         void *dx = k3t_dup(x, (size_t)(m * H) * 2), *dg = k3t_dup(gate, (size_t)E * (size_t)H * gsz);
         float *db = (float *)k3t_dup(bias, (size_t)E * 4);
         void *dws = k3t_dalloc(wsg);

@@ -326,6 +326,11 @@ cudaError_t dispatch_m(int64_t m, F f) {
 
 extern "C" k3_status k3_cuda_kda_sliced_create(k3_ctx *ctx, int64_t hidden, int64_t rows, k3_cuda_kda_sliced **out) {
     *out = NULL;
+    /* the plan bounds both (src/api/kda_proj.c); checked here too since the int casts and the division by the
+     * group count below are only defined inside these ranges */
+    if (hidden < 8 || hidden > 8192 || rows < 1 || rows > (INT64_C(1) << 24))
+        return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT, "kda sliced run_n: hidden %lld or rows %lld out of range",
+                       (long long)hidden, (long long)rows);
     k3_cuda_kda_sliced *sl = (k3_cuda_kda_sliced *)calloc(1, sizeof *sl);
     if (!sl) return k3_fail(ctx, K3_STATUS_OUT_OF_MEMORY, "out of host memory");
     /* about one block per SM (groups x slices <= SMs), and at most SL_LANES x SL_VMAX = 64 vectors per slice: what

@@ -424,7 +424,11 @@ cudaError_t launch_plain(bool f32, const uint16_t *x, const void *gate, int64_t 
 } // namespace
 
 extern "C" size_t k3_cuda_router_ws_bytes(const k3_router_desc *d) {
-    return (size_t)d->max_tokens * (size_t)d->num_experts * sizeof(float);
+    /* the plan bounds both factors; checked anyway, since a wrapped size would let the kernel write past ws */
+    if (d->max_tokens < 1 || d->num_experts < 1) return SIZE_MAX;
+    const size_t mt = (size_t)d->max_tokens, e = (size_t)d->num_experts;
+    if (mt > SIZE_MAX / sizeof(float) / e) return SIZE_MAX;
+    return mt * e * sizeof(float);
 }
 
 extern "C" k3_status k3_cuda_router_run(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const void *x,

@@ -11,7 +11,8 @@
 extern "C" {
 #endif
 
-/* Device workspace of k3_cuda_router_run for up to max_tokens tokens: the fp32 logits [max_tokens, E]. */
+/* Device workspace of k3_cuda_router_run for up to max_tokens tokens: the fp32 logits [max_tokens, E];
+ * SIZE_MAX when that size does not fit in size_t (or a field is not positive). */
 size_t k3_cuda_router_ws_bytes(const k3_router_desc *d);
 /* The router of k3_router_run on `stream`; bitwise the CPU router's ids and weights (same summation order,
  * same sigmoid/exp from core/router_math.h, same selection and NaN rules). Arguments were validated. */
