@@ -117,13 +117,16 @@ static const char *const header_fields[] = {"format", "arch", "gpu",  "sm_count"
                                             "driver", "runtime", "library", "date", "note"};
 #define N_HEADER_FIELDS (int)(sizeof header_fields / sizeof header_fields[0])
 
-static void trim_copy(char *dst, size_t dst_size, const char *s) {
+/* Copies s without its leading and trailing blanks; 0 when that does not fit (never a silent cut: a cut value
+ * could end in a blank, which the writer would print and a re-parse would trim). */
+static int trim_copy(char *dst, size_t dst_size, const char *s) {
     while (is_space(*s)) s++;
     size_t len = strlen(s);
     while (len && is_space(s[len - 1])) len--;
-    if (len >= dst_size) len = dst_size - 1;
+    if (len >= dst_size) return 0;
     memcpy(dst, s, len);
     dst[len] = '\0';
+    return 1;
 }
 
 /* Copies a header value into a key field; 0 when it does not fit. */
@@ -139,8 +142,9 @@ static k3_status parse_header(k3_table_parser *p, k3_table *t, int field, const 
         return k3_table_perr(p, "header field '%s' after the first row (the header comes first)", header_fields[field]);
     if (p->seen_fields & (1u << field)) return k3_table_perr(p, "duplicate header field '%s'", header_fields[field]);
     p->seen_fields |= 1u << field;
-    char v[256];
-    trim_copy(v, sizeof v, value);
+    char v[sizeof t->key.note]; /* the longest field */
+    if (!trim_copy(v, sizeof v, value))
+        return k3_table_perr(p, "%s value longer than %d characters", header_fields[field], (int)sizeof v - 1);
     if (!v[0]) return k3_table_perr(p, "header field '%s' has no value", header_fields[field]);
     int64_t num = 0;
     const char *name = header_fields[field];
