@@ -35,7 +35,8 @@ static void quant_help(void) {
         "The format and layout are recorded in __metadata__ (" META_FORMAT ", " META_LAYOUT ") for k3 dequant;\n"
         "existing metadata is kept.\n\n"
         "  --input PATH          safetensors file to read\n"
-        "  --output PATH         safetensors file to write (may be the input: it is read whole first)\n"
+        "  --output PATH         safetensors file to write (may be the input: it is read whole first, and the\n"
+        "                        output goes to a temporary file renamed over PATH only once it is complete)\n"
         "  --tensor NAME         quantize only this tensor (repeatable)\n"
         "  --scale-layout L      linear (default) or swizzled\n\n"
         "exit status: 0 success, 1 failure (unreadable or malformed file, bad tensor), 2 usage error\n");
@@ -323,7 +324,7 @@ static int quant_main(int argc, char **argv) {
         const k3_st_tensor *t = k3_st_at(f, i);
         int want = 0;
         if (n_named) {
-            for (int k = 0; k < n_named; k++) want |= !strcmp(named[k], t->name);
+            for (int k = 0; k < n_named; k++) want |= k3_st_find(f, named[k]) == t; /* O(1) per name */
         } else if (is_float_dtype(t->dtype) && t->ndim >= 2) {
             want = 1;
             if (unquantizable(t, blk, why, sizeof why)) {
