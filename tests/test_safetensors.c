@@ -7,6 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "io/safetensors.h"
@@ -253,6 +258,27 @@ static void test_malformed(void) {
          "{\"a\":{\"dtype\":\"U8\",\"x\":tru,\"shape\":[1],\"data_offsets\":[0,1]}}", -1, 1},
         {"bad number in an unknown key",
          "{\"a\":{\"dtype\":\"U8\",\"x\":-,\"shape\":[1],\"data_offsets\":[0,1]}}", -1, 1},
+        {"empty tensor name", "{\"\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", -1, 1},
+        {"duplicate shape key (more dims the second time)",
+         "{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1],\"shape\":[1,1,1,1,1],\"data_offsets\":[0,1]}}", -1, 1},
+        {"UTF-8: stray continuation byte in a name", "{\"a\x80\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}",
+         -1, 0},
+        {"UTF-8: overlong 2-byte '/'", "{\"a\xc0\xaf\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", -1, 0},
+        {"UTF-8: overlong 3-byte", "{\"a\xe0\x80\xaf\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", -1,
+         0},
+        {"UTF-8: overlong 4-byte", "{\"a\xf0\x80\x80\xaf\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}",
+         -1, 0},
+        {"UTF-8: encoded surrogate U+D800", "{\"a\xed\xa0\x80\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}",
+         -1, 0},
+        {"UTF-8: above U+10FFFF", "{\"a\xf4\x90\x80\x80\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", -1,
+         0},
+        {"UTF-8: byte 0xFF", "{\"a\xff\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", -1, 0},
+        {"UTF-8: truncated sequence", "{\"a\xe2\x82\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", -1, 0},
+        {"UTF-8: invalid in a metadata key", "{\"__metadata__\":{\"k\xc3\":\"v\"}}", -1, 0},
+        {"UTF-8: invalid in a metadata value", "{\"__metadata__\":{\"k\":\"v\xa9\"}}", -1, 0},
+        {"UTF-8: invalid in a skipped key",
+         "{\"a\":{\"x\":\"\xfe\",\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", -1, 0},
+        {"duplicate metadata key", "{\"__metadata__\":{\"k\":\"v\",\"k\":\"w\"}}", -1, 0},
         {"header shorter than its JSON", "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 20, 40},
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
@@ -271,6 +297,26 @@ static void test_malformed(void) {
         if (i < 3 || getenv("K3_TEST_VERBOSE")) printf("  %-28s -> %s\n", cases[i].what, err);
     }
     printf("%d of %d malformed files rejected\n", rejected, n);
+
+    /* the messages say what is wrong, where */
+    struct {
+        const char *header, *want;
+    } msgs[] = {
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1],\"shape\":[1,1,1,1,1],\"data_offsets\":[0,1]}}",
+         "duplicate key 'shape'"},
+        {"{\"ab\x80\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", "at byte 12: invalid UTF-8"},
+        {"{\"__metadata__\":{\"k\":\"v\xed\xbf\xbf\"}}", "at byte 31: invalid UTF-8"},
+        {"{\"\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", "empty tensor name"},
+        {"{\"__metadata__\":{\"k\":\"v\",\"k\":\"w\"}}", "duplicate key 'k' in __metadata__"},
+    };
+    for (size_t i = 0; i < sizeof msgs / sizeof msgs[0]; i++) {
+        write_raw(path, msgs[i].header, -1, 1);
+        k3_st_file *f = NULL;
+        char err[512] = "";
+        k3_st_open(path, &f, err, sizeof err);
+        CHECK(!f && strstr(err, msgs[i].want), "message '%s' wanted, got '%s'", msgs[i].want, err);
+        k3_st_close(f);
+    }
 
     /* nesting deeper than the parser allows, inside a key it would skip */
     char deep[1024];
@@ -292,17 +338,20 @@ static void test_malformed(void) {
          -1, 2},
         {"escaped name", "{\"\\u00e9\\ud83d\\ude00\\n\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", -1,
          1},
+        {"raw (unescaped) UTF-8: 2, 3 and 4 bytes",
+         "{\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", -1, 1},
         {"zero-size tensors at one offset",
          "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
          "\"b\":{\"dtype\":\"F32\",\"shape\":[0, 5],\"data_offsets\":[0,0]}}",
          -1, 0},
     };
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < (int)(sizeof good / sizeof good[0]); i++) {
         write_raw(path, good[i].header, good[i].hlen, good[i].data);
         k3_st_file *f = NULL;
         char err[512] = "";
         CHECK(k3_st_open(path, &f, err, sizeof err) == K3_STATUS_SUCCESS, "%s accepted: %s", good[i].what, err);
         if (i == 1) CHECK(f && k3_st_find(f, "\xc3\xa9\xf0\x9f\x98\x80\n"), "\\u escapes and surrogates decoded");
+        if (i == 2) CHECK(f && k3_st_find(f, "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"), "raw UTF-8 name kept");
         k3_st_close(f);
     }
 }
@@ -364,6 +413,135 @@ static void test_fuzz(k3t_rng *rng) {
     remove(path);
 }
 
+/* Names in this folder that start with prefix (a leftover temporary file of the writer). */
+static int count_prefixed(const char *prefix) {
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "exit $(ls -a '%s' | grep -c '^%s')", dir, prefix);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The writer never truncates or removes the destination: a failed save (here a file size limit, as a full disk
+ * would) leaves the old file byte for byte, and only its own temporary file is removed. */
+static void test_atomic_save(void) {
+    const char *path = tmp_path("keep.safetensors");
+    char err[512];
+    k3_st_writer *w = NULL;
+    k3_st_writer_create(&w);
+    unsigned char small[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    int64_t s16 = 16;
+    k3_st_writer_add(w, "small", K3_ST_U8, 1, &s16, small, err, sizeof err);
+    CHECK(k3_st_writer_save(w, path, err, sizeof err) == K3_STATUS_SUCCESS, "save the original: %s", err);
+    k3_st_writer_destroy(w);
+    chmod(path, 0640);
+    size_t n0 = 0;
+    unsigned char *orig = read_bytes(path, &n0);
+
+    /* a second save of 64 KiB under a 4 KiB file size limit (SIGXFSZ ignored, so write fails with EFBIG) */
+    w = NULL;
+    k3_st_writer_create(&w);
+    int64_t big_n = 65536;
+    unsigned char *big = calloc((size_t)big_n, 1);
+    k3_st_writer_add(w, "big", K3_ST_U8, 1, &big_n, big, err, sizeof err);
+    struct rlimit old_lim, lim;
+    getrlimit(RLIMIT_FSIZE, &old_lim);
+    lim = old_lim;
+    lim.rlim_cur = 4096;
+    void (*old_sig)(int) = signal(SIGXFSZ, SIG_IGN);
+    const int limited = setrlimit(RLIMIT_FSIZE, &lim) == 0;
+    err[0] = '\0';
+    const k3_status st = k3_st_writer_save(w, path, err, sizeof err);
+    setrlimit(RLIMIT_FSIZE, &old_lim);
+    signal(SIGXFSZ, old_sig);
+    CHECK(limited, "setrlimit(RLIMIT_FSIZE)");
+    CHECK(st == K3_STATUS_IO_ERROR && strstr(err, "keep.safetensors") && strstr(err, "unchanged"),
+          "a save past the file size limit fails with a message (%s: %s)", k3_status_string(st), err);
+    size_t n1 = 0;
+    unsigned char *after = read_bytes(path, &n1);
+    CHECK(after && n1 == n0 && memcmp(after, orig, n0) == 0, "the existing file is byte-identical after the failure");
+    CHECK(count_prefixed("keep.safetensors.k3tmp") == 0, "no temporary file is left behind");
+    free(after);
+
+    /* a name already taken by someone else's file is skipped (O_EXCL), that file untouched */
+    char taken[600];
+    snprintf(taken, sizeof taken, "%s.k3tmp-%ld-0", path, (long)getpid());
+    write_bytes(taken, "mine", 4);
+    CHECK(k3_st_writer_save(w, path, err, sizeof err) == K3_STATUS_SUCCESS, "save replaces the file: %s", err);
+    size_t nt = 0;
+    unsigned char *tb = read_bytes(taken, &nt);
+    CHECK(tb && nt == 4 && !memcmp(tb, "mine", 4), "an existing file with the temporary name is left alone");
+    free(tb);
+    remove(taken);
+    struct stat sb;
+    CHECK(stat(path, &sb) == 0 && (size_t)sb.st_size > 65536 && (sb.st_mode & 0777) == 0640,
+          "the new file replaced the old one and kept its mode 0640 (mode %o)", (unsigned)(sb.st_mode & 0777));
+    k3_st_file *f = NULL;
+    CHECK(k3_st_open(path, &f, err, sizeof err) == 0 && k3_st_find(f, "big") && !k3_st_find(f, "small"),
+          "the replaced file reads back");
+    k3_st_close(f);
+    k3_st_writer_destroy(w);
+    free(big);
+    free(orig);
+    remove(path);
+
+    /* the writer refuses what the reader would refuse */
+    w = NULL;
+    k3_st_writer_create(&w);
+    CHECK(k3_st_writer_add(w, "bad\xc3(", K3_ST_U8, 1, &s16, small, err, sizeof err) == K3_STATUS_INVALID_ARGUMENT &&
+              strstr(err, "UTF-8"),
+          "writer refuses an invalid UTF-8 name: %s", err);
+    CHECK(k3_st_writer_set_metadata(w, "k", "\xed\xa0\x80", err, sizeof err) == K3_STATUS_INVALID_ARGUMENT &&
+              strstr(err, "UTF-8"),
+          "writer refuses an invalid UTF-8 metadata value: %s", err);
+    k3_st_writer_destroy(w);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Tens of thousands of tiny tensors and metadata keys: writing (duplicate checks), reading (duplicate checks) and
+ * looking each one up must be near-linear, not a scan per name. */
+static void test_many_tensors(void) {
+    enum { N = 40000 };
+    const char *path = tmp_path("many.safetensors");
+    char err[512], name[64];
+    const double t0 = now_s();
+    k3_st_writer *w = NULL;
+    k3_st_writer_create(&w);
+    int ok = 1;
+    int64_t one = 1;
+    for (int i = 0; i < N && ok; i++) {
+        unsigned char v = (unsigned char)i;
+        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.w", i / 1000, i % 1000);
+        ok = k3_st_writer_add(w, name, K3_ST_U8, 1, &one, &v, err, sizeof err) == K3_STATUS_SUCCESS &&
+             k3_st_writer_set_metadata(w, name, "v", err, sizeof err) == K3_STATUS_SUCCESS;
+    }
+    CHECK(ok, "40000 tensors and metadata keys added: %s", err);
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.w", 7, 123);
+    CHECK(k3_st_writer_add(w, name, K3_ST_U8, 1, &one, name, err, sizeof err) == K3_STATUS_INVALID_ARGUMENT,
+          "a duplicate among 40000 is still found");
+    CHECK(k3_st_writer_save(w, path, err, sizeof err) == 0, "save: %s", err);
+    k3_st_writer_destroy(w);
+    k3_st_file *f = NULL;
+    CHECK(k3_st_open(path, &f, err, sizeof err) == 0 && k3_st_count(f) == N, "open: %s", err);
+    int found = 0;
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.w", i / 1000, i % 1000);
+        const k3_st_tensor *t = k3_st_find(f, name);
+        const char *m = k3_st_metadata_get(f, name);
+        found += t && *(const unsigned char *)t->data == (unsigned char)i && m && !strcmp(m, "v");
+    }
+    CHECK(found == N && !k3_st_find(f, "model.layers.40.mlp.experts.0.w"), "every name found (%d of %d)", found, N);
+    k3_st_close(f);
+    const double dt = now_s() - t0;
+    printf("40000 tensors + 40000 metadata keys: write, read and look up in %.3f s\n", dt);
+    CHECK(dt < 5.0, "40000 names take %.1f s (> 5 s: a scan per name?)", dt);
+    remove(path);
+}
+
 int main(void) {
     printf("seed %llu\n", (unsigned long long)SEED);
     const char *tmp = getenv("TMPDIR");
@@ -376,6 +554,8 @@ int main(void) {
     test_round_trip(&rng);
     test_malformed();
     test_fuzz(&rng);
+    test_atomic_save();
+    test_many_tensors();
     remove(tmp_path("rt.safetensors"));
     remove(tmp_path("bad.safetensors"));
     rmdir(dir);

@@ -42,6 +42,8 @@ int k3_cli_device_name_ok(const char *s, const char *what);
 /* A CPU context simulating compute capability `arch` ("MAJOR.MINOR") with sm_count SMs (0: the architecture
  * table's key); NULL after printing a message prefixed by cmd, with *usage set when `arch` itself was bad. */
 k3_ctx *k3_cli_sim_ctx(const char *cmd, const char *arch, int32_t sm_count, int *usage);
+/* 1 when paths a and b name the same file: the same string, or the same device and inode (a link, "./x"). */
+int k3_cli_same_file(const char *a, const char *b);
 /* Creates a context for "cpu", "cuda" or "auto"; prints the failure and returns NULL on error. */
 k3_ctx *k3_cli_ctx(const char *device);
 

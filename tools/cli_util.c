@@ -1,7 +1,10 @@
+#define _POSIX_C_SOURCE 200809L /* stat */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <sys/stat.h>
 
 #include "cli.h"
 
@@ -36,8 +39,19 @@ int k3_cli_parse_f32(const char *s, const char *what, float *out) {
     char *end = NULL;
     errno = 0;
     float v = strtof(s, &end);
-    if (errno || end == s || *end != '\0' || !isfinite(v)) {
+    if (end == s || *end != '\0') {
+        fprintf(stderr, "k3: %s: '%s' is not a number\n", what, s);
+        return 0;
+    }
+    if (!isfinite(v) && errno != ERANGE) {
         fprintf(stderr, "k3: %s: '%s' is not a finite number\n", what, s);
+        return 0;
+    }
+    if (errno == ERANGE) { /* strtof's range error: too large for a float, or below its normal range */
+        fprintf(stderr, "k3: %s: '%s' is %s\n", what, s,
+                isinf(v) || fabsf(v) > 1.0f ? "too large for a 32-bit float (above about 3.4e38)"
+                                            : "too small in magnitude for a 32-bit float (below about 1.2e-38, "
+                                              "the smallest normal value); use 0 where the option allows it");
         return 0;
     }
     *out = v;
@@ -108,7 +122,8 @@ k3_ctx *k3_cli_sim_ctx(const char *cmd, const char *arch, int32_t sm_count, int 
     *usage = 0;
     if (sscanf(arch, "%d.%d%c", &major, &minor, &tail) != 2 ||
         k3_arch_from_capability(major, minor, &probe) != K3_STATUS_SUCCESS) {
-        fprintf(stderr, "%s: --arch wants MAJOR.MINOR such as 9.0 or 10.3 (got '%s')\n", cmd, arch);
+        fprintf(stderr, "%s: --arch wants MAJOR.MINOR with MAJOR 1..99 and MINOR 0..9, such as 9.0 or 10.3 (got '%s')\n",
+                cmd, arch);
         *usage = 1;
         return NULL;
     }
@@ -121,4 +136,11 @@ k3_ctx *k3_cli_sim_ctx(const char *cmd, const char *arch, int32_t sm_count, int 
     if (st != K3_STATUS_SUCCESS)
         fprintf(stderr, "%s: cannot create a simulated %s context: %s\n", cmd, arch, k3_status_string(st));
     return ctx;
+}
+
+int k3_cli_same_file(const char *a, const char *b) {
+    if (!a || !b) return 0;
+    if (!strcmp(a, b)) return 1;
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }

@@ -12,8 +12,8 @@
 #define BENCH_MAX_M_LIST 32
 #define BENCH_MAX_CAND 64
 
-static void bench_help(void) {
-    printf("usage: k3 bench gemm [--shapes k3|tp8|all|N,K[,N,K...]] [--m LIST] [--reps R] [--json | --csv]\n"
+static void bench_help(FILE *f) {
+    fprintf(f, "usage: k3 bench gemm [--shapes k3|tp8|all|N,K[,N,K...]] [--m LIST] [--reps R] [--json | --csv]\n"
            "                     [--all-candidates] [--table FILE [--force]] [--seed S]\n\n"
            "Times the library's planned BF16 GEMM and cuBLASLt (the best of its heuristic's top %d algorithms)\n"
            "side by side on the GPU (docs/benchmarks.md): every timed plan is first checked against the CPU reference\n"
@@ -302,13 +302,15 @@ static int bench_gemm(int argc, char **argv) {
 
 int k3_cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        printf("usage: k3 bench gemm|kda [OPTIONS]   (k3 bench gemm --help, k3 bench kda --help)\n\n");
-        bench_help();
+        FILE *f = argc < 2 ? stderr : stdout; /* no benchmark named is a usage error: its text goes to stderr */
+        fprintf(f, "usage: k3 bench gemm|kda|moe [OPTIONS]   (k3 bench gemm --help, k3 bench kda --help, "
+                   "k3 bench moe --help)\n\n");
+        bench_help(f);
         return argc < 2 ? K3_EXIT_USAGE : K3_EXIT_OK;
     }
     if (!strcmp(argv[1], "gemm")) {
         if (k3_cli_wants_help(argc - 1, argv + 1)) {
-            bench_help();
+            bench_help(stdout);
             return K3_EXIT_OK;
         }
         return bench_gemm(argc - 1, argv + 1);

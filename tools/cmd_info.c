@@ -8,7 +8,7 @@ static void info_help(void) {
            "Prints the backend, device name, compute capability and the facts the library decides on:\n"
            "mixed-precision bf16 FMA (SM100+), native FP4 MMA (SM100+), which projection table applies\n"
            "(SM90 -> sm90, SM100 -> sm100, SM103 and SM107 -> sm103, else none).\n\n"
-           "  --arch X.Y   simulate compute capability X.Y instead of reading a device\n"
+           "  --arch X.Y   simulate compute capability X.Y (X 1..99, Y 0..9) instead of reading a device\n"
            "  --json       one JSON object on stdout\n"
            "  --device D   cpu, cuda or auto (default auto: CUDA when a GPU is present)\n");
 }
@@ -42,7 +42,10 @@ int k3_cmd_info(int argc, char **argv) {
         char tail = 0;
         if (sscanf(arch, "%d.%d%c", &major, &minor, &tail) != 2 ||
             k3_arch_from_capability(major, minor, &a) != K3_STATUS_SUCCESS) {
-            fprintf(stderr, "k3 info: --arch wants MAJOR.MINOR such as 9.0 or 10.3 (got '%s')\n", arch);
+            fprintf(stderr,
+                    "k3 info: --arch wants MAJOR.MINOR with MAJOR 1..99 and MINOR 0..9, such as 9.0 or 10.3 "
+                    "(got '%s')\n",
+                    arch);
             return K3_EXIT_USAGE;
         }
         backend = "simulated";

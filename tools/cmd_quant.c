@@ -1,4 +1,5 @@
 /* k3 quant / k3 dequant: NVFP4 and MXFP4 conversion of safetensors files (ModelOpt-style tensor names). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,7 +35,8 @@ static void quant_help(void) {
         "The format and layout are recorded in __metadata__ (" META_FORMAT ", " META_LAYOUT ") for k3 dequant;\n"
         "existing metadata is kept.\n\n"
         "  --input PATH          safetensors file to read\n"
-        "  --output PATH         safetensors file to write (may be the input: it is read whole first)\n"
+        "  --output PATH         safetensors file to write (may be the input: it is read whole first, and the\n"
+        "                        output goes to a temporary file renamed over PATH only once it is complete)\n"
         "  --tensor NAME         quantize only this tensor (repeatable)\n"
         "  --scale-layout L      linear (default) or swizzled\n\n"
         "exit status: 0 success, 1 failure (unreadable or malformed file, bad tensor), 2 usage error\n");
@@ -50,17 +52,55 @@ static void dequant_help(void) {
            "removed from the output; other metadata is kept). NAME_scale_2 may hold one value per matrix or a\n"
            "single shared one. Every other tensor is copied unchanged.\n"
            "Values: nvfp4 x = q * e4m3(scale) * scale_2; mxfp4 x = q * 2^(scale - 127); a BF16 output is the\n"
-           "round-to-nearest-even of that fp32 value.\n\n"
+           "round-to-nearest-even of that fp32 value. A NaN scale code (E4M3 0x7F/0xFF, UE8M0 0xFF), a scale_2\n"
+           "that is not finite and positive, or a value that overflows fp32 is an error naming the tensor and\n"
+           "element (nothing is written).\n\n"
            "  --input PATH     safetensors file to read\n"
            "  --output PATH    safetensors file to write\n"
            "  --dtype D        f32 (default) or bf16\n\n"
            "exit status: 0 success, 1 failure (unreadable or malformed file, inconsistent tensors), 2 usage error\n");
 }
 
+/* The product of d[0..n), or -1 when it overflows int64 (possible when another dimension is 0, so the reader's
+   byte-size check passed). */
 static int64_t prod(const int64_t *d, int32_t n) {
     int64_t p = 1;
-    for (int32_t i = 0; i < n; i++) p *= d[i];
+    for (int32_t i = 0; i < n; i++) {
+        if (d[i] < 0 || (d[i] && p > INT64_MAX / d[i])) return -1;
+        p *= d[i];
+    }
     return p;
+}
+
+/* "[2, 64]" */
+static const char *shape_str(const k3_st_tensor *t, char *buf, size_t n) {
+    size_t o = (size_t)snprintf(buf, n, "[");
+    for (int32_t i = 0; i < t->ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+    return buf;
+}
+
+/* A NaN code among the block scales (e4m3: 0x7F / 0xFF; ue8m0: 0xFF) or a non-finite or non-positive scale_2:
+   each would turn whole blocks of the output into NaN, so it is refused with the tensor and element named. */
+static int scales_finite(const k3_st_tensor *scale, const k3_st_tensor *scale_2, int nvfp4) {
+    const uint8_t *c = (const uint8_t *)scale->data;
+    for (size_t i = 0; i < scale->nbytes; i++)
+        if ((nvfp4 && (c[i] & 0x7Fu) == 0x7Fu) || (!nvfp4 && c[i] == 0xFFu)) {
+            fprintf(stderr, "k3 dequant: %s: element %zu is 0x%02X, a NaN %s code\n", scale->name, i, c[i],
+                    nvfp4 ? "E4M3" : "UE8M0");
+            return 0;
+        }
+    if (scale_2) {
+        const float *v = (const float *)scale_2->data;
+        for (size_t i = 0; i < scale_2->nbytes / sizeof(float); i++)
+            if (!isfinite(v[i]) || !(v[i] > 0.0f)) {
+                fprintf(stderr, "k3 dequant: %s: element %zu is %g (a scale_2 must be finite and positive)\n",
+                        scale_2->name, i, (double)v[i]);
+                return 0;
+            }
+    }
+    return 1;
 }
 
 static int is_float_dtype(k3_st_dtype t) { return t == K3_ST_BF16 || t == K3_ST_F16 || t == K3_ST_F32; }
@@ -76,7 +116,7 @@ static const char *unquantizable(const k3_st_tensor *t, int64_t blk, char *why, 
         return why;
     }
     int64_t cols = t->shape[t->ndim - 1];
-    if (cols == 0 || cols % blk != 0 || prod(t->shape, t->ndim) == 0) {
+    if (cols == 0 || cols % blk != 0 || prod(t->shape, t->ndim) <= 0) {
         snprintf(why, why_size, "last dimension %lld is not a positive multiple of %lld (or the tensor is empty)",
                  (long long)cols, (long long)blk);
         return why;
@@ -284,7 +324,7 @@ static int quant_main(int argc, char **argv) {
         const k3_st_tensor *t = k3_st_at(f, i);
         int want = 0;
         if (n_named) {
-            for (int k = 0; k < n_named; k++) want |= !strcmp(named[k], t->name);
+            for (int k = 0; k < n_named; k++) want |= k3_st_find(f, named[k]) == t; /* O(1) per name */
         } else if (is_float_dtype(t->dtype) && t->ndim >= 2) {
             want = 1;
             if (unquantizable(t, blk, why, sizeof why)) {
@@ -355,11 +395,28 @@ static int quantized_info(const k3_st_file *f, const k3_st_tensor *t, const char
     }
     const int32_t nb = t->ndim - 2;
     const int64_t blk = q->fmt == K3_FP4_NVFP4 ? K3_NVFP4_BLOCK : K3_MXFP4_BLOCK;
+    char shp[200];
     q->batch = prod(t->shape, nb);
     q->rows = t->shape[nb];
+    if (t->shape[nb + 1] > INT64_MAX / 2) { /* 2 FP4 values per byte: the column count would not fit int64 */
+        fprintf(stderr, "k3 dequant: %s: shape %s: the last dimension %lld (bytes, 2 columns each) is too large: "
+                        "its column count overflows int64\n",
+                t->name, shape_str(t, shp, sizeof shp), (long long)t->shape[nb + 1]);
+        return -1;
+    }
     q->cols = t->shape[nb + 1] * 2;
+    if (q->batch < 1) {
+        fprintf(stderr, "k3 dequant: %s: shape %s: the leading (batch) dimensions %s\n", t->name,
+                shape_str(t, shp, sizeof shp), q->batch < 0 ? "overflow int64" : "hold no matrix (a dimension is 0)");
+        return -1;
+    }
+    if (q->rows < 1) {
+        fprintf(stderr, "k3 dequant: %s: shape %s has 0 rows; a packed %s tensor needs at least one row\n", t->name,
+                shape_str(t, shp, sizeof shp), fs);
+        return -1;
+    }
     size_t lin = 0, swz = 0;
-    if (q->batch < 1 || k3_fp4_scale_bytes(q->fmt, K3_SCALE_LINEAR, q->rows, q->cols, &lin) != K3_STATUS_SUCCESS ||
+    if (k3_fp4_scale_bytes(q->fmt, K3_SCALE_LINEAR, q->rows, q->cols, &lin) != K3_STATUS_SUCCESS ||
         k3_fp4_scale_bytes(q->fmt, K3_SCALE_SWIZZLED, q->rows, q->cols, &swz) != K3_STATUS_SUCCESS) {
         fprintf(stderr, "k3 dequant: %s: shape cannot hold %s data ([..., %lld, %lld] packed; columns must be a "
                         "multiple of %lld)\n",
@@ -399,10 +456,12 @@ static int quantized_info(const k3_st_file *f, const k3_st_tensor *t, const char
     } else {
         q->scale_2 = NULL;
     }
+    if (!scales_finite(q->scale, q->scale_2, q->fmt == K3_FP4_NVFP4)) return -1;
     return 1;
 }
 
 static int dequantize_tensor(k3_st_writer *w, const k3_st_tensor *t, const qinfo *q, int bf16) {
+    /* the packed tensor holds n / 2 bytes, so n cannot overflow */
     const int64_t n = q->batch * q->rows * q->cols;
     int ok = 0;
     char err[512];
@@ -424,6 +483,12 @@ static int dequantize_tensor(k3_st_writer *w, const k3_st_tensor *t, const qinfo
         fprintf(stderr, "k3 dequant: %s: %s\n", t->name, k3_status_string(st));
         goto out;
     }
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) { /* finite codes and scales can still overflow fp32 (a huge scale_2) */
+            fprintf(stderr, "k3 dequant: %s: element %lld dequantizes to %g (scale x scale_2 overflows fp32)\n",
+                    t->name, (long long)i, (double)x[i]);
+            goto out;
+        }
     int64_t shape[K3_ST_MAX_DIMS];
     memcpy(shape, t->shape, sizeof shape);
     shape[t->ndim - 1] = q->cols;

@@ -50,8 +50,16 @@ static void moe_help(void) {
         "output (Y.safetensors):\n"
         "  output [M, L] (experts) or [M, H] (latent block) BF16; topk_ids [M, k] I32 and topk_weights [M, k] F32\n"
         "  when it routed.\n\n"
+        "activation options (a negative value is a usage error):\n"
+        "  --situ-beta B          > 0 (situ only; default 4.0)\n"
+        "  --situ-linear-beta LB  > 0, or 0 = no linear clamp (situ only; default 25.0)\n"
+        "  --limit L              > 0, or 0 = no clamp (silu, swigluoai*; swigluoai default 7.0, silu 0)\n\n"
         "Math: out = bf16(sum_j w_j W2_e(act(bf16(W13_e x)))), fp32 sums (see docs/run-moe.md). Any tensor with\n"
-        "a wrong name, shape or dtype is an error naming the tensor and what was expected.\n\n"
+        "a wrong name, shape or dtype is an error naming the tensor and what was expected. NaN or Inf in\n"
+        "hidden_states, topk_weights, the router, the scales (E4M3 0x7F/0xFF and UE8M0 0xFF are NaN codes) or\n"
+        "norm_weight is an error naming the tensor and element; scale_2 and input scales must be > 0. An output\n"
+        "with NaN or Inf (an overflow) is an error: it is not written, and the exit status is 1.\n"
+        "--output must not be the --weights or --input file (checked by path and by device and inode).\n\n"
         "exit status: 0 success, 1 failure (bad or inconsistent files, unsupported device), 2 usage error\n");
 }
 
@@ -70,6 +78,15 @@ static int parse_act(const char *s, k3_act_kind *out) {
             *out = acts[i].kind;
             return 1;
         }
+    return 0;
+}
+
+/* A beta or limit: > 0, or exactly 0 where zero_unset (0 = unset: no clamp). A negative value is refused
+   rather than read as "unset", which would silently drop a clamp the user meant to set. */
+static int parse_nonneg(const char *v, const char *what, int zero_unset, float *out) {
+    if (!k3_cli_parse_f32(v, what, out)) return 0;
+    if (*out > 0.0f || (zero_unset && *out == 0.0f)) return 1;
+    fprintf(stderr, CMD ": %s must be > 0%s (got %s)\n", what, zero_unset ? ", or 0 for no clamp" : "", v);
     return 0;
 }
 
@@ -100,13 +117,13 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--act"))
             o->act = v;
         else if (!strcmp(a, "--situ-beta")) {
-            if (!k3_cli_parse_f32(v, a, &o->situ_beta)) return 0;
+            if (!parse_nonneg(v, a, 0, &o->situ_beta)) return 0;
             o->has_situ_beta = 1;
         } else if (!strcmp(a, "--situ-linear-beta")) {
-            if (!k3_cli_parse_f32(v, a, &o->situ_lb)) return 0;
+            if (!parse_nonneg(v, a, 1, &o->situ_lb)) return 0;
             o->has_situ_lb = 1;
         } else if (!strcmp(a, "--limit")) {
-            if (!k3_cli_parse_f32(v, a, &o->limit)) return 0;
+            if (!parse_nonneg(v, a, 1, &o->limit)) return 0;
             o->has_limit = 1;
         } else if (!strcmp(a, "--scaling-factor")) {
             if (!k3_cli_parse_f32(v, a, &o->scaling)) return 0;
@@ -129,6 +146,11 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
     }
     if (!o->weights || !o->input || !o->output) {
         fprintf(stderr, CMD ": --weights, --input and --output are required (see k3 run moe --help)\n");
+        return 0;
+    }
+    if (k3_cli_same_file(o->output, o->weights) || k3_cli_same_file(o->output, o->input)) {
+        fprintf(stderr, CMD ": --output %s is the %s file; refusing to replace it (write the output elsewhere)\n",
+                o->output, k3_cli_same_file(o->output, o->weights) ? "--weights" : "--input");
         return 0;
     }
     if (o->top_k < 1 || o->top_k > 32) {
@@ -295,6 +317,14 @@ static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_fil
         fprintf(stderr, CMD ": copying the results back from the device failed\n");
         goto done;
     }
+    for (size_t i = 0; i < (size_t)(m * ycols); i++)
+        if ((y[i] & 0x7F80u) == 0x7F80u) { /* bf16 exponent all ones: Inf or NaN */
+            fprintf(stderr, CMD ": output element [%lld, %lld] is %s (an overflow in the run, or extreme inputs); "
+                                "%s not written\n",
+                    (long long)(i / (size_t)ycols), (long long)(i % (size_t)ycols), (y[i] & 0x7Fu) ? "NaN" : "Inf",
+                    o->output);
+            goto done;
+        }
     if (save_output(o, s, y, ycols, ids, wts)) {
         printf("k3 run moe: %s%s, %s experts (E %d, L %lld, I %lld, top-%lld, %s, %s), M %lld -> %s\n",
                s->latent ? "latent-MoE block" : "routed experts", routed && !s->latent ? " with router" : "",

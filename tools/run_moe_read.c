@@ -1,5 +1,6 @@
 /* k3 run moe: the weights and input files read into a run_setup, every tensor checked by name, dtype and
  * shape (a mismatch is an error naming the tensor and what was expected). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +38,56 @@ static const k3_st_tensor *want(const k3_st_file *f, const char *label, const ch
         return NULL;
     }
     return t;
+}
+
+/* " [3, 1]": the coordinates of flat element i of t */
+static void fmt_index(char *buf, size_t n, const k3_st_tensor *t, size_t i) {
+    int64_t c[K3_ST_MAX_DIMS];
+    for (int32_t d = t->ndim - 1; d >= 0; d--) {
+        c[d] = t->shape[d] ? (int64_t)(i % (size_t)t->shape[d]) : 0;
+        i = t->shape[d] ? i / (size_t)t->shape[d] : 0;
+    }
+    size_t o = (size_t)snprintf(buf, n, "[");
+    for (int32_t d = 0; d < t->ndim && o < n; d++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", d ? ", " : "", (long long)c[d]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+/* NaN or Inf in a tensor the run reads (a scale, a routing weight, an activation) would silently become NaN
+ * outputs, so each is checked on load: 0 after naming the tensor and the first bad element. positive: the values
+ * must also be > 0 (global and input scales). */
+static int check_values(const k3_st_tensor *t, const char *label, int positive) {
+    const size_t n = t->nbytes / k3_st_dtype_size(t->dtype);
+    char at[200];
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        const char *bad = NULL;
+        if (t->dtype == K3_ST_F32) {
+            v = ((const float *)t->data)[i];
+        } else if (t->dtype == K3_ST_BF16) {
+            const uint32_t b = (uint32_t)((const uint16_t *)t->data)[i] << 16;
+            memcpy(&v, &b, sizeof v);
+        } else if (t->dtype == K3_ST_F8_E4M3) { /* block scales: 0x7F and 0xFF are E4M3's NaN codes */
+            const uint8_t c = ((const uint8_t *)t->data)[i];
+            if ((c & 0x7Fu) == 0x7Fu) bad = "0x7F/0xFF, an E4M3 NaN code";
+            v = 0.0f;
+        } else { /* U8 UE8M0 block scales: 0xFF is NaN */
+            if (((const uint8_t *)t->data)[i] == 0xFFu) bad = "0xFF, a UE8M0 NaN code";
+            v = 0.0f;
+        }
+        if (!bad && isnan(v)) bad = "NaN";
+        else if (!bad && isinf(v)) bad = v > 0 ? "+Inf" : "-Inf";
+        else if (!bad && positive && !(v > 0.0f)) bad = "not positive (a scale must be > 0)";
+        if (bad) {
+            fmt_index(at, sizeof at, t, i);
+            if (positive && !isnan(v) && !isinf(v))
+                fprintf(stderr, CMD ": %s: tensor '%s' element %s is %g: %s\n", label, t->name, at, (double)v, bad);
+            else
+                fprintf(stderr, CMD ": %s: tensor '%s' element %s is %s\n", label, t->name, at, bad);
+            return 0;
+        }
+    }
+    return 1;
 }
 
 static const char *const weight_names[] = {
@@ -159,7 +210,7 @@ int k3_run_read_experts(const k3_st_file *wf, run_setup *s, const k3_act_desc *a
         const int32_t sn = lay == K3_SCALE_LINEAR ? 3 : 2;
         const k3_st_tensor *t13 = want(wf, W, "w13_weight_scale", sdt, sn, sh13);
         const k3_st_tensor *t2 = want(wf, W, "w2_weight_scale", sdt, sn, sh2);
-        if (!t13 || !t2) return 0;
+        if (!t13 || !t2 || !check_values(t13, W, 0) || !check_values(t2, W, 0)) return 0;
         s->mw.w13_scale = t13->data;
         s->mw.w2_scale = t2->data;
         if (fmt == K3_WEIGHT_NVFP4) {
@@ -177,7 +228,7 @@ int k3_run_read_experts(const k3_st_file *wf, run_setup *s, const k3_act_desc *a
             }
             int64_t shp[1] = {e};
             const k3_st_tensor *g2 = want(wf, W, "w2_weight_scale_2", K3_ST_F32, 1, shp);
-            if (!g2) return 0;
+            if (!g2 || !check_values(g13, W, 1) || !check_values(g2, W, 1)) return 0;
             s->mw.w13_scale_2 = (const float *)g13->data;
             s->mw.w2_scale_2 = (const float *)g2->data;
         } else if (k3_st_find(wf, "w13_weight_scale_2") || k3_st_find(wf, "w2_weight_scale_2")) {
@@ -193,7 +244,7 @@ int k3_run_read_experts(const k3_st_file *wf, run_setup *s, const k3_act_desc *a
         int64_t shp[1] = {e};
         const k3_st_tensor *i13 = want(wf, W, "w13_input_scale", K3_ST_F32, 1, shp);
         const k3_st_tensor *i2 = i13 ? want(wf, W, "w2_input_scale", K3_ST_F32, 1, shp) : NULL;
-        if (!i2) return 0;
+        if (!i2 || !check_values(i13, W, 1) || !check_values(i2, W, 1)) return 0;
         s->mw.w13_input_scale = (const float *)i13->data;
         s->mw.w2_input_scale = (const float *)i2->data;
     }
@@ -210,6 +261,7 @@ int k3_run_read_routing(const k3_st_file *wf, const k3_st_file *xf, run_setup *s
         if (x && x->ndim == 2 && x->shape[0] < 1) fprintf(stderr, CMD ": input: hidden_states has no rows\n");
         return 0;
     }
+    if (!check_values(x, X, 0)) return 0;
     s->x = x;
     s->m = x->shape[0];
     s->width = x->shape[1];
@@ -219,7 +271,7 @@ int k3_run_read_routing(const k3_st_file *wf, const k3_st_file *xf, run_setup *s
         if (!(ids = want(xf, X, "topk_ids", K3_ST_I32, 2, shp))) return 0;
         const int64_t k = ids->shape[1];
         int64_t shw[2] = {s->m, k};
-        if (!(s->wts = want(xf, X, "topk_weights", K3_ST_F32, 2, shw))) return 0;
+        if (!(s->wts = want(xf, X, "topk_weights", K3_ST_F32, 2, shw)) || !check_values(s->wts, X, 0)) return 0;
         if (o->has_top_k && o->top_k != k) {
             fprintf(stderr, CMD ": --top-k %lld disagrees with input topk_ids [%lld, %lld]\n", (long long)o->top_k,
                     (long long)s->m, (long long)k);
@@ -256,11 +308,14 @@ int k3_run_read_routing(const k3_st_file *wf, const k3_st_file *xf, run_setup *s
         return 0;
     }
     int64_t shg[2] = {s->e, s->width};
-    if (!(gate = want(wf, W, "gate_weight", gate->dtype == K3_ST_F32 ? K3_ST_F32 : K3_ST_BF16, 2, shg))) return 0;
+    if (!(gate = want(wf, W, "gate_weight", gate->dtype == K3_ST_F32 ? K3_ST_F32 : K3_ST_BF16, 2, shg)) ||
+        !check_values(gate, W, 0))
+        return 0;
     s->gate = gate;
     if (k3_st_find(wf, "e_score_correction_bias")) {
         int64_t shb[1] = {s->e};
-        if (!(s->bias = want(wf, W, "e_score_correction_bias", K3_ST_F32, 1, shb))) return 0;
+        if (!(s->bias = want(wf, W, "e_score_correction_bias", K3_ST_F32, 1, shb)) || !check_values(s->bias, W, 0))
+            return 0;
     }
     const int has_down = k3_st_find(wf, "down_proj_weight") != NULL, has_norm = k3_st_find(wf, "norm_weight") != NULL;
     const int has_up = k3_st_find(wf, "up_proj_weight") != NULL;
@@ -282,7 +337,7 @@ int k3_run_read_routing(const k3_st_file *wf, const k3_st_file *xf, run_setup *s
     const k3_st_tensor *down = want(wf, W, "down_proj_weight", K3_ST_BF16, 2, shd);
     const k3_st_tensor *norm = down ? want(wf, W, "norm_weight", K3_ST_BF16, 1, shn) : NULL;
     const k3_st_tensor *up = norm ? want(wf, W, "up_proj_weight", K3_ST_BF16, 2, shu) : NULL;
-    if (!up) return 0;
+    if (!up || !check_values(norm, W, 0)) return 0;
     s->latent = 1;
     s->h = h;
     s->is = 0;

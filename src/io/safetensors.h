@@ -7,7 +7,9 @@
  *
  * The reader loads and validates the whole file at open time (one allocation for the data section), so
  * every later accessor is a plain lookup. The header parser is a small bounds-checked JSON parser: any
- * malformed file is K3_STATUS_FORMAT_ERROR with a message naming the path and what was wrong.
+ * malformed file is K3_STATUS_FORMAT_ERROR with a message naming the path and what was wrong. Strings must
+ * be well-formed UTF-8 (no overlong forms or surrogates) and tensor names non-empty, as strict readers demand.
+ * Names and metadata keys are hashed at open time, so lookups are O(1) and the file is read-only afterwards.
  */
 #ifndef K3_CORE_SAFETENSORS_H
 #define K3_CORE_SAFETENSORS_H
@@ -63,15 +65,18 @@ const char *k3_st_metadata_get(const k3_st_file *f, const char *key); /* NULL wh
 typedef struct k3_st_writer k3_st_writer;
 k3_status k3_st_writer_create(k3_st_writer **out);
 /* Copies the data (nbytes follows from dtype and shape; data may be NULL only when that is 0).
-   Rejects (K3_STATUS_INVALID_ARGUMENT, message in err) a NULL/empty name, "__metadata__", duplicate names,
+   Rejects (K3_STATUS_INVALID_ARGUMENT, message in err) a NULL/empty name, invalid UTF-8, "__metadata__",
+   duplicate names,
    ndim outside 0..K3_ST_MAX_DIMS, negative dims, a byte size that overflows, an unknown dtype. */
 k3_status k3_st_writer_add(k3_st_writer *w, const char *name, k3_st_dtype dtype, int32_t ndim,
                            const int64_t *shape, const void *data, char *err, size_t err_size);
-/* Sets (or replaces) a "__metadata__" entry. */
+/* Sets (or replaces) a "__metadata__" entry (key and value must be valid UTF-8). */
 k3_status k3_st_writer_set_metadata(k3_st_writer *w, const char *key, const char *value, char *err,
                                     size_t err_size);
 /* Writes the file: header padded with spaces so the data section starts 8-byte aligned, tensors in
-   insertion order. K3_STATUS_IO_ERROR (message in err) when it cannot be written; no partial file is left. */
+   insertion order. The bytes go to a new temporary file in path's folder (O_EXCL), which is fsynced and then
+   renamed over path (an existing file keeps its mode). K3_STATUS_IO_ERROR (message in err) when it cannot be
+   written; then only the temporary file is removed and whatever path held before is left as it was. */
 k3_status k3_st_writer_save(const k3_st_writer *w, const char *path, char *err, size_t err_size);
 void k3_st_writer_destroy(k3_st_writer *w); /* NULL is accepted */
 

@@ -32,6 +32,30 @@ size_t k3_st_tensor_bytes(k3_st_dtype dtype, int32_t ndim, const int64_t *shape,
 /* Grows *arr (elements of elem bytes, capacity *cap) to hold need elements; 0 when out of memory. */
 int k3_st_grow(void **arr, int32_t *cap, int32_t need, size_t elem);
 
+/* The length (1..4) of the well-formed UTF-8 sequence at s[0..n), or 0 when it is not one (a stray
+ * continuation byte, a truncated sequence, an overlong form, a surrogate U+D800..DFFF, or above U+10FFFF). */
+size_t k3_st_utf8_seq(const unsigned char *s, size_t n);
+/* The offset of the first byte of s that does not start a well-formed sequence, or (size_t)-1 when s is valid. */
+size_t k3_st_utf8_bad(const char *s);
+
+/* A name -> index hash table (open addressing, linear probing) so lookups and duplicate checks are O(1) per
+ * name: a header may list over a million tensors, and a linear scan per tensor would take hours. The keys are
+ * borrowed (owned by the file or writer, stable for the table's life). */
+typedef struct st_slot {
+    const char *key; /* NULL = empty */
+    int32_t idx;
+} st_slot;
+typedef struct st_index {
+    st_slot *slots;
+    size_t cap; /* a power of two, or 0 */
+    int32_t count;
+} st_index;
+/* The index stored for key, or -1 when absent. */
+int32_t k3_st_index_get(const st_index *x, const char *key);
+/* Adds key -> idx (the caller checked that key is absent); 0 when out of memory. */
+int k3_st_index_put(st_index *x, const char *key, int32_t idx);
+void k3_st_index_free(st_index *x);
+
 /* The header's JSON parser (st_json.c): recursive descent, every index checked against the header's end. */
 /* The parser's state: the header bytes [0, n), a cursor, and where to put a message. */
 typedef struct jp {

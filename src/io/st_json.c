@@ -67,6 +67,17 @@ k3_status k3_jp_string(jp *p, char **out) {
             free(buf);
             return k3_jp_fail(p, "control character in a string");
         }
+        if (c >= 0x80) { /* strict readers refuse a file with invalid UTF-8, so it is refused here too */
+            const size_t l = k3_st_utf8_seq((const unsigned char *)p->s + p->i, p->n - p->i);
+            if (!l) {
+                free(buf);
+                return k3_jp_fail(p, "invalid UTF-8 in a string (a stray, truncated, overlong or surrogate sequence)");
+            }
+            memcpy(buf + o, p->s + p->i, l);
+            o += l;
+            p->i += l;
+            continue;
+        }
         if (c != '\\') {
             buf[o++] = (char)c;
             p->i++;

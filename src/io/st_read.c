@@ -11,6 +11,7 @@ struct k3_st_file {
     int32_t count;
     st_meta *meta;
     int32_t meta_count;
+    st_index names, meta_keys; /* O(1) lookups: built once at open, read-only afterwards */
     unsigned char *data;   /* the data section */
     void **copies;         /* aligned copies of misaligned tensors */
     int32_t copy_count;
@@ -25,6 +26,8 @@ static void file_free(k3_st_file *f) {
         free(f->meta[i].value);
     }
     free(f->meta);
+    k3_st_index_free(&f->names);
+    k3_st_index_free(&f->meta_keys);
     for (int32_t i = 0; i < f->copy_count; i++) free(f->copies[i]);
     free(f->copies);
     free(f->data);
@@ -55,9 +58,16 @@ static k3_status parse_tensor(jp *p, const char *name, st_entry *e) {
                 return k3_jp_fail(p, "expected ':'");
             }
             k3_status st = K3_STATUS_SUCCESS;
-            int dup = 0;
+            /* a repeated key is reported before its value is parsed (a second "shape" must not read as extra
+               dimensions of the first) */
+            if ((!strcmp(key, "dtype") && have_dtype) || (!strcmp(key, "shape") && have_shape) ||
+                (!strcmp(key, "data_offsets") && have_off)) {
+                snprintf(msg, sizeof msg, "tensor '%.200s': duplicate key '%.40s'", name, key);
+                free(key);
+                return k3_jp_fail(p, msg);
+            }
             if (!strcmp(key, "dtype")) {
-                dup = have_dtype++;
+                have_dtype = 1;
                 char *dt = NULL;
                 st = k3_jp_string(p, &dt);
                 if (st == K3_STATUS_SUCCESS) {
@@ -75,7 +85,7 @@ static k3_status parse_tensor(jp *p, const char *name, st_entry *e) {
                 }
                 free(dt);
             } else if (!strcmp(key, "shape")) {
-                dup = have_shape++;
+                have_shape = 1;
                 if (!k3_jp_eat(p, '[')) {
                     snprintf(msg, sizeof msg, "tensor '%.200s': shape must be an array", name);
                     st = k3_jp_fail(p, msg);
@@ -98,7 +108,7 @@ static k3_status parse_tensor(jp *p, const char *name, st_entry *e) {
                     }
                 }
             } else if (!strcmp(key, "data_offsets")) {
-                dup = have_off++;
+                have_off = 1;
                 snprintf(msg, sizeof msg, "tensor '%.200s': data_offsets", name);
                 if (!k3_jp_eat(p, '[')) st = k3_jp_fail(p, "data_offsets must be an array of two integers");
                 if (st == K3_STATUS_SUCCESS) st = k3_jp_uint(p, msg, &e->begin);
@@ -109,10 +119,6 @@ static k3_status parse_tensor(jp *p, const char *name, st_entry *e) {
                     st = k3_jp_fail(p, "data_offsets must be an array of two integers");
             } else {
                 st = k3_jp_skip(p, 1); /* tolerate keys a future writer may add */
-            }
-            if (st == K3_STATUS_SUCCESS && dup) {
-                snprintf(msg, sizeof msg, "tensor '%.200s': duplicate key '%.40s'", name, key);
-                st = k3_jp_fail(p, msg);
             }
             free(key);
             if (st != K3_STATUS_SUCCESS) return st;
@@ -150,13 +156,15 @@ static k3_status parse_metadata(jp *p, k3_st_file *f) {
             free(k);
             return st;
         }
-        for (int32_t i = 0; i < f->meta_count; i++)
-            if (!strcmp(f->meta[i].key, k)) {
-                free(k);
-                free(v);
-                return k3_jp_fail(p, "duplicate key in __metadata__");
-            }
-        if (!k3_st_grow((void **)&f->meta, &cap, f->meta_count + 1, sizeof(st_meta))) {
+        if (k3_st_index_get(&f->meta_keys, k) >= 0) {
+            char msg[320];
+            snprintf(msg, sizeof msg, "duplicate key '%.200s' in __metadata__", k);
+            free(k);
+            free(v);
+            return k3_jp_fail(p, msg);
+        }
+        if (f->meta_count >= INT32_MAX - 1 || !k3_st_grow((void **)&f->meta, &cap, f->meta_count + 1, sizeof(st_meta)) ||
+            !k3_st_index_put(&f->meta_keys, k, f->meta_count)) {
             free(k);
             free(v);
             return k3_st_err(p->err, p->err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory", p->path);
@@ -197,6 +205,11 @@ static k3_status parse_header(jp *p, uint64_t data_size, k3_st_file *f, st_entry
             if (!k3_jp_eat(p, ':')) {
                 free(name);
                 st = k3_jp_fail(p, "expected ':'");
+                break;
+            }
+            if (!name[0]) {
+                free(name);
+                st = k3_jp_fail(p, "empty tensor name (a tensor needs a non-empty name)");
                 break;
             }
             if (!strcmp(name, "__metadata__")) {
@@ -376,6 +389,11 @@ k3_status k3_st_open(const char *path, k3_st_file **out, char *err, size_t err_s
         offsets[i] = ents[i].begin;
     }
     free(ents);
+    for (int32_t i = 0; i < f->count; i++)
+        if (!k3_st_index_put(&f->names, f->tensors[i].name, i)) {
+            st = k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory indexing the names", path);
+            goto done;
+        }
 
     f->data = malloc(data_size ? (size_t)data_size : 1);
     if (!f->data) {
@@ -424,9 +442,8 @@ const k3_st_tensor *k3_st_at(const k3_st_file *f, int32_t i) {
 }
 const k3_st_tensor *k3_st_find(const k3_st_file *f, const char *name) {
     if (!f || !name) return NULL;
-    for (int32_t i = 0; i < f->count; i++)
-        if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
-    return NULL;
+    const int32_t i = k3_st_index_get(&f->names, name);
+    return i >= 0 ? &f->tensors[i] : NULL;
 }
 int32_t k3_st_metadata_count(const k3_st_file *f) { return f ? f->meta_count : 0; }
 int k3_st_metadata_at(const k3_st_file *f, int32_t i, const char **key, const char **value) {
@@ -437,7 +454,6 @@ int k3_st_metadata_at(const k3_st_file *f, int32_t i, const char **key, const ch
 }
 const char *k3_st_metadata_get(const k3_st_file *f, const char *key) {
     if (!f || !key) return NULL;
-    for (int32_t i = 0; i < f->meta_count; i++)
-        if (!strcmp(f->meta[i].key, key)) return f->meta[i].value;
-    return NULL;
+    const int32_t i = k3_st_index_get(&f->meta_keys, key);
+    return i >= 0 ? f->meta[i].value : NULL;
 }

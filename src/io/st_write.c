@@ -1,8 +1,12 @@
 /* The safetensors writer. */
+#define _POSIX_C_SOURCE 200809L /* open, fsync, getpid */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "io/st_common.h"
 
@@ -20,6 +24,7 @@ struct k3_st_writer {
     int32_t count, cap;
     st_meta *meta;
     int32_t meta_count, meta_cap;
+    st_index names, meta_keys; /* duplicate checks in O(1) */
 };
 
 k3_status k3_st_writer_create(k3_st_writer **out) {
@@ -40,6 +45,8 @@ void k3_st_writer_destroy(k3_st_writer *w) {
         free(w->meta[i].value);
     }
     free(w->meta);
+    k3_st_index_free(&w->names);
+    k3_st_index_free(&w->meta_keys);
     free(w);
 }
 
@@ -57,6 +64,9 @@ k3_status k3_st_writer_add(k3_st_writer *w, const char *name, k3_st_dtype dtype,
         return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_writer_add: name must be non-empty");
     if (!strcmp(name, "__metadata__"))
         return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "tensor name '__metadata__' is reserved");
+    if (k3_st_utf8_bad(name) != (size_t)-1)
+        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT,
+                         "tensor name: invalid UTF-8 at byte %zu of the name", k3_st_utf8_bad(name));
     if (k3_st_dtype_size(dtype) == 0)
         return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "tensor '%.200s': unknown dtype %d", name,
                       (int)dtype);
@@ -73,16 +83,15 @@ k3_status k3_st_writer_add(k3_st_writer *w, const char *name, k3_st_dtype dtype,
     if (nb && !data)
         return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "tensor '%.200s': data is NULL for %zu bytes", name,
                       nb);
-    for (int32_t i = 0; i < w->count; i++)
-        if (!strcmp(w->ents[i].name, name))
-            return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "duplicate tensor name '%.200s'", name);
-    if (!k3_st_grow((void **)&w->ents, &w->cap, w->count + 1, sizeof(st_wentry)))
+    if (k3_st_index_get(&w->names, name) >= 0)
+        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "duplicate tensor name '%.200s'", name);
+    if (w->count >= INT32_MAX - 1 || !k3_st_grow((void **)&w->ents, &w->cap, w->count + 1, sizeof(st_wentry)))
         return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "out of memory");
     st_wentry *e = &w->ents[w->count];
     memset(e, 0, sizeof *e);
     e->name = dup_str(name);
     e->data = malloc(nb ? nb : 1);
-    if (!e->name || !e->data) {
+    if (!e->name || !e->data || !k3_st_index_put(&w->names, e->name, w->count)) {
         free(e->name);
         free(e->data);
         return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "tensor '%.200s': out of memory for %zu bytes", name,
@@ -101,16 +110,23 @@ k3_status k3_st_writer_set_metadata(k3_st_writer *w, const char *key, const char
                                     size_t err_size) {
     if (!w || !key || !value)
         return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_writer_set_metadata: NULL argument");
+    if (k3_st_utf8_bad(key) != (size_t)-1 || k3_st_utf8_bad(value) != (size_t)-1)
+        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT,
+                         "metadata: invalid UTF-8 at byte %zu of the %s",
+                         k3_st_utf8_bad(key) != (size_t)-1 ? k3_st_utf8_bad(key) : k3_st_utf8_bad(value),
+                         k3_st_utf8_bad(key) != (size_t)-1 ? "key" : "value");
     char *v = dup_str(value);
     if (!v) return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "out of memory");
-    for (int32_t i = 0; i < w->meta_count; i++)
-        if (!strcmp(w->meta[i].key, key)) {
-            free(w->meta[i].value);
-            w->meta[i].value = v;
-            return K3_STATUS_SUCCESS;
-        }
+    const int32_t old = k3_st_index_get(&w->meta_keys, key);
+    if (old >= 0) {
+        free(w->meta[old].value);
+        w->meta[old].value = v;
+        return K3_STATUS_SUCCESS;
+    }
     char *k = dup_str(key);
-    if (!k || !k3_st_grow((void **)&w->meta, &w->meta_cap, w->meta_count + 1, sizeof(st_meta))) {
+    if (!k || w->meta_count >= INT32_MAX - 1 ||
+        !k3_st_grow((void **)&w->meta, &w->meta_cap, w->meta_count + 1, sizeof(st_meta)) ||
+        !k3_st_index_put(&w->meta_keys, k, w->meta_count)) {
         free(k);
         free(v);
         return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -162,6 +178,63 @@ static void sb_json_string(sbuf *b, const char *s) {
     sb_put(b, "\"", 1);
 }
 
+/* Writes all n bytes (retrying short writes and EINTR); 0 with errno set on failure. */
+static int write_all(int fd, const void *p, size_t n) {
+    const unsigned char *c = p;
+    while (n) {
+        const size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        const ssize_t r = write(fd, c, chunk);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            if (r == 0) errno = EIO;
+            return 0;
+        }
+        c += r;
+        n -= (size_t)r;
+    }
+    return 1;
+}
+
+/* The file is written to a fresh temporary name next to path (same folder, so the rename cannot cross file
+ * systems), flushed to disk, then renamed over path: a failure at any point (disk full, a file size limit, a
+ * signal) leaves whatever path held before untouched, and removes only the temporary file. */
+static k3_status write_atomic(const k3_st_writer *w, const char *path, const unsigned char lenb[8], const sbuf *b,
+                              char *err, size_t err_size) {
+    const size_t plen = strlen(path);
+    char *tmp = malloc(plen + 64);
+    if (!tmp) return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory", path);
+    int fd = -1;
+    for (int attempt = 0; attempt < 1000 && fd < 0; attempt++) {
+        snprintf(tmp, plen + 64, "%s.k3tmp-%ld-%d", path, (long)getpid(), attempt);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666); /* O_EXCL: never reuse or follow an existing name */
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        const int e = errno;
+        free(tmp);
+        return k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: cannot create a temporary file next to it: %s",
+                         path, strerror(e));
+    }
+    struct stat old;
+    if (stat(path, &old) == 0 && S_ISREG(old.st_mode)) (void)fchmod(fd, old.st_mode & 07777); /* keep its mode */
+    int ok = write_all(fd, lenb, 8) && write_all(fd, b->p, b->n);
+    for (int32_t i = 0; ok && i < w->count; i++)
+        ok = w->ents[i].nbytes == 0 || write_all(fd, w->ents[i].data, w->ents[i].nbytes);
+    const char *step = "write failed";
+    if (ok && fsync(fd) != 0) ok = 0, step = "fsync failed";
+    int e = ok ? 0 : errno;
+    if (close(fd) != 0 && ok) ok = 0, e = errno, step = "close failed";
+    if (ok && rename(tmp, path) != 0) ok = 0, e = errno, step = "cannot rename the temporary file over it";
+    if (!ok) {
+        unlink(tmp); /* only ours: the destination is as it was */
+        free(tmp);
+        return k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: %s: %s (the file was left unchanged)", path, step,
+                         e ? strerror(e) : "short write");
+    }
+    free(tmp);
+    return K3_STATUS_SUCCESS;
+}
+
 k3_status k3_st_writer_save(const k3_st_writer *w, const char *path, char *err, size_t err_size) {
     if (!w || !path) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_writer_save: NULL argument");
     sbuf b = {0};
@@ -203,26 +276,9 @@ k3_status k3_st_writer_save(const k3_st_writer *w, const char *path, char *err, 
         free(b.p);
         return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory building the header", path);
     }
-    FILE *fp = fopen(path, "wb");
-    if (!fp) {
-        free(b.p);
-        return k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: cannot create: %s", path, strerror(errno));
-    }
     unsigned char lenb[8];
     for (int k = 0; k < 8; k++) lenb[k] = (unsigned char)(((uint64_t)b.n >> (8 * k)) & 0xffu);
-    int ok = fwrite(lenb, 1, 8, fp) == 8 && fwrite(b.p, 1, b.n, fp) == b.n;
-    for (int32_t i = 0; ok && i < w->count; i++)
-        ok = w->ents[i].nbytes == 0 || fwrite(w->ents[i].data, 1, w->ents[i].nbytes, fp) == w->ents[i].nbytes;
-    int err_no = ok ? 0 : errno;
-    if (fclose(fp) != 0 && ok) {
-        ok = 0;
-        err_no = errno;
-    }
+    k3_status st = write_atomic(w, path, lenb, &b, err, err_size);
     free(b.p);
-    if (!ok) {
-        remove(path);
-        return k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: write failed: %s", path,
-                      err_no ? strerror(err_no) : "short write");
-    }
-    return K3_STATUS_SUCCESS;
+    return st;
 }
