@@ -609,6 +609,25 @@ int main(void) {
                                         {"w2_weight", K3_ST_BF16, 3, {E, L, I}, w2b}};
     CHECK(write_file("bf16_experts.safetensors", bf16_experts, 2), "BF16 experts file written");
 
+    /* shared experts of width 0 ([2 * 0, H] and [H, 0]): an error that says what to do, not a silent exit 1 */
+    const tensor_spec latent_is0[] = {
+        {"w13_weight", K3_ST_F32, 3, {E, 2 * I, L}, w13f},
+        {"w2_weight", K3_ST_F32, 3, {E, L, I}, w2f},
+        {"gate_weight", K3_ST_BF16, 2, {E, H, 0}, gate_h},
+        {"down_proj_weight", K3_ST_BF16, 2, {L, H, 0}, downw},
+        {"norm_weight", K3_ST_BF16, 1, {L, 0, 0}, normw},
+        {"up_proj_weight", K3_ST_BF16, 2, {H, L, 0}, upw},
+        {"shared_gate_up_weight", K3_ST_BF16, 2, {0, H, 0}, sguw},
+        {"shared_down_weight", K3_ST_BF16, 2, {H, 0, 0}, sdw},
+    };
+    CHECK(write_file("latent_is0_f32.safetensors", latent_is0, 8) &&
+              sh(q, g_k3, g_dir, "latent_is0_f32.safetensors", g_dir, "q_latent_is0.safetensors", "") == 0,
+          "k3 quant nvfp4 (latent, shared width 0)");
+    CHECK(sh("%s run moe --weights %s/%s --input %s/%s --output %s/y0.safetensors", g_k3, g_dir,
+             "q_latent_is0.safetensors", g_dir, "x_h.safetensors", g_dir) == 1 &&
+              stderr_has("has no shared experts"),
+          "shared experts of width 0 are refused with a message");
+
     test_experts("q_experts.safetensors", K3_SCALE_LINEAR);
     test_experts("q_swz.safetensors", K3_SCALE_SWIZZLED);
     test_experts("q_mx.safetensors", K3_SCALE_LINEAR);

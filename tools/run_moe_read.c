@@ -349,7 +349,12 @@ int k3_run_read_routing(const k3_st_file *wf, const k3_st_file *xf, run_setup *s
         s->is = sd->shape[1];
         int64_t shg2[2] = {(o->act && !strcmp(o->act, "relu2") ? 1 : 2) * s->is, h};
         const k3_st_tensor *sgu = want(wf, W, "shared_gate_up_weight", K3_ST_BF16, 2, shg2);
-        if (!sgu || s->is < 1) return 0;
+        if (!sgu) return 0;
+        if (s->is < 1) {
+            fprintf(stderr, CMD ": weights: shared_down_weight [%lld, 0] has no shared experts; leave both shared "
+                    "tensors out to run the block without them\n", (long long)h);
+            return 0;
+        }
         s->lw.shared_gate_up = sgu->data;
         s->lw.shared_down = sd->data;
     }
