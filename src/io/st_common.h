@@ -64,6 +64,7 @@ typedef struct jp {
     const char *path;
     char *err;
     size_t err_size;
+    int plain; /* 0: a safetensors header (byte offsets count from the file's start, 8 + i); 1: a JSON file */
 } jp;
 k3_status k3_jp_fail(jp *p, const char *what);
 void k3_jp_ws(jp *p);

@@ -8,6 +8,9 @@
 
 /* The header starts at file byte 8, so JSON position i is file offset 8 + i. */
 k3_status k3_jp_fail(jp *p, const char *what) {
+    if (p->plain)
+        return k3_st_err(p->err, p->err_size, K3_STATUS_FORMAT_ERROR, "%s: JSON at byte %zu: %s", p->path, p->i,
+                         what);
     return k3_st_err(p->err, p->err_size, K3_STATUS_FORMAT_ERROR, "%s: header JSON at byte %zu: %s", p->path,
                   (size_t)8 + p->i, what);
 }

@@ -371,7 +371,7 @@ k3_status k3_st_open(const char *path, k3_st_file **out, char *err, size_t err_s
         goto done;
     }
     uint64_t data_size = (uint64_t)fsize - 8 - hlen;
-    jp p = {header, (size_t)hlen, 0, path, err, err_size};
+    jp p = {.s = header, .n = (size_t)hlen, .i = 0, .path = path, .err = err, .err_size = err_size};
     st = parse_header(&p, data_size, f, &ents);
     if (st != K3_STATUS_SUCCESS) goto done;
     /* f owns the names from here on, so every later failure is a plain file_free */

@@ -1,0 +1,98 @@
+/*
+ * Checkpoint reader (internal): the published MoE checkpoint layouts, read into this library's stacked layout.
+ *
+ * A checkpoint is one of
+ *   - a folder holding model.safetensors.index.json, or else exactly one *.safetensors file;
+ *   - an index file ({"weight_map": {"tensor name": "shard file", ...}, ...}); shards are resolved relative to
+ *     the index's folder, and a shard path that is absolute or has a ".." component is refused (an index must not
+ *     make the reader open files outside its checkpoint);
+ *   - one safetensors file.
+ * Shards are opened on demand and a few stay open (a small least-recently-used cache), so a lookup costs one
+ * shard read at most.
+ *
+ * The MoE of one layer n is found under the first prefix that has it: "model.layers.<n>.mlp.",
+ * "language_model.model.layers.<n>.mlp.", or none (a file holding one layer). Formats:
+ *   compressed-tensors MXFP4   experts.<e>.{gate,up,down}_proj.weight_packed U8 [N, K/2], .weight_scale U8 [N, K/32]
+ *   compressed-tensors NVFP4   ... .weight_scale F8_E4M3 [N, K/16], .weight_global_scale, .input_global_scale
+ *                              (F32 scalars or [1]: the reciprocals of ModelOpt's weight_scale_2 / input_scale)
+ *   ModelOpt NVFP4             experts.<e>.{gate,up,down}_proj.{weight, weight_scale, weight_scale_2, input_scale}
+ *   stacked (this library)     [experts.]{w13,w2}_weight, _weight_scale, _weight_scale_2, _input_scale
+ * Block scales are row-major [N, K/block] in all of them: K3_SCALE_LINEAR.
+ */
+#ifndef K3_IO_CHECKPOINT_H
+#define K3_IO_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io/safetensors.h"
+#include "k3.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct k3_ckpt k3_ckpt;
+
+/* Opens a checkpoint (see above). Reads the index (or the single file) now, shards later. IO_ERROR / FORMAT_ERROR
+   with a message in err; *out is NULL on failure. */
+k3_status k3_ckpt_open(const char *path, k3_ckpt **out, char *err, size_t err_size);
+void k3_ckpt_close(k3_ckpt *ck); /* NULL is accepted */
+
+/* The tensor names of the checkpoint (the index's weight_map, or the single file's tensors). */
+int32_t k3_ckpt_count(const k3_ckpt *ck);
+const char *k3_ckpt_name_at(const k3_ckpt *ck, int32_t i); /* NULL when out of range */
+int k3_ckpt_has(const k3_ckpt *ck, const char *name);     /* no file is opened */
+
+/* The tensor `name`, opening its shard when needed. *out stays valid until the next k3_ckpt_find or k3_ckpt_close
+   (the shard holding it may be evicted from the cache). FORMAT_ERROR when the checkpoint has no such tensor or the
+   shard the index names does not hold it; IO_ERROR / FORMAT_ERROR when the shard cannot be read. */
+k3_status k3_ckpt_find(k3_ckpt *ck, const char *name, const k3_st_tensor **out, char *err, size_t err_size);
+
+typedef enum k3_ckpt_moe_format {
+    K3_CKPT_MOE_CT_MXFP4 = 0,       /* compressed-tensors, per expert, MXFP4 */
+    K3_CKPT_MOE_CT_NVFP4 = 1,       /* compressed-tensors, per expert, NVFP4 (global scales) */
+    K3_CKPT_MOE_MODELOPT_NVFP4 = 2, /* ModelOpt, per expert, NVFP4 */
+    K3_CKPT_MOE_STACKED = 3         /* w13_weight / w2_weight stacked over the experts */
+} k3_ckpt_moe_format;
+
+typedef struct k3_ckpt_moe_info {
+    k3_ckpt_moe_format format;
+    char prefix[160]; /* the names' common prefix ("model.layers.3.mlp.", ""; for stacked ones it may end in
+                         "experts.") */
+    int32_t num_experts;
+    int has_input_scale; /* the checkpoint carries activation (input) scales */
+} k3_ckpt_moe_info;
+
+/* Finds layer `layer`'s MoE experts: the prefix, the format and the expert count (experts 0..E-1 must all be
+   there: a gap is a FORMAT_ERROR naming the missing expert and tensor). */
+k3_status k3_ckpt_moe_detect(const k3_ckpt *ck, int32_t layer, k3_ckpt_moe_info *info, char *err, size_t err_size);
+
+/* One layer's experts in this library's layout, in host memory owned by the struct (k3_ckpt_moe_free):
+   w13 = [gate; up] per expert. Scales are K3_SCALE_LINEAR. */
+typedef struct k3_ckpt_moe {
+    k3_ckpt_moe_info info;
+    k3_fp4_format fp4;
+    int64_t num_experts, hidden /* L */, inter /* I */;
+    uint8_t *w13;         /* [E, 2I, L/2] */
+    uint8_t *w13_scale;   /* [E, 2I, L/block] */
+    uint8_t *w2;          /* [E, L, I/2] */
+    uint8_t *w2_scale;    /* [E, L, I/block] */
+    size_t w13_bytes, w13_scale_bytes, w2_bytes, w2_scale_bytes;
+    float *w13_scale_2;     /* [E, 2] (gate, up); NVFP4 only, else NULL */
+    float *w2_scale_2;      /* [E]; NVFP4 only */
+    float *w13_input_scale; /* [E, 2]; NULL when the checkpoint has none */
+    float *w2_input_scale;  /* [E] */
+} k3_ckpt_moe;
+
+/* Detects and loads layer `layer`'s experts into *out (zeroed first; freed again on failure). Every missing tensor,
+   wrong dtype or shape, inconsistency between experts, or non-finite / non-positive global scale is a
+   FORMAT_ERROR naming the tensor and what was expected. compressed-tensors global scales are converted to
+   scale_2 = 1 / global_scale (fp32 division). Stacked files with 128x4-swizzled scales are UNSUPPORTED here. */
+k3_status k3_ckpt_load_moe(k3_ckpt *ck, int32_t layer, k3_ckpt_moe *out, char *err, size_t err_size);
+void k3_ckpt_moe_free(k3_ckpt_moe *m); /* frees the buffers, zeroes the struct; NULL is accepted */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
