@@ -65,6 +65,7 @@ typedef struct pe_opts {
     int64_t split;           /* experts >= split go to the second writer (0: one writer) */
     int bad_scale_dtype;     /* expert 1's down_proj.weight_scale written as F32 */
     float zero_global;       /* when nonzero: expert 0 up_proj's scale_2 (or global) value replaced */
+    int nan_scale;           /* expert 0 up_proj's last block scale is a NaN code */
 } pe_opts;
 
 static void write_per_expert(k3_st_writer *w[2], const pe_opts *o, expect *x) {
@@ -91,6 +92,8 @@ static void write_per_expert(k3_st_writer *w[2], const pe_opts *o, expect *x) {
             uint8_t *sd = pj < 2 ? x->s13 + (size_t)(e * 2 + pj) * sb : x->s2 + (size_t)e * sb;
             fill(wd, wb, (uint32_t)(e * 10 + pj));
             fill(sd, sb, (uint32_t)(e * 10 + pj + 1000));
+            for (size_t i = 0; i < sb; i++) sd[i] &= 0x7E; /* no NaN scale codes (0x7F/0xFF E4M3, 0xFF UE8M0) */
+            if (o->nan_scale && e == 0 && pj == 1) sd[sb - 1] = nv ? 0x7F : 0xFF;
             const int64_t wsh[2] = {N, K / 2}, ssh[2] = {N, K / bs};
             snprintf(name, sizeof name, "%sexperts.%lld.%s.%s", o->prefix, (long long)e, projs[pj],
                      ct ? "weight_packed" : "weight");
@@ -173,7 +176,7 @@ static k3_status open_load(const char *path, int32_t layer, k3_ckpt_moe *m) {
 static void test_ct_mxfp4(void) {
     k3_st_writer *w[2] = {NULL, NULL};
     k3_st_writer_create(&w[0]);
-    pe_opts o = {CT_MX, "model.layers.3.mlp.", 3, 32, 64, -1, 0, 0, 0.0f};
+    pe_opts o = {CT_MX, "model.layers.3.mlp.", 3, 32, 64, -1, 0, 0, 0.0f, 0};
     expect x;
     write_per_expert(w, &o, &x);
     char path[512];
@@ -197,7 +200,7 @@ static void test_ct_mxfp4(void) {
 static void test_ct_nvfp4(void) {
     k3_st_writer *w[2] = {NULL, NULL};
     k3_st_writer_create(&w[0]);
-    pe_opts o = {CT_NV, "language_model.model.layers.1.mlp.", 2, 16, 32, -1, 0, 0, 0.0f};
+    pe_opts o = {CT_NV, "language_model.model.layers.1.mlp.", 2, 16, 32, -1, 0, 0, 0.0f, 0};
     expect x;
     write_per_expert(w, &o, &x);
     char sub[300], path[512];
@@ -262,7 +265,7 @@ static void test_modelopt_sharded(void) {
     k3_st_writer *w[2] = {NULL, NULL};
     k3_st_writer_create(&w[0]);
     k3_st_writer_create(&w[1]);
-    pe_opts o = {MO_NV, "model.layers.0.mlp.", 4, 16, 32, -1, 2, 0, 0.0f};
+    pe_opts o = {MO_NV, "model.layers.0.mlp.", 4, 16, 32, -1, 2, 0, 0.0f, 0};
     expect x;
     write_per_expert(w, &o, &x);
     char sub[300], path[512];
@@ -320,7 +323,7 @@ static void test_modelopt_sharded(void) {
     k3_st_writer_destroy(w[1]);
 }
 
-static void test_stacked(int nv, int pair, const char *prefix) {
+static void test_stacked(int nv, int pair, const char *prefix, const char *layout_meta) {
     const int64_t E = 3, I = nv ? 16 : 32, L = nv ? 32 : 64, bs = nv ? 16 : 32;
     k3_st_writer *w = NULL;
     k3_st_writer_create(&w);
@@ -331,6 +334,8 @@ static void test_stacked(int nv, int pair, const char *prefix) {
     const size_t b2 = (size_t)(E * L * I / 2), c2 = (size_t)(E * L * I / bs);
     x.w13 = malloc(b13), x.s13 = malloc(c13), x.w2 = malloc(b2), x.s2 = malloc(c2);
     fill(x.w13, b13, 1), fill(x.s13, c13, 2), fill(x.w2, b2, 3), fill(x.s2, c2, 4);
+    for (size_t i = 0; i < c13; i++) x.s13[i] &= 0x7E;
+    for (size_t i = 0; i < c2; i++) x.s2[i] &= 0x7E;
     char name[300];
     const k3_st_dtype sdt = nv ? K3_ST_F8_E4M3 : K3_ST_U8;
     const int64_t sh_w13[3] = {E, 2 * I, L / 2}, sh_s13[3] = {E, 2 * I, L / bs}, sh_w2[3] = {E, L, I / 2},
@@ -359,13 +364,26 @@ static void test_stacked(int nv, int pair, const char *prefix) {
         memcpy(x.g13, g13, sizeof g13), memcpy(x.g2, g2, sizeof g2);
         memcpy(x.in13, i13, sizeof i13), memcpy(x.in2, i2, sizeof i2);
     }
+    if (layout_meta) {
+        char err[128];
+        CHECK(k3_st_writer_set_metadata(w, "k3.quant.scale_layout", layout_meta, err, sizeof err) == K3_STATUS_SUCCESS,
+              "metadata: %s", err);
+    }
     char path[512], what[96];
     snprintf(what, sizeof what, "stacked %s %s '%s'", nv ? "nvfp4" : "mxfp4", pair ? "[E,2]" : "[E]", prefix);
     char file[64];
-    snprintf(file, sizeof file, "stacked_%d_%d_%d.safetensors", nv, pair, prefix[0] != 0);
+    snprintf(file, sizeof file, "stacked_%d_%d_%d_%d.safetensors", nv, pair, prefix[0] != 0, layout_meta != NULL);
     CHECK(save(w, file, path, sizeof path), "save");
     k3_ckpt_moe m;
     k3_status st = open_load(path, 5, &m);
+    if (layout_meta && strcmp(layout_meta, "linear")) {
+        CHECK(st == K3_STATUS_FORMAT_ERROR && strstr(g_err, "scale_layout is 'swizzled'") && m.w13 == NULL,
+              "%s labelled %s: %d '%s'", what, layout_meta, (int)st, g_err);
+        k3_ckpt_moe_free(&m);
+        expect_free(&x);
+        k3_st_writer_destroy(w);
+        return;
+    }
     CHECK(st == K3_STATUS_SUCCESS, "%s: %s", what, g_err);
     CHECK(m.info.format == K3_CKPT_MOE_STACKED && m.info.num_experts == 3, "%s: detected %d E %d", what,
           (int)m.info.format, m.info.num_experts);
@@ -393,19 +411,26 @@ static void expect_refused(pe_opts o, const char *file, k3_status want_st, const
 }
 
 static void test_refusals(void) {
-    pe_opts gap = {CT_MX, "model.layers.2.mlp.", 3, 32, 64, 1, 0, 0, 0.0f};
+    pe_opts gap = {CT_MX, "model.layers.2.mlp.", 3, 32, 64, 1, 0, 0, 0.0f, 0};
     expect_refused(gap, "gap.safetensors", K3_STATUS_FORMAT_ERROR, "expert 1 is missing",
                    "model.layers.2.mlp.experts.1.");
-    pe_opts dt = {CT_NV, "model.layers.2.mlp.", 2, 16, 32, -1, 0, 1, 0.0f};
+    pe_opts dt = {CT_NV, "model.layers.2.mlp.", 2, 16, 32, -1, 0, 1, 0.0f, 0};
     expect_refused(dt, "dtype.safetensors", K3_STATUS_FORMAT_ERROR,
                    "'model.layers.2.mlp.experts.1.down_proj.weight_scale'", "expected F8_E4M3");
-    pe_opts zero = {CT_NV, "", 2, 16, 32, -1, 0, 0, -1.0f};
+    pe_opts zero = {CT_NV, "", 2, 16, 32, -1, 0, 0, -1.0f, 0};
     expect_refused(zero, "zero_global.safetensors", K3_STATUS_FORMAT_ERROR, "experts.0.up_proj.weight_global_scale",
                    "positive finite");
     /* 1e-40 is an fp32 subnormal: its reciprocal is beyond fp32 */
-    pe_opts tiny = {CT_NV, "", 2, 16, 32, -1, 0, 0, 1e-40f};
+    pe_opts tiny = {CT_NV, "", 2, 16, 32, -1, 0, 0, 1e-40f, 0};
     expect_refused(tiny, "tiny_global.safetensors", K3_STATUS_FORMAT_ERROR, "experts.0.up_proj.weight_global_scale",
                    "reciprocal");
+
+    pe_opts nan_nv = {CT_NV, "", 2, 16, 32, -1, 0, 0, 0.0f, 1};
+    expect_refused(nan_nv, "nan_nv.safetensors", K3_STATUS_FORMAT_ERROR, "'experts.0.up_proj.weight_scale'",
+                   "row 15, block 1) is NaN (0x7F)");
+    pe_opts nan_mx = {CT_MX, "model.layers.2.mlp.", 1, 32, 64, -1, 0, 0, 0.0f, 1};
+    expect_refused(nan_mx, "nan_mx.safetensors", K3_STATUS_FORMAT_ERROR, "experts.0.up_proj.weight_scale'",
+                   "row 31, block 1) is NaN (0xFF)");
 
     /* index shard paths that leave the folder */
     const char *names[2] = {"a", "b"};
@@ -473,9 +498,10 @@ int main(void) {
     test_ct_mxfp4();
     test_ct_nvfp4();
     test_modelopt_sharded();
-    test_stacked(1, 1, "");
-    test_stacked(1, 0, "model.layers.5.mlp.experts.");
-    test_stacked(0, 0, "model.layers.5.mlp.");
+    test_stacked(1, 1, "", "linear");
+    test_stacked(1, 0, "model.layers.5.mlp.experts.", NULL);
+    test_stacked(0, 0, "model.layers.5.mlp.", NULL);
+    test_stacked(0, 0, "", "swizzled");
     test_refusals();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);

@@ -612,6 +612,17 @@ static k3_status alloc_moe(k3_ckpt_moe *m, int64_t bs, int nvfp4, int inputs, ch
                 : K3_STATUS_SUCCESS;
 }
 
+/* A NaN block scale would turn its whole block into NaN: E4M3 S.1111.111, UE8M0 0xFF. cols = scales per row. */
+static k3_status check_block_scales(const char *name, const uint8_t *p, size_t n, int64_t cols, int nvfp4, char *err,
+                                    size_t err_size) {
+    for (size_t i = 0; i < n; i++)
+        if (nvfp4 ? (p[i] & 0x7Fu) == 0x7Fu : p[i] == 0xFFu)
+            return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR,
+                             "tensor '%.200s': block scale %zu (row %lld, block %lld) is NaN (0x%02X)", name, i,
+                             (long long)(i / (size_t)cols), (long long)(i % (size_t)cols), (unsigned)p[i]);
+    return K3_STATUS_SUCCESS;
+}
+
 static k3_status load_per_expert(k3_ckpt *ck, k3_ckpt_moe *m, char *err, size_t err_size) {
     const k3_ckpt_moe_format fmt = m->info.format;
     const char *P = m->info.prefix;
@@ -656,6 +667,7 @@ static k3_status load_per_expert(k3_ckpt *ck, k3_ckpt_moe *m, char *err, size_t 
             memcpy(wd, t->data, wb);
             snprintf(name, sizeof name, "%sexperts.%lld.%s.weight_scale", P, (long long)e, k3_projs[pj]);
             ST_TRY(want(ck, name, sdt, 2, ssh, &t, err, err_size));
+            ST_TRY(check_block_scales(name, t->data, sb, K / bs, nvfp4, err, err_size));
             memcpy(sd, t->data, sb);
             if (nvfp4) {
                 snprintf(name, sizeof name, "%sexperts.%lld.%s.%s", P, (long long)e, k3_projs[pj], s2sfx);
@@ -718,6 +730,13 @@ static k3_status load_stacked(k3_ckpt *ck, k3_ckpt_moe *m, char *err, size_t err
                          "tensor '%.200s': 2-D scales are this library's 128x4-swizzled layout, which the checkpoint "
                          "reader does not take; write the layer with linear scales ([E, N, K/block])",
                          name);
+    /* a file this library wrote says its layout; 3-D scales under a "swizzled" label contradict it */
+    const char *lay = ck->single ? k3_st_metadata_get(ck->single, "k3.quant.scale_layout") : NULL;
+    if (lay && strcmp(lay, "linear"))
+        return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR,
+                         "%s: __metadata__ k3.quant.scale_layout is '%.60s' but tensor '%.200s' has the linear "
+                         "layout's 3-D shape",
+                         ck->path, lay, name);
     const int nvfp4 = t->dtype == K3_ST_F8_E4M3;
     const k3_st_dtype sdt = t->dtype;
     const int64_t bs = nvfp4 ? 16 : 32, E = m->num_experts, L = m->hidden, I = m->inter;
@@ -749,6 +768,7 @@ static k3_status load_stacked(k3_ckpt *ck, k3_ckpt_moe *m, char *err, size_t err
         const int64_t sh[3] = {E, parts[k].d1, parts[k].d2};
         snprintf(name, sizeof name, "%s%s", P, parts[k].sfx);
         ST_TRY(want(ck, name, parts[k].dt, 3, sh, &t, err, err_size));
+        if (k % 2) ST_TRY(check_block_scales(name, t->data, parts[k].bytes, parts[k].d2, nvfp4, err, err_size));
         memcpy(parts[k].dst, t->data, parts[k].bytes);
     }
     char g13[400], g2[400];
