@@ -8,7 +8,8 @@
  *     make the reader open files outside its checkpoint);
  *   - one safetensors file.
  * Shards are opened on demand and a few stay open (a small least-recently-used cache), so a lookup costs one
- * shard read at most.
+ * shard read at most. A k3_ckpt is for one thread at a time (the cache changes on lookups). Shards are read whole
+ * (k3_st_open), so the open ones cost their file size in host memory.
  *
  * The MoE of one layer n is found under the first prefix that has it: "model.layers.<n>.mlp.",
  * "language_model.model.layers.<n>.mlp.", or none (a file holding one layer). Formats:
