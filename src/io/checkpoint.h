@@ -44,6 +44,10 @@ void k3_ckpt_close(k3_ckpt *ck); /* NULL is accepted */
 int32_t k3_ckpt_count(const k3_ckpt *ck);
 const char *k3_ckpt_name_at(const k3_ckpt *ck, int32_t i); /* NULL when out of range */
 int k3_ckpt_has(const k3_ckpt *ck, const char *name);     /* no file is opened */
+/* The index file or single safetensors file the checkpoint was opened from (messages). */
+const char *k3_ckpt_path(const k3_ckpt *ck);
+/* A __metadata__ value of a single-file checkpoint (the files k3 writes), or NULL. */
+const char *k3_ckpt_metadata(const k3_ckpt *ck, const char *key);
 
 /* The tensor `name`, opening its shard when needed. *out stays valid until the next k3_ckpt_find or k3_ckpt_close
    (the shard holding it may be evicted from the cache). FORMAT_ERROR when the checkpoint has no such tensor or the
