@@ -162,31 +162,13 @@ static k3_status add_entry(k3_ckpt *ck, jp *p, char *name, char *shard) {
     return K3_STATUS_SUCCESS;
 }
 
+static k3_status weight_map_pair(void *user, jp *p, char *name, char *shard) {
+    return add_entry((k3_ckpt *)user, p, name, shard);
+}
+
 static k3_status parse_weight_map(k3_ckpt *ck, jp *p) {
-    if (!k3_jp_eat(p, '{')) return k3_jp_fail(p, "weight_map must be an object of tensor name -> shard file");
-    if (k3_jp_eat(p, '}')) return K3_STATUS_SUCCESS;
-    for (;;) {
-        char *name = NULL, *shard = NULL;
-        ST_TRY(k3_jp_string(p, &name));
-        if (!k3_jp_eat(p, ':')) {
-            free(name);
-            return k3_jp_fail(p, "expected ':'");
-        }
-        k3_jp_ws(p);
-        if (p->i >= p->n || p->s[p->i] != '"') {
-            free(name);
-            return k3_jp_fail(p, "weight_map values must be strings (shard file names)");
-        }
-        k3_status st = k3_jp_string(p, &shard);
-        if (st != K3_STATUS_SUCCESS) {
-            free(name);
-            return st;
-        }
-        ST_TRY(add_entry(ck, p, name, shard));
-        if (k3_jp_eat(p, ',')) continue;
-        if (k3_jp_eat(p, '}')) return K3_STATUS_SUCCESS;
-        return k3_jp_fail(p, "expected ',' or '}' in weight_map");
-    }
+    return k3_jp_string_object(p, "weight_map must be an object of tensor name -> shard file",
+                               "weight_map values must be strings (shard file names)", "weight_map", weight_map_pair, ck);
 }
 
 /* {"metadata": {...}, "weight_map": {...}}; other keys are skipped. */

@@ -238,3 +238,33 @@ k3_status k3_jp_skip(jp *p, int depth) {
     }
     return K3_STATUS_SUCCESS;
 }
+
+k3_status k3_jp_string_object(jp *p, const char *not_object, const char *not_string, const char *what,
+                              k3_status (*pair)(void *user, jp *p, char *key, char *value), void *user) {
+    if (!k3_jp_eat(p, '{')) return k3_jp_fail(p, not_object);
+    if (k3_jp_eat(p, '}')) return K3_STATUS_SUCCESS;
+    for (;;) {
+        char *k = NULL, *v = NULL;
+        ST_TRY(k3_jp_string(p, &k));
+        if (!k3_jp_eat(p, ':')) {
+            free(k);
+            return k3_jp_fail(p, "expected ':'");
+        }
+        k3_jp_ws(p);
+        if (p->i < p->n && p->s[p->i] != '"') {
+            free(k);
+            return k3_jp_fail(p, not_string);
+        }
+        const k3_status st = k3_jp_string(p, &v);
+        if (st != K3_STATUS_SUCCESS) {
+            free(k);
+            return st;
+        }
+        ST_TRY(pair(user, p, k, v));
+        if (k3_jp_eat(p, ',')) continue;
+        if (k3_jp_eat(p, '}')) return K3_STATUS_SUCCESS;
+        char msg[160];
+        snprintf(msg, sizeof msg, "expected ',' or '}' in %s", what);
+        return k3_jp_fail(p, msg);
+    }
+}

@@ -135,47 +135,37 @@ static k3_status parse_tensor(jp *p, const char *name, st_entry *e) {
     return K3_STATUS_SUCCESS;
 }
 
-static k3_status parse_metadata(jp *p, k3_st_file *f) {
-    int32_t cap = 0;
-    if (!k3_jp_eat(p, '{')) return k3_jp_fail(p, "__metadata__ must be an object of strings");
-    if (k3_jp_eat(p, '}')) return K3_STATUS_SUCCESS;
-    for (;;) {
-        char *k = NULL, *v = NULL;
-        ST_TRY(k3_jp_string(p, &k));
-        if (!k3_jp_eat(p, ':')) {
-            free(k);
-            return k3_jp_fail(p, "expected ':'");
-        }
-        k3_jp_ws(p);
-        if (p->i < p->n && p->s[p->i] != '"') {
-            free(k);
-            return k3_jp_fail(p, "__metadata__ values must be strings");
-        }
-        k3_status st = k3_jp_string(p, &v);
-        if (st != K3_STATUS_SUCCESS) {
-            free(k);
-            return st;
-        }
-        if (k3_st_index_get(&f->meta_keys, k) >= 0) {
-            char msg[320];
-            snprintf(msg, sizeof msg, "duplicate key '%.200s' in __metadata__", k);
-            free(k);
-            free(v);
-            return k3_jp_fail(p, msg);
-        }
-        if (f->meta_count >= INT32_MAX - 1 || !k3_st_grow((void **)&f->meta, &cap, f->meta_count + 1, sizeof(st_meta)) ||
-            !k3_st_index_put(&f->meta_keys, k, f->meta_count)) {
-            free(k);
-            free(v);
-            return k3_st_err(p->err, p->err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory", p->path);
-        }
-        f->meta[f->meta_count].key = k;
-        f->meta[f->meta_count].value = v;
-        f->meta_count++;
-        if (k3_jp_eat(p, ',')) continue;
-        if (k3_jp_eat(p, '}')) return K3_STATUS_SUCCESS;
-        return k3_jp_fail(p, "expected ',' or '}' in __metadata__");
+typedef struct meta_sink {
+    k3_st_file *f;
+    int32_t cap;
+} meta_sink;
+
+static k3_status meta_pair(void *user, jp *p, char *k, char *v) {
+    meta_sink *m = (meta_sink *)user;
+    k3_st_file *f = m->f;
+    if (k3_st_index_get(&f->meta_keys, k) >= 0) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "duplicate key '%.200s' in __metadata__", k);
+        free(k);
+        free(v);
+        return k3_jp_fail(p, msg);
     }
+    if (f->meta_count >= INT32_MAX - 1 || !k3_st_grow((void **)&f->meta, &m->cap, f->meta_count + 1, sizeof(st_meta)) ||
+        !k3_st_index_put(&f->meta_keys, k, f->meta_count)) {
+        free(k);
+        free(v);
+        return k3_st_err(p->err, p->err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory", p->path);
+    }
+    f->meta[f->meta_count].key = k;
+    f->meta[f->meta_count].value = v;
+    f->meta_count++;
+    return K3_STATUS_SUCCESS;
+}
+
+static k3_status parse_metadata(jp *p, k3_st_file *f) {
+    meta_sink m = {f, 0};
+    return k3_jp_string_object(p, "__metadata__ must be an object of strings", "__metadata__ values must be strings",
+                               "__metadata__", meta_pair, &m);
 }
 
 static int cmp_entry(const void *a, const void *b) {
