@@ -121,6 +121,16 @@ def _array(name, a, ndim, dtype_kind, dtype=None):
     return np.ascontiguousarray(a)
 
 
+def _bf16_rows(name, a, shape):
+    """An optional float32 array of exactly `shape` (a residual), as BF16 bits; None stays None."""
+    if a is None:
+        return None
+    a = _array(name, a, 2, "f")
+    if a.shape != shape:
+        raise ValueError("%s must have shape %s (got %s)" % (name, shape, a.shape))
+    return _f32_to_bf16(a)
+
+
 def _p(a):
     return None if a is None else a.ctypes.data
 
@@ -162,12 +172,7 @@ def linear(x, weight, residual=None, out=None):
     if m < 1:
         raise ValueError("x must have at least one row")
     xb, wb = _f32_to_bf16(x), _f32_to_bf16(weight)
-    rb = None
-    if residual is not None:
-        residual = _array("residual", residual, 2, "f")
-        if residual.shape != (m, n):
-            raise ValueError("residual must be [M, N] = [%d, %d] (got %s)" % (m, n, residual.shape))
-        rb = _f32_to_bf16(residual)
+    rb = _bf16_rows("residual", residual, (m, n))
     if out is not None and (not isinstance(out, np.ndarray) or out.shape != (m, n) or out.dtype != np.float32 or
                             not out.flags.c_contiguous):
         raise ValueError("out must be a C-contiguous float32 array of shape [%d, %d]" % (m, n))
@@ -501,12 +506,7 @@ def latent_moe(hidden_states, gate_weight, down_proj, w13, w2, norm_weight, up_p
             raise ValueError("shared_gate_up must be [%dIs, H] and shared_down [H, Is] (got %s and %s)" %
                              (width, sgu.shape, sdn.shape))
         sgu, sdn = _f32_to_bf16(sgu), _f32_to_bf16(sdn)
-    rb = None
-    if residual is not None:
-        residual = _array("residual", residual, 2, "f")
-        if residual.shape != (m, h):
-            raise ValueError("residual must be [M, H] = [%d, %d] (got %s)" % (m, h, residual.shape))
-        rb = _f32_to_bf16(residual)
+    rb = _bf16_rows("residual", residual, (m, h))
     d = C.LatentMoeDesc()
     _lib.k3_latent_moe_desc_init(ctypes.byref(d))
     d.hidden = h

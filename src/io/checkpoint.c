@@ -178,11 +178,7 @@ static k3_status parse_index(k3_ckpt *ck, jp *p) {
     if (!k3_jp_eat(p, '}')) {
         for (;;) {
             char *key = NULL;
-            ST_TRY(k3_jp_string(p, &key));
-            if (!k3_jp_eat(p, ':')) {
-                free(key);
-                return k3_jp_fail(p, "expected ':'");
-            }
+            ST_TRY(k3_jp_key(p, &key));
             const int is_map = !strcmp(key, "weight_map");
             free(key);
             if (is_map) {

@@ -73,6 +73,8 @@ int k3_jp_hex4(jp *p, uint32_t *out);
 k3_status k3_jp_string(jp *p, char **out);
 k3_status k3_jp_uint(jp *p, const char *what, int64_t *out);
 k3_status k3_jp_skip(jp *p, int depth);
+/* An object key: a string and the ':' after it. On failure *out is NULL (nothing to free). */
+k3_status k3_jp_key(jp *p, char **out);
 /* An object of string keys and string values, {"k": "v", ...}: each pair goes to `pair`, which owns both strings
  * (and frees them when it fails). The messages: not_object when it is not an object, not_string when a value is
  * not a string; `what` names the object in the others. */

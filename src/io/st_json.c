@@ -196,9 +196,8 @@ k3_status k3_jp_skip(jp *p, int depth) {
         for (;;) {
             if (c == '{') {
                 char *k = NULL;
-                ST_TRY(k3_jp_string(p, &k));
+                ST_TRY(k3_jp_key(p, &k));
                 free(k);
-                if (!k3_jp_eat(p, ':')) return k3_jp_fail(p, "expected ':'");
             }
             ST_TRY(k3_jp_skip(p, depth + 1));
             if (k3_jp_eat(p, ',')) continue;
@@ -239,17 +238,25 @@ k3_status k3_jp_skip(jp *p, int depth) {
     return K3_STATUS_SUCCESS;
 }
 
+k3_status k3_jp_key(jp *p, char **out) {
+    *out = NULL;
+    char *k = NULL;
+    ST_TRY(k3_jp_string(p, &k));
+    if (!k3_jp_eat(p, ':')) {
+        free(k);
+        return k3_jp_fail(p, "expected ':'");
+    }
+    *out = k;
+    return K3_STATUS_SUCCESS;
+}
+
 k3_status k3_jp_string_object(jp *p, const char *not_object, const char *not_string, const char *what,
                               k3_status (*pair)(void *user, jp *p, char *key, char *value), void *user) {
     if (!k3_jp_eat(p, '{')) return k3_jp_fail(p, not_object);
     if (k3_jp_eat(p, '}')) return K3_STATUS_SUCCESS;
     for (;;) {
         char *k = NULL, *v = NULL;
-        ST_TRY(k3_jp_string(p, &k));
-        if (!k3_jp_eat(p, ':')) {
-            free(k);
-            return k3_jp_fail(p, "expected ':'");
-        }
+        ST_TRY(k3_jp_key(p, &k));
         k3_jp_ws(p);
         if (p->i < p->n && p->s[p->i] != '"') {
             free(k);

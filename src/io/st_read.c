@@ -52,11 +52,7 @@ static k3_status parse_tensor(jp *p, const char *name, st_entry *e) {
     if (!k3_jp_eat(p, '}')) {
         for (;;) {
             char *key = NULL;
-            ST_TRY(k3_jp_string(p, &key));
-            if (!k3_jp_eat(p, ':')) {
-                free(key);
-                return k3_jp_fail(p, "expected ':'");
-            }
+            ST_TRY(k3_jp_key(p, &key));
             k3_status st = K3_STATUS_SUCCESS;
             /* a repeated key is reported before its value is parsed (a second "shape" must not read as extra
                dimensions of the first) */
@@ -190,13 +186,8 @@ static k3_status parse_header(jp *p, uint64_t data_size, k3_st_file *f, st_entry
     if (!k3_jp_eat(p, '}')) {
         for (;;) {
             char *name = NULL;
-            st = k3_jp_string(p, &name);
+            st = k3_jp_key(p, &name);
             if (st != K3_STATUS_SUCCESS) break;
-            if (!k3_jp_eat(p, ':')) {
-                free(name);
-                st = k3_jp_fail(p, "expected ':'");
-                break;
-            }
             if (!name[0]) {
                 free(name);
                 st = k3_jp_fail(p, "empty tensor name (a tensor needs a non-empty name)");
