@@ -127,7 +127,7 @@ def _bf16_rows(name, a, shape):
         return None
     a = _array(name, a, 2, "f")
     if a.shape != shape:
-        raise ValueError("%s must have shape %s (got %s)" % (name, shape, a.shape))
+        raise ValueError("%s must be of shape %s (got %s)" % (name, shape, a.shape))
     return _f32_to_bf16(a)
 
 
