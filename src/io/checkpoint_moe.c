@@ -58,7 +58,7 @@ k3_status k3_ckpt_moe_detect(const k3_ckpt *ck, int32_t layer, k3_ckpt_moe_info 
     snprintf(prefixes[0], sizeof prefixes[0], "model.layers.%d.mlp.", (int)layer);
     snprintf(prefixes[1], sizeof prefixes[1], "language_model.model.layers.%d.mlp.", (int)layer);
     prefixes[2][0] = '\0';
-    char name[400];
+    char name[512]; /* a prefix (160) and the longest suffix, with room gcc can prove */
     const int32_t n = k3_ckpt_count(ck);
     for (int pi = 0; pi < 3; pi++) {
         const char *P = prefixes[pi];
