@@ -124,6 +124,74 @@ k3_status k3_ckpt_moe_read_expert(k3_ckpt *ck, const k3_ckpt_moe *m, int64_t e, 
 k3_status k3_ckpt_load_moe(k3_ckpt *ck, int32_t layer, k3_ckpt_moe *out, char *err, size_t err_size);
 void k3_ckpt_moe_free(k3_ckpt_moe *m); /* frees the buffers, zeroes the struct; NULL is accepted */
 
+/* ---- the block's other tensors (checkpoint_block.c) ------------------------------------------------------
+ * Layer n's router, shared experts and latent projections, under the same prefixes as its experts
+ * ("model.layers.<n>.mlp.", "language_model.model.layers.<n>.mlp.", none), by either naming:
+ *   group     published names                          this library's (stacked) names
+ *   router    gate.weight [E, H] BF16/F32,             gate_weight, e_score_correction_bias
+ *             gate.e_score_correction_bias [E] F32 (optional: a router may run without it)
+ *   shared    shared_experts.{gate,up}_proj.weight     shared_gate_up_weight [2 Is, H] = [gate; up],
+ *             [Is, H], shared_experts.down_proj.weight shared_down_weight [H, Is]
+ *             [H, Is]
+ *   latent    routed_expert_down_proj.weight [L, H],   down_proj_weight, norm_weight, up_proj_weight
+ *             routed_expert_norm.weight [L],
+ *             routed_expert_up_proj.weight [H, L]
+ * All BF16 unless said. A group is all or nothing: a partial group, or one named both ways, is a FORMAT_ERROR
+ * naming the tensor that is missing (or both names). E must be the experts' E, L the experts' L, and every H the
+ * same (H = L when the layer has no latent projections). */
+typedef enum k3_ckpt_block_group {
+    K3_CKPT_BLOCK_ROUTER = 0,
+    K3_CKPT_BLOCK_SHARED = 1,
+    K3_CKPT_BLOCK_LATENT = 2
+} k3_ckpt_block_group;
+#define K3_CKPT_BLOCK_GROUPS 3
+
+/* One tensor of the block: its full name, dtype and shape (name[0] == '\0' when absent). */
+typedef struct k3_ckpt_block_tensor {
+    char name[400];
+    k3_st_dtype dtype;
+    int32_t ndim;
+    int64_t shape[2];
+} k3_ckpt_block_tensor;
+
+typedef struct k3_ckpt_block_info {
+    char prefix[160];                  /* where the block's tensors were found ("" for none) */
+    int has[K3_CKPT_BLOCK_GROUPS];     /* which groups the layer has */
+    int stacked[K3_CKPT_BLOCK_GROUPS]; /* 1: the group uses this library's names */
+    int has_bias;                      /* the router has e_score_correction_bias */
+    k3_ckpt_block_tensor gate, bias, shared_gate, shared_up, shared_down, down_proj, norm, up_proj;
+    /* shared_gate holds shared_gate_up_weight for stacked names (shared_up is then absent) */
+    int64_t num_experts, latent /* L */, hidden /* H */, shared_inter /* Is; 0 without shared experts */;
+} k3_ckpt_block_info;
+
+/* Finds layer `layer`'s block tensors (headers only: no tensor data is copied). num_experts and latent are the
+   experts' E and L (k3_ckpt_load_moe), which the shapes must agree with. A layer with none of the groups is not
+   an error (every has[] is 0). */
+k3_status k3_ckpt_block_detect(k3_ckpt *ck, int32_t layer, int64_t num_experts, int64_t latent,
+                               k3_ckpt_block_info *info, char *err, size_t err_size);
+
+/* The groups' tensors as host copies owned by the struct (k3_ckpt_block_free); NULL for an absent group.
+   BF16 tensors are uint16_t bit patterns; gate is BF16 or F32 as gate_dtype says. shared_gate_up is stacked
+   [gate; up] = [2 Is, H]. NaN/Inf in gate, bias or norm is a FORMAT_ERROR naming the tensor and element. */
+typedef struct k3_ckpt_block {
+    k3_ckpt_block_info info;
+    k3_st_dtype gate_dtype;
+    void *gate;               /* [E, H] */
+    float *bias;              /* [E] or NULL */
+    uint16_t *shared_gate_up; /* [2 Is, H] */
+    uint16_t *shared_down;    /* [H, Is] */
+    uint16_t *down_proj;      /* [L, H] */
+    uint16_t *norm;           /* [L] */
+    uint16_t *up_proj;        /* [H, L] */
+    size_t gate_bytes, bias_bytes, shared_gate_up_bytes, shared_down_bytes, down_proj_bytes, norm_bytes,
+        up_proj_bytes;
+} k3_ckpt_block;
+
+/* Detects and loads; *out is zeroed first and freed again on failure. */
+k3_status k3_ckpt_load_block(k3_ckpt *ck, int32_t layer, int64_t num_experts, int64_t latent, k3_ckpt_block *out,
+                             char *err, size_t err_size);
+void k3_ckpt_block_free(k3_ckpt_block *b); /* NULL is accepted */
+
 #ifdef __cplusplus
 }
 #endif
