@@ -69,6 +69,9 @@ typedef enum k3_ckpt_moe_format {
     K3_CKPT_MOE_STACKED = 3         /* w13_weight / w2_weight stacked over the experts */
 } k3_ckpt_moe_format;
 
+/* "compressed-tensors MXFP4", "compressed-tensors NVFP4", "ModelOpt NVFP4", "stacked" */
+const char *k3_ckpt_moe_format_name(k3_ckpt_moe_format f);
+
 typedef struct k3_ckpt_moe_info {
     k3_ckpt_moe_format format;
     char prefix[160]; /* the names' common prefix ("model.layers.3.mlp.", ""; for stacked ones it may end in

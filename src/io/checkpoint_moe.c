@@ -41,7 +41,7 @@ static const char *const ct_mx_sfx[] = {"weight_packed", "weight_scale", NULL};
 static const char *const ct_nv_sfx[] = {"weight_packed", "weight_scale", "weight_global_scale", NULL};
 static const char *const mo_sfx[] = {"weight", "weight_scale", "weight_scale_2", NULL};
 
-static const char *format_name(k3_ckpt_moe_format f) {
+const char *k3_ckpt_moe_format_name(k3_ckpt_moe_format f) {
     switch (f) {
     case K3_CKPT_MOE_CT_MXFP4: return "compressed-tensors MXFP4";
     case K3_CKPT_MOE_CT_NVFP4: return "compressed-tensors NVFP4";
@@ -118,7 +118,7 @@ k3_status k3_ckpt_moe_detect(const k3_ckpt *ck, int32_t layer, k3_ckpt_moe_info 
                     if (!expert_has(ck, P, e, k3_projs[pj], sfx[s], name, sizeof name))
                         return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR,
                                          "layer %d: %s experts 0..%lld: expert %lld is missing (no tensor '%s')",
-                                         (int)layer, format_name(info->format), (long long)max_e, (long long)e, name);
+                                         (int)layer, k3_ckpt_moe_format_name(info->format), (long long)max_e, (long long)e, name);
                 if (need_in && !expert_has(ck, P, e, k3_projs[pj], in_sfx, name, sizeof name))
                     return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR,
                                      "layer %d: expert 0 has input scales but expert %lld has no tensor '%s'",
