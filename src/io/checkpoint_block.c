@@ -59,7 +59,7 @@ static void shape_text(char *buf, size_t n, int32_t ndim, const int64_t *shape) 
 static k3_status member_header(k3_ckpt *ck, const char *name, k3_st_dtype dt, int dt2, int32_t ndim,
                                const int64_t *shape, k3_ckpt_block_tensor *bt, char *err, size_t err_size) {
     const k3_st_tensor *t = NULL;
-    ST_TRY(k3_ckpt_find(ck, name, &t, err, err_size));
+    ST_TRY(k3_ckpt_lookup(ck, name, &t, err, err_size));
     int ok = (t->dtype == dt || (dt2 >= 0 && t->dtype == (k3_st_dtype)dt2)) && t->ndim == ndim;
     for (int32_t i = 0; ok && i < ndim; i++) ok = t->shape[i] > 0 && (shape[i] < 0 || t->shape[i] == shape[i]);
     if (!ok) {
