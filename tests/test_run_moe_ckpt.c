@@ -410,6 +410,27 @@ static void test_refusals(void) {
           "--layer -1");
 }
 
+/* k3 convert writes the stacked layout this command reads: running the converted file (with --layer 0, and as a
+ * plain weights file) gives the bytes of running the checkpoint itself. */
+static void test_convert(const char *ckpt, int32_t layer, const char *input) {
+    char what[160], conv[160], y[128];
+    snprintf(what, sizeof what, "convert %s layer %d, %s", ckpt, (int)layer, input);
+    snprintf(conv, sizeof conv, "conv_%s.safetensors", ckpt);
+    path_of(y, sizeof y, "y.safetensors");
+    CHECK(run_layer(ckpt, layer, input, "") == 0, "%s: direct run", what);
+    CHECK(sh("mv %s %s/y_direct.safetensors", y, g_dir) == 0, "%s: keep the direct output", what);
+    CHECK(sh("%s convert --quiet --input %s/%s --layer %d --output %s/%s", g_k3, g_dir, ckpt, (int)layer, g_dir,
+             conv) == 0,
+          "%s: k3 convert exit 0", what);
+    CHECK(run_layer(conv, 0, input, "") == 0, "%s: run --layer 0 on the converted file", what);
+    CHECK(same_bytes("y_direct.safetensors", "y.safetensors"), "%s: --layer 0 on it gives the same bytes", what);
+    remove(y);
+    CHECK(sh("%s run moe --device %s --top-k %d --weights %s/%s --input %s/%s --output %s", g_k3, g_dev, K, g_dir,
+             conv, g_dir, input, y) == 0,
+          "%s: plain run on the converted file", what);
+    CHECK(same_bytes("y_direct.safetensors", "y.safetensors"), "%s: the plain run gives the same bytes", what);
+}
+
 int main(void) {
     const char *dev = getenv("K3_TEST_DEVICE");
     if (dev && dev[0]) g_dev = dev;
@@ -442,6 +463,9 @@ int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
     test_stacked_file();
     test_refusals();
+    test_convert("ck_ct_mxfp4_sharded", 3, "x_ids.safetensors");
+    test_convert("ck_modelopt_latent_sharded", 0, "x_h.safetensors");
+    test_convert("ck_ct_nvfp4_router", 1, "x_l.safetensors");
     run_moe_files_done();
     return k3t_finish();
 }
