@@ -29,7 +29,7 @@
  *   k3_ctx_last_error message (a status never depends on it); where messages matter, use a context per thread.
  *
  * Examples
- * Three complete uses, each the body of a function `int example(void)` that returns 0 on success, with
+ * Four complete uses, each the body of a function `int example(void)` that returns 0 on success, with
  * <k3.h>, <math.h>, <stdio.h> and <stdlib.h> included. They run on the CPU backend (host buffers, malloc); the
  * comments say what a CUDA caller does instead. tests/cli_header_examples.sh extracts each one (from its
  * "Example:" line to its "End of example" line), compiles it with the project's warnings as errors, and runs it.
@@ -259,6 +259,69 @@
  *   free(y);
  *   k3_latent_moe_plan_destroy(plan);
  *   k3_ctx_destroy(ctx);
+ *   return rc;
+ * End of example
+ *
+ * Example: checkpoint layer
+ *   // One layer's routed experts read from a checkpoint on disk (a folder, an index.json or one safetensors
+ *   // file; the compressed-tensors and ModelOpt layouts or the stacked one `k3 quant` writes) and run for one
+ *   // token. The path comes from K3_EXAMPLE_CHECKPOINT (tests/cli_header_examples.sh makes one). The layer is
+ *   // in host memory: a CUDA caller cudaMemcpy's each buffer (its *_bytes field says how large) to the device.
+ *   const char *path = getenv("K3_EXAMPLE_CHECKPOINT");
+ *   char err[512];
+ *   k3_checkpoint *ck = NULL;
+ *   k3_moe_layer *layer = NULL;
+ *   if (!path) {
+ *       fprintf(stderr, "set K3_EXAMPLE_CHECKPOINT to a checkpoint\n");
+ *       return 1;
+ *   }
+ *   k3_status st = k3_checkpoint_open(path, &ck, err, sizeof err);
+ *   if (st == K3_STATUS_SUCCESS) st = k3_checkpoint_load_moe_layer(ck, 0, &layer, err, sizeof err);
+ *   k3_checkpoint_close(ck); // the layer owns its buffers
+ *   if (st != K3_STATUS_SUCCESS) { // err names the tensor and what was wrong
+ *       fprintf(stderr, "%s: %s\n", k3_status_string(st), err);
+ *       return 1;
+ *   }
+ *   k3_moe_desc d;
+ *   k3_moe_desc_init(&d);
+ *   d.num_experts = layer->num_experts;
+ *   d.top_k = 1;
+ *   d.hidden = layer->latent;
+ *   d.inter = layer->inter;
+ *   d.format = layer->fp4 == K3_FP4_NVFP4 ? K3_WEIGHT_NVFP4 : K3_WEIGHT_MXFP4;
+ *   d.scale_layout = K3_SCALE_LINEAR;
+ *   d.w13_separate_scale_2 = layer->fp4 == K3_FP4_NVFP4; // scale_2 [E, 2]: gate and up apart
+ *   d.max_tokens = 1;
+ *   k3_moe_weights w = {layer->w13, layer->w13_scale, layer->w13_scale_2, NULL,
+ *                       layer->w2,  layer->w2_scale,  layer->w2_scale_2,  NULL}; // no input scales: W4A16
+ *   k3_ctx_options opt;
+ *   k3_ctx_options_init(&opt);
+ *   opt.backend = K3_BACKEND_CPU;
+ *   k3_ctx *ctx = NULL;
+ *   k3_moe_plan *plan = NULL;
+ *   uint16_t *x = malloc(sizeof(uint16_t) * (size_t)d.hidden), *y = malloc(sizeof(uint16_t) * (size_t)d.hidden);
+ *   const int32_t id = 0; // the token goes to expert 0 with weight 1
+ *   const float p = 1.0f;
+ *   void *ws = NULL;
+ *   size_t ws_bytes = 0;
+ *   int rc = 1;
+ *   if (!x || !y || (st = k3_ctx_create(&opt, &ctx)) != K3_STATUS_SUCCESS) goto done;
+ *   if ((st = k3_moe_plan_create(ctx, &d, &plan)) != K3_STATUS_SUCCESS) goto done;
+ *   k3_moe_workspace_size(plan, &ws_bytes);
+ *   if (!(ws = malloc(ws_bytes ? ws_bytes : 1))) goto done;
+ *   for (int64_t i = 0; i < d.hidden; i++) x[i] = k3_bf16_from_f32(1.0f);
+ *   if ((st = k3_moe_run(plan, 1, x, &id, &p, &w, y, NULL, ws, ws_bytes, NULL)) != K3_STATUS_SUCCESS) goto done;
+ *   printf("layer %d: %d experts, L %lld, I %lld; y[0] = %g\n", (int)layer->layer, (int)layer->num_experts,
+ *          (long long)layer->latent, (long long)layer->inter, (double)k3_bf16_to_f32(y[0]));
+ *   rc = isfinite(k3_bf16_to_f32(y[0])) ? 0 : 1;
+ * done:
+ *   if (rc) fprintf(stderr, "checkpoint example: %s: %s\n", k3_status_string(st), ctx ? k3_ctx_last_error(ctx) : "");
+ *   k3_moe_plan_destroy(plan);
+ *   k3_ctx_destroy(ctx);
+ *   k3_moe_layer_free(layer);
+ *   free(ws);
+ *   free(x);
+ *   free(y);
  *   return rc;
  * End of example
  */
