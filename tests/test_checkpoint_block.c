@@ -353,6 +353,28 @@ static void test_public_api(void) {
     CHECK(st == K3_STATUS_FORMAT_ERROR && ly == NULL && strstr(g_err, "must share a prefix"), "mixed prefixes: %s",
           g_err);
     k3_checkpoint_close(ck);
+    /* stacked experts under "<layer prefix>experts.", the block under the layer prefix: one layer */
+    snprintf(dir, sizeof dir, "%s/api_experts_dot", g_dir);
+    CHECK(mkdir(dir, 0755) == 0, "mkdir api_experts_dot");
+    k3_st_writer_create(&w);
+    for (int i = 0; i < NPUB + 4; i++) {
+        char name[300];
+        const int k = i - NPUB;
+        snprintf(name, sizeof name, "model.layers.7.mlp.%s%s", k >= 0 ? "experts." : "", s[i].name);
+        k3_st_writer_add(w, name, s[i].dt, k >= 0 ? 3 : s[i].nd, k >= 0 ? sh[k] : s[i].sh, s[i].data, err,
+                         sizeof err);
+    }
+    snprintf(file, sizeof file, "%s/one.safetensors", dir);
+    CHECK(k3_st_writer_save(w, file, err, sizeof err) == K3_STATUS_SUCCESS, "save: %s", err);
+    k3_st_writer_destroy(w);
+    ly = NULL;
+    st = k3_checkpoint_open(dir, &ck, g_err, sizeof g_err);
+    if (st == K3_STATUS_SUCCESS) st = k3_checkpoint_load_moe_layer(ck, 7, &ly, g_err, sizeof g_err);
+    CHECK(st == K3_STATUS_SUCCESS && ly && ly->gate && ly->down_proj && ly->num_experts == BE,
+          "stacked experts under 'experts.', block beside them: %s", g_err);
+    k3_moe_layer_free(ly);
+    ly = NULL;
+    k3_checkpoint_close(ck);
     CHECK(k3_checkpoint_open(NULL, &ck, g_err, sizeof g_err) == K3_STATUS_INVALID_ARGUMENT && ck == NULL,
           "NULL path: %s", g_err);
     char tiny[8];
