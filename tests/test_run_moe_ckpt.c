@@ -16,7 +16,7 @@
 static const char *g_dev = "cpu";
 
 enum { CT_MX, CT_NV, MO_NV, STACKED };
-enum { BLOCK_NONE, BLOCK_ROUTER, BLOCK_LATENT };
+enum { BLOCK_NONE, BLOCK_ROUTER, BLOCK_LATENT, BLOCK_ROUTER_SHARED /* shared experts without latent tensors */ };
 
 /* One tensor to write: a name (prefix included), its header and a private copy of its data. */
 typedef struct out_tensor {
@@ -130,6 +130,14 @@ static void put_block(const ckpt_case *c, const k3_st_file *q, layer_files *lf) 
     put(lf, 0, c->prefix, "gate.weight", K3_ST_BF16, 2, E, w, 0, data_of(q, "gate_weight"), sizeof(uint16_t) * E * w);
     put(lf, sh, c->prefix, "gate.e_score_correction_bias", K3_ST_F32, 1, E, 0, 0,
         data_of(q, "e_score_correction_bias"), sizeof(float) * E);
+    if (c->block == BLOCK_ROUTER_SHARED) { /* width L: the experts' own input */
+        put(lf, sh, c->prefix, "shared_experts.gate_proj.weight", K3_ST_BF16, 2, IS, L, 0, sguw,
+            sizeof(uint16_t) * IS * L);
+        put(lf, 0, c->prefix, "shared_experts.up_proj.weight", K3_ST_BF16, 2, IS, L, 0, sguw + IS * L,
+            sizeof(uint16_t) * IS * L);
+        put(lf, sh, c->prefix, "shared_experts.down_proj.weight", K3_ST_BF16, 2, L, IS, 0, sdw,
+            sizeof(uint16_t) * L * IS);
+    }
     if (c->block != BLOCK_LATENT) return;
     put(lf, sh, c->prefix, "routed_expert_down_proj.weight", K3_ST_BF16, 2, L, H, 0, downw, sizeof downw);
     put(lf, 0, c->prefix, "routed_expert_norm.weight", K3_ST_BF16, 1, L, 0, 0, normw, sizeof normw);
@@ -247,7 +255,7 @@ static void run_case(const ckpt_case *c) {
     }
     int32_t ids[M * K];
     double wd[M * K];
-    if (c->block == BLOCK_ROUTER) {
+    if (c->block == BLOCK_ROUTER || c->block == BLOCK_ROUTER_SHARED) {
         k3_router_desc rd;
         k3_router_desc_init(&rd);
         rd.num_experts = E, rd.top_k = K, rd.hidden = L, rd.max_tokens = M;
@@ -256,6 +264,8 @@ static void run_case(const ckpt_case *c) {
         for (int i = 0; i < M * K; i++) wf[i] = (float)wd[i];
         snprintf(what, sizeof what, "%s: router + experts", c->what);
         CHECK(run_layer(weights, c->layer, "x_l.safetensors", "") == 0, "%s: exit 0", what);
+        if (c->block == BLOCK_ROUTER_SHARED)
+            CHECK(stderr_has("has shared experts but no latent projections"), "%s: the note on shared experts", what);
         ref_moe(&rw.d, &rw.w, M, xl, ids, wf, ref);
         check_output(what, ref, L, ids);
     } else if (c->block == BLOCK_LATENT) {
@@ -458,7 +468,7 @@ int main(void) {
          "q_experts.safetensors"},
         {"ct_nvfp4_latent_index", CT_NV, "model.layers.2.mlp.", 2, 2, BLOCK_LATENT, 1, "q_latent.safetensors"},
         {"modelopt_latent_sharded", MO_NV, "model.layers.0.mlp.", 0, 2, BLOCK_LATENT, 0, "q_latent.safetensors"},
-        {"modelopt_noprefix", MO_NV, "", 6, 1, BLOCK_ROUTER, 0, "q_experts.safetensors"},
+        {"modelopt_noprefix", MO_NV, "", 6, 1, BLOCK_ROUTER_SHARED, 0, "q_experts.safetensors"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
     test_stacked_file();
