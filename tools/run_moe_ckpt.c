@@ -167,14 +167,19 @@ static char *resolve_parent(const char *path) {
     const char *slash = strrchr(path, '/');
     char dir[PATH_MAX];
     const char *base = slash ? slash + 1 : path;
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    const size_t dn = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
+    if (dn >= sizeof dir) return NULL;
+    memcpy(dir, !slash ? "." : slash == path ? "/" : path, dn);
+    dir[dn] = '\0';
     char *real = realpath(dir, NULL);
     if (!real) return NULL;
-    const size_t n = strlen(real) + strlen(base) + 2;
-    char *out = malloc(n);
-    if (out) snprintf(out, n, "%s/%s", real, base);
+    const size_t rn = strlen(real), bn = strlen(base);
+    char *out = malloc(rn + bn + 2);
+    if (out) {
+        memcpy(out, real, rn);
+        out[rn] = '/';
+        memcpy(out + rn + 1, base, bn + 1);
+    }
     free(real);
     return out;
 }

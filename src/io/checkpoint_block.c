@@ -47,11 +47,17 @@ static int prefix_has_block(const k3_ckpt *ck, const char *prefix) {
     return 0;
 }
 
+/* "[2, 3]" into buf (n >= 2); a shape too long for buf ends where it was cut. */
 static void shape_text(char *buf, size_t n, int32_t ndim, const int64_t *shape) {
-    size_t o = (size_t)snprintf(buf, n, "[");
-    for (int32_t i = 0; i < ndim && o < n; i++)
-        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (o < n) snprintf(buf + o, n - o, "]");
+    size_t o = 0;
+    buf[o++] = '[';
+    for (int32_t i = 0; i < ndim; i++) {
+        const int r = snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+        if (r < 0 || (size_t)r >= n - o - 1) break; /* keep a byte for the ']' */
+        o += (size_t)r;
+    }
+    buf[o++] = ']';
+    buf[o] = '\0';
 }
 
 /* The header of tensor `name` into *bt, checked against the dtype (or either of two, dt2 >= 0) and shape
