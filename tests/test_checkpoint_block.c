@@ -263,6 +263,128 @@ static void test_refusals(void) {
           "NULL checkpoint");
 }
 
+/* The public API (k3.h): stacked MXFP4 experts with the published block tensors, under the layer prefix. */
+enum { BI = 32 };
+static uint8_t xw13[BE * 2 * BI * BL / 2], xs13[BE * 2 * BI * BL / 32], xw2[BE * BL * BI / 2], xs2[BE * BL * BI / 32];
+
+static void test_public_api(void) {
+    for (size_t i = 0; i < sizeof xw13; i++) xw13[i] = (uint8_t)(i * 7u + 1u);
+    for (size_t i = 0; i < sizeof xw2; i++) xw2[i] = (uint8_t)(i * 13u + 5u);
+    for (size_t i = 0; i < sizeof xs13; i++) xs13[i] = (uint8_t)(120u + i % 9u);
+    for (size_t i = 0; i < sizeof xs2; i++) xs2[i] = (uint8_t)(121u + i % 5u);
+    spec s[NPUB + 4];
+    memcpy(s, published, sizeof published);
+    s[NPUB + 0] = (spec){"w13_weight", K3_ST_U8, 3, {0}, xw13, 0};
+    s[NPUB + 1] = (spec){"w13_weight_scale", K3_ST_U8, 3, {0}, xs13, 1};
+    s[NPUB + 2] = (spec){"w2_weight", K3_ST_U8, 3, {0}, xw2, 1};
+    s[NPUB + 3] = (spec){"w2_weight_scale", K3_ST_U8, 3, {0}, xs2, 0};
+    /* 3-D shapes do not fit spec's two dims: written here by hand */
+    char dir[400], file[600], err[256];
+    snprintf(dir, sizeof dir, "%s/api", g_dir);
+    CHECK(mkdir(dir, 0755) == 0, "mkdir api");
+    k3_st_writer *w = NULL;
+    k3_st_writer_create(&w);
+    const int64_t sh[4][3] = {{BE, 2 * BI, BL / 2}, {BE, 2 * BI, BL / 32}, {BE, BL, BI / 2}, {BE, BL, BI / 32}};
+    for (int i = 0; i < NPUB + 4; i++) {
+        char name[300];
+        snprintf(name, sizeof name, "model.layers.7.mlp.%s", s[i].name);
+        const int k = i - NPUB;
+        CHECK(k3_st_writer_add(w, name, s[i].dt, k >= 0 ? 3 : s[i].nd, k >= 0 ? sh[k] : s[i].sh, s[i].data, err,
+                               sizeof err) == K3_STATUS_SUCCESS,
+              "add %s: %s", name, err);
+    }
+    snprintf(file, sizeof file, "%s/one.safetensors", dir);
+    CHECK(k3_st_writer_save(w, file, err, sizeof err) == K3_STATUS_SUCCESS, "save: %s", err);
+    k3_st_writer_destroy(w);
+
+    k3_checkpoint *ck = NULL;
+    k3_moe_layer *ly = NULL;
+    k3_status st = k3_checkpoint_open(dir, &ck, g_err, sizeof g_err);
+    CHECK(st == K3_STATUS_SUCCESS, "k3_checkpoint_open: %s", g_err);
+    if (st != K3_STATUS_SUCCESS) return;
+    st = k3_checkpoint_load_moe_layer(ck, 7, &ly, g_err, sizeof g_err);
+    CHECK(st == K3_STATUS_SUCCESS && ly, "load layer 7: %s", g_err);
+    if (ly) {
+        CHECK(ly->layer == 7 && ly->source_format == K3_CHECKPOINT_STACKED && ly->fp4 == K3_FP4_MXFP4 &&
+                  ly->num_experts == BE && ly->latent == BL && ly->inter == BI && ly->hidden == BH &&
+                  ly->shared_inter == BIS,
+              "layer facts: fmt %d E %d L %lld I %lld H %lld Is %lld", (int)ly->source_format, ly->num_experts,
+              (long long)ly->latent, (long long)ly->inter, (long long)ly->hidden, (long long)ly->shared_inter);
+        CHECK(ly->w13_bytes == sizeof xw13 && !memcmp(ly->w13, xw13, sizeof xw13) && !memcmp(ly->w2, xw2, sizeof xw2) &&
+                  !memcmp(ly->w13_scale, xs13, sizeof xs13) && !memcmp(ly->w2_scale, xs2, sizeof xs2),
+              "experts as written");
+        CHECK(!ly->w13_scale_2 && !ly->w2_scale_2 && !ly->w13_input_scale, "MXFP4: no global or input scales");
+        CHECK(ly->gate_dtype == K3_DTYPE_BF16 && ly->gate_bytes == sizeof gate_b &&
+                  !memcmp(ly->gate, gate_b, sizeof gate_b) &&
+                  ly->bias && !memcmp(ly->bias, bias, sizeof bias),
+              "router as written");
+        CHECK(ly->shared_gate_up && !memcmp(ly->shared_gate_up, sg, sizeof sg) &&
+                  !memcmp(ly->shared_gate_up + BIS * BH, su, sizeof su) && !memcmp(ly->shared_down, sd, sizeof sd),
+              "shared experts stacked [gate; up]");
+        CHECK(!memcmp(ly->down_proj, dp, sizeof dp) && !memcmp(ly->norm, nw, sizeof nw) &&
+                  !memcmp(ly->up_proj, up, sizeof up) && ly->norm_bytes == sizeof nw,
+              "latent projections as written");
+    }
+    k3_moe_layer_free(ly);
+    ly = NULL;
+    st = k3_checkpoint_load_moe_layer(ck, 8, &ly, NULL, 0); /* err may be NULL */
+    CHECK(st == K3_STATUS_FORMAT_ERROR && ly == NULL, "layer 8 has no experts: %d", (int)st);
+    st = k3_checkpoint_load_moe_layer(ck, 8, &ly, g_err, sizeof g_err);
+    CHECK(st == K3_STATUS_FORMAT_ERROR && strstr(g_err, "layer 8"), "layer 8 message: %s", g_err);
+    st = k3_checkpoint_load_moe_layer(ck, -2, &ly, g_err, sizeof g_err);
+    CHECK(st == K3_STATUS_INVALID_ARGUMENT && strstr(g_err, "layer -2"), "layer -2: %s", g_err);
+    k3_checkpoint_close(ck);
+    /* experts without a prefix, the block under the layer's: one layer's tensors must share a prefix */
+    snprintf(dir, sizeof dir, "%s/api_mixed", g_dir);
+    CHECK(mkdir(dir, 0755) == 0, "mkdir api_mixed");
+    k3_st_writer_create(&w);
+    for (int i = 0; i < NPUB + 4; i++) {
+        char name[300];
+        const int k = i - NPUB;
+        snprintf(name, sizeof name, "%s%s", k >= 0 ? "" : "model.layers.7.mlp.", s[i].name);
+        k3_st_writer_add(w, name, s[i].dt, k >= 0 ? 3 : s[i].nd, k >= 0 ? sh[k] : s[i].sh, s[i].data, err,
+                         sizeof err);
+    }
+    snprintf(file, sizeof file, "%s/one.safetensors", dir);
+    CHECK(k3_st_writer_save(w, file, err, sizeof err) == K3_STATUS_SUCCESS, "save: %s", err);
+    k3_st_writer_destroy(w);
+    st = k3_checkpoint_open(dir, &ck, g_err, sizeof g_err);
+    if (st == K3_STATUS_SUCCESS) st = k3_checkpoint_load_moe_layer(ck, 7, &ly, g_err, sizeof g_err);
+    CHECK(st == K3_STATUS_FORMAT_ERROR && ly == NULL && strstr(g_err, "must share a prefix"), "mixed prefixes: %s",
+          g_err);
+    k3_checkpoint_close(ck);
+    /* stacked experts under "<layer prefix>experts.", the block under the layer prefix: one layer */
+    snprintf(dir, sizeof dir, "%s/api_experts_dot", g_dir);
+    CHECK(mkdir(dir, 0755) == 0, "mkdir api_experts_dot");
+    k3_st_writer_create(&w);
+    for (int i = 0; i < NPUB + 4; i++) {
+        char name[300];
+        const int k = i - NPUB;
+        snprintf(name, sizeof name, "model.layers.7.mlp.%s%s", k >= 0 ? "experts." : "", s[i].name);
+        k3_st_writer_add(w, name, s[i].dt, k >= 0 ? 3 : s[i].nd, k >= 0 ? sh[k] : s[i].sh, s[i].data, err,
+                         sizeof err);
+    }
+    snprintf(file, sizeof file, "%s/one.safetensors", dir);
+    CHECK(k3_st_writer_save(w, file, err, sizeof err) == K3_STATUS_SUCCESS, "save: %s", err);
+    k3_st_writer_destroy(w);
+    ly = NULL;
+    st = k3_checkpoint_open(dir, &ck, g_err, sizeof g_err);
+    if (st == K3_STATUS_SUCCESS) st = k3_checkpoint_load_moe_layer(ck, 7, &ly, g_err, sizeof g_err);
+    CHECK(st == K3_STATUS_SUCCESS && ly && ly->gate && ly->down_proj && ly->num_experts == BE,
+          "stacked experts under 'experts.', block beside them: %s", g_err);
+    k3_moe_layer_free(ly);
+    ly = NULL;
+    k3_checkpoint_close(ck);
+    CHECK(k3_checkpoint_open(NULL, &ck, g_err, sizeof g_err) == K3_STATUS_INVALID_ARGUMENT && ck == NULL,
+          "NULL path: %s", g_err);
+    char tiny[8];
+    CHECK(k3_checkpoint_open("/nonexistent/ck", &ck, tiny, sizeof tiny) == K3_STATUS_IO_ERROR &&
+              strlen(tiny) == sizeof tiny - 1,
+          "a short err buffer is filled and terminated");
+    k3_checkpoint_close(NULL);
+    k3_moe_layer_free(NULL);
+}
+
 int main(void) {
     const char *tmp = getenv("TMPDIR");
     snprintf(g_dir, sizeof g_dir, "%s/k3_ckblk_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
@@ -277,6 +399,7 @@ int main(void) {
     test_stacked_names();
     test_router_only();
     test_refusals();
+    test_public_api();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

@@ -265,8 +265,9 @@ static k3_status load_groups(k3_ckpt *ck, k3_ckpt_block *b, char *err, size_t er
                                err_size));
     }
     if (in->has[K3_CKPT_BLOCK_SHARED]) {
-        const size_t g = bytes_of(&in->shared_gate), u = in->stacked[K3_CKPT_BLOCK_SHARED] ? 0 : bytes_of(&in->shared_up);
-        if (!g || (!in->stacked[K3_CKPT_BLOCK_SHARED] && (!u || g > SIZE_MAX - u)))
+        const int stacked = in->stacked[K3_CKPT_BLOCK_SHARED];
+        const size_t g = bytes_of(&in->shared_gate), u = stacked ? 0 : bytes_of(&in->shared_up);
+        if (!g || (!stacked && (!u || g > SIZE_MAX - u)))
             return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR, "tensor '%.200s': the byte size overflows",
                              in->shared_gate.name);
         ST_TRY(copy_member(ck, &in->shared_gate, 0, (void **)&b->shared_gate_up, g + u, 0, &b->shared_gate_up_bytes,
