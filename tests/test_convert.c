@@ -410,6 +410,49 @@ static void test_refusals(void) {
     expect_fail("does-not-exist", 0, "keep", "does-not-exist", NULL);
 }
 
+/* A file written by `k3 quant` (stacked names, [E] scale_2, linear scales) is an input like any other. */
+static void test_quant_input(void) {
+    enum { E = 3, I = 32, L = 64 };
+    static uint16_t w13[E * 2 * I * L], w2[E * L * I];
+    fill((uint8_t *)w13, sizeof w13, 5);
+    fill((uint8_t *)w2, sizeof w2, 6);
+    for (size_t i = 0; i < sizeof w13 / 2; i++) w13[i] &= 0xBFFF; /* finite BF16 of magnitude < 2 */
+    for (size_t i = 0; i < sizeof w2 / 2; i++) w2[i] &= 0xBFFF;
+    k3_st_writer *w = NULL;
+    k3_st_writer_create(&w);
+    const int64_t s13[3] = {E, 2 * I, L}, s2[3] = {E, L, I};
+    add(w, "w13_weight", K3_ST_BF16, 3, s13, w13);
+    add(w, "w2_weight", K3_ST_BF16, 3, s2, w2);
+    char path[512];
+    CHECK(save(w, "bf16.safetensors", path, sizeof path), "save");
+    k3_st_writer_destroy(w);
+    const char *fmts[2] = {"nvfp4", "mxfp4"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[1600];
+        snprintf(cmd, sizeof cmd, "'%s' quant %s --input '%s/bf16.safetensors' --output '%s/q.safetensors' 2>/dev/null",
+                 g_k3, fmts[k], g_dir, g_dir);
+        CHECK(system(cmd) == 0, "k3 quant %s", fmts[k]);
+        if (!convert_to("q.safetensors", 0, "q_keep.safetensors", "keep", NULL)) continue;
+        k3_st_file *q = open_out("q.safetensors"), *f = open_out("q_keep.safetensors");
+        const char *names[4] = {"w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"};
+        for (int n = 0; q && f && n < 4; n++) {
+            const k3_st_tensor *a = k3_st_find(q, names[n]), *b = k3_st_find(f, names[n]);
+            CHECK(a && b && a->nbytes == b->nbytes && !memcmp(a->data, b->data, a->nbytes), "k3 quant %s: %s",
+                  fmts[k], names[n]);
+        }
+        if (q && f && k == 0) {
+            const k3_st_tensor *a = k3_st_find(q, "w13_weight_scale_2");
+            const k3_st_tensor *b = tensor(f, "w13_weight_scale_2", K3_ST_F32, 2, E, 2, 0);
+            for (int e = 0; a && b && e < E; e++)
+                CHECK(((const float *)b->data)[e * 2] == ((const float *)a->data)[e] &&
+                          ((const float *)b->data)[e * 2 + 1] == ((const float *)a->data)[e],
+                      "k3 quant's shared [E] scale_2 becomes (gate, up) = (s, s)");
+        }
+        k3_st_close(q);
+        k3_st_close(f);
+    }
+}
+
 static void test_usage(void) {
     CHECK(convert("--help") == 0 && strstr(g_out, "--progress") && strstr(g_out, "w13_weight_scale_2") &&
               strstr(g_out, "exit status"),
@@ -427,6 +470,7 @@ static void run_cases(void) {
     test_mxfp4_sharded();
     test_nvfp4_formats();
     test_span_bound();
+    test_quant_input();
     test_refusals();
 }
 
