@@ -20,7 +20,6 @@ enum { MODE_KEEP = 0, MODE_MX2NV, MODE_NV2MX };
 
 typedef struct cv {
     const k3_convert_opts *o;
-    k3_convert_result *r;
     k3_ckpt *ck;
     k3_ckpt_moe m; /* described: sizes and format, no buffers */
     k3_ckpt_block_info b;
@@ -397,7 +396,7 @@ int k3_convert_layer(const k3_convert_opts *o, k3_convert_result *r) {
     memset(r, 0, sizeof *r);
     cv c;
     memset(&c, 0, sizeof c);
-    c.o = o, c.r = r;
+    c.o = o;
     c.t0 = c.last = now_s();
     const int ok = run(&c, r);
     if (ok) {
