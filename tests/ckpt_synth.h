@@ -42,7 +42,8 @@ static inline void expect_free(expect *x) {
     memset(x, 0, sizeof *x);
 }
 
-static inline void add(k3_st_writer *w, const char *name, k3_st_dtype dt, int32_t nd, const int64_t *sh, const void *d) {
+static inline void add(k3_st_writer *w, const char *name, k3_st_dtype dt, int32_t nd, const int64_t *sh,
+                       const void *d) {
     char err[256];
     k3_status st = k3_st_writer_add(w, name, dt, nd, sh, d, err, sizeof err);
     if (st != K3_STATUS_SUCCESS) fprintf(stderr, "writer_add %s: %s\n", name, err);
@@ -54,7 +55,9 @@ static inline void add_f32(k3_st_writer *w, const char *name, float v, int as_on
 }
 
 /* The per-expert scale_2 value written for (e, proj): gate and up differ. */
-static inline float g_of(int64_t e, int pj) { return (pj == 0 && e == 0) ? 448.0f : 0.5f * (float)(e + 1) + 0.25f * (float)pj; }
+static inline float g_of(int64_t e, int pj) {
+    return (pj == 0 && e == 0) ? 448.0f : 0.5f * (float)(e + 1) + 0.25f * (float)pj;
+}
 
 typedef struct pe_opts {
     int fmt;
@@ -129,7 +132,9 @@ static inline void write_per_expert(k3_st_writer *w[2], const pe_opts *o, expect
                 add(wr, name, nv ? K3_ST_F8_E4M3 : K3_ST_U8, 2, ssh, sd);
             }
             if (!nv) continue;
-            float g = o->narrow ? narrow_g(e, pj) : g_of(e, pj), in = 2.0f + (float)e + 0.5f * (float)pj;
+            /* narrow: gate and up share their input scale, as they share their activation */
+            const float pin = o->narrow ? (float)(pj == 2) : (float)pj;
+            float g = o->narrow ? narrow_g(e, pj) : g_of(e, pj), in = 2.0f + (float)e + 0.5f * pin;
             if (o->zero_global != 0.0f && e == 0 && pj == 1) g = o->zero_global < 0 ? 0.0f : o->zero_global;
             snprintf(name, sizeof name, "%sexperts.%lld.%s.%s", o->prefix, (long long)e, projs[pj],
                      ct ? "weight_global_scale" : "weight_scale_2");

@@ -19,8 +19,8 @@
 #include "test_util.h"
 
 static char g_k3[512];
-static char g_msg[4096]; /* the last run's stderr */
-static char g_out[4096]; /* and its stdout */
+static char g_msg[4096];  /* the last run's stderr */
+static char g_out[16384]; /* and its stdout */
 
 static void slurp(const char *path, char *buf, size_t n) {
     buf[0] = '\0';
@@ -91,15 +91,17 @@ static void check_values(const k3_st_file *f, const expect *x, int nv_in, int nv
     for (int64_t e = 0; e < E; e++)
         for (int j = 0; j < 3; j++) {
             const int64_t rows = j < 2 ? I : L, cols = j < 2 ? L : I;
-            const uint8_t *ic = j < 2 ? x->w13 + (size_t)((e * 2 + j) * rows * cols / 2) : x->w2 + (size_t)(e * rows * cols / 2);
-            const uint8_t *is = j < 2 ? x->s13 + (size_t)((e * 2 + j) * rows * cols / ib) : x->s2 + (size_t)(e * rows * cols / ib);
+            const uint8_t *ic =
+                j < 2 ? x->w13 + (size_t)((e * 2 + j) * rows * cols / 2) : x->w2 + (size_t)(e * rows * cols / 2);
+            const uint8_t *is =
+                j < 2 ? x->s13 + (size_t)((e * 2 + j) * rows * cols / ib) : x->s2 + (size_t)(e * rows * cols / ib);
             const double is2 = nv_in ? (double)(j < 2 ? x->g13[e * 2 + j] : x->g2[e]) : 1.0;
-            const uint8_t *oc = (const uint8_t *)(j < 2 ? w13->data : w2->data) +
-                                (size_t)((j < 2 ? e * 2 + j : e) * rows * cols / 2);
-            const uint8_t *os = (const uint8_t *)(j < 2 ? s13->data : s2->data) +
-                                (size_t)((j < 2 ? e * 2 + j : e) * rows * cols / ob);
-            const double os2 = nv_out ? (double)((const float *)(j < 2 ? g13->data : g2->data))[j < 2 ? e * 2 + j : e]
-                                      : 1.0;
+            const uint8_t *oc =
+                (const uint8_t *)(j < 2 ? w13->data : w2->data) + (size_t)((j < 2 ? e * 2 + j : e) * rows * cols / 2);
+            const uint8_t *os =
+                (const uint8_t *)(j < 2 ? s13->data : s2->data) + (size_t)((j < 2 ? e * 2 + j : e) * rows * cols / ob);
+            const double os2 =
+                nv_out ? (double)((const float *)(j < 2 ? g13->data : g2->data))[j < 2 ? e * 2 + j : e] : 1.0;
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t k = 0; k < cols; k++) {
                     const double a = deq(nv_in, ic, is, is2, cols, r, k), b = deq(nv_out, oc, os, os2, cols, r, k);
@@ -117,10 +119,9 @@ static void check_values(const k3_st_file *f, const expect *x, int nv_in, int nv
 static void check_bytes(const k3_st_file *f, const expect *x, int nv, int inputs, const char *what) {
     const int64_t E = x->E, I = x->I, L = x->L, bs = nv ? 16 : 32;
     const k3_st_dtype sdt = nv ? K3_ST_F8_E4M3 : K3_ST_U8;
-    const k3_st_tensor *t[4] = {tensor(f, "w13_weight", K3_ST_U8, 3, E, 2 * I, L / 2),
-                                tensor(f, "w13_weight_scale", sdt, 3, E, 2 * I, L / bs),
-                                tensor(f, "w2_weight", K3_ST_U8, 3, E, L, I / 2),
-                                tensor(f, "w2_weight_scale", sdt, 3, E, L, I / bs)};
+    const k3_st_tensor *t[4] = {
+        tensor(f, "w13_weight", K3_ST_U8, 3, E, 2 * I, L / 2), tensor(f, "w13_weight_scale", sdt, 3, E, 2 * I, L / bs),
+        tensor(f, "w2_weight", K3_ST_U8, 3, E, L, I / 2), tensor(f, "w2_weight_scale", sdt, 3, E, L, I / bs)};
     const uint8_t *want[4] = {x->w13, x->s13, x->w2, x->s2};
     for (int k = 0; k < 4; k++)
         if (t[k]) CHECK(!memcmp(t[k]->data, want[k], t[k]->nbytes), "%s: %s bytes", what, t[k]->name);
@@ -131,9 +132,15 @@ static void check_bytes(const k3_st_file *f, const expect *x, int nv, int inputs
         if (g2) CHECK(!memcmp(g2->data, x->g2, (size_t)E * 4), "%s: w2_weight_scale_2", what);
     }
     if (inputs) {
-        const k3_st_tensor *i13 = tensor(f, "w13_input_scale", K3_ST_F32, 2, E, 2, 0);
+        /* [E] (what k3 run moe reads) when gate and up share their input scales, else [E, 2] */
+        int pair = 0;
+        for (int64_t e = 0; e < E; e++) pair |= x->in13[e * 2] != x->in13[e * 2 + 1];
+        const k3_st_tensor *i13 = tensor(f, "w13_input_scale", K3_ST_F32, pair ? 2 : 1, E, 2, 0);
         const k3_st_tensor *i2 = tensor(f, "w2_input_scale", K3_ST_F32, 1, E, 0, 0);
-        if (i13) CHECK(!memcmp(i13->data, x->in13, (size_t)E * 2 * 4), "%s: w13_input_scale", what);
+        for (int64_t e = 0; i13 && e < E; e++)
+            CHECK(((const float *)i13->data)[pair ? e * 2 : e] == x->in13[e * 2] &&
+                      (!pair || ((const float *)i13->data)[e * 2 + 1] == x->in13[e * 2 + 1]),
+                  "%s: w13_input_scale[%lld] (%s)", what, (long long)e, pair ? "[E, 2]" : "[E]");
         if (i2) CHECK(!memcmp(i2->data, x->in2, (size_t)E * 4), "%s: w2_input_scale", what);
     } else {
         CHECK(!k3_st_find(f, "w13_input_scale"), "%s: no input scales", what);
@@ -194,16 +201,22 @@ static void write_block(k3_st_writer *w, const char *P, int64_t E, int64_t L, bl
 
 static void check_block(const k3_st_file *f, const block_data *b, int64_t E, int64_t L, const char *what) {
     const k3_st_tensor *t;
-    if ((t = tensor(f, "gate_weight", K3_ST_BF16, 2, E, H, 0))) CHECK(!memcmp(t->data, b->gate, t->nbytes), "%s: gate", what);
+    if ((t = tensor(f, "gate_weight", K3_ST_BF16, 2, E, H, 0)))
+        CHECK(!memcmp(t->data, b->gate, t->nbytes), "%s: gate", what);
     if ((t = tensor(f, "e_score_correction_bias", K3_ST_F32, 1, E, 0, 0)))
         CHECK(!memcmp(t->data, b->bias, t->nbytes), "%s: bias", what);
     if ((t = tensor(f, "shared_gate_up_weight", K3_ST_BF16, 2, 2 * IS, H, 0)))
-        CHECK(!memcmp(t->data, b->sg, sizeof b->sg) && !memcmp((const uint8_t *)t->data + sizeof b->sg, b->su, sizeof b->su),
+        CHECK(!memcmp(t->data, b->sg, sizeof b->sg) &&
+                  !memcmp((const uint8_t *)t->data + sizeof b->sg, b->su, sizeof b->su),
               "%s: shared_gate_up_weight = [gate; up]", what);
-    if ((t = tensor(f, "shared_down_weight", K3_ST_BF16, 2, H, IS, 0))) CHECK(!memcmp(t->data, b->sd, t->nbytes), "%s: shared_down", what);
-    if ((t = tensor(f, "down_proj_weight", K3_ST_BF16, 2, L, H, 0))) CHECK(!memcmp(t->data, b->dn, t->nbytes), "%s: down_proj", what);
-    if ((t = tensor(f, "norm_weight", K3_ST_BF16, 1, L, 0, 0))) CHECK(!memcmp(t->data, b->norm, t->nbytes), "%s: norm", what);
-    if ((t = tensor(f, "up_proj_weight", K3_ST_BF16, 2, H, L, 0))) CHECK(!memcmp(t->data, b->up, t->nbytes), "%s: up_proj", what);
+    if ((t = tensor(f, "shared_down_weight", K3_ST_BF16, 2, H, IS, 0)))
+        CHECK(!memcmp(t->data, b->sd, t->nbytes), "%s: shared_down", what);
+    if ((t = tensor(f, "down_proj_weight", K3_ST_BF16, 2, L, H, 0)))
+        CHECK(!memcmp(t->data, b->dn, t->nbytes), "%s: down_proj", what);
+    if ((t = tensor(f, "norm_weight", K3_ST_BF16, 1, L, 0, 0)))
+        CHECK(!memcmp(t->data, b->norm, t->nbytes), "%s: norm", what);
+    if ((t = tensor(f, "up_proj_weight", K3_ST_BF16, 2, H, L, 0)))
+        CHECK(!memcmp(t->data, b->up, t->nbytes), "%s: up_proj", what);
 }
 
 /* Writes a per-expert checkpoint: one file (split 0) or two shards with an index in folder `sub`. */
@@ -256,7 +269,8 @@ static void test_mxfp4_sharded(void) {
         if ((f = open_out("mx_keep.safetensors"))) {
             check_bytes(f, &x, 0, 0, "mxfp4 keep");
             check_block(f, b, 4, 64, "mxfp4 keep");
-            const char *src = k3_st_metadata_get(f, "k3.convert.source_format"), *ly = k3_st_metadata_get(f, "k3.convert.layer");
+            const char *src = k3_st_metadata_get(f, "k3.convert.source_format"),
+                       *ly = k3_st_metadata_get(f, "k3.convert.layer");
             CHECK(src && strstr(src, "MXFP4") && ly && !strcmp(ly, "3"), "source metadata");
             k3_st_close(f);
         }
@@ -292,11 +306,21 @@ static void test_nvfp4_formats(void) {
         check_bytes(f, &x, 1, 1, "ct nvfp4 keep");
         k3_st_close(f);
     }
+    CHECK(x.in13[0] == x.in13[1], "narrow: gate and up input scales are equal");
     if (convert_to("ctnv/model.safetensors", 7, "ctnv_mx.safetensors", "mxfp4", NULL) &&
         (f = open_out("ctnv_mx.safetensors"))) {
         check_values(f, &x, 1, 0, "ct nvfp4 -> mxfp4");
         CHECK(!k3_st_find(f, "w13_input_scale") && strstr(g_msg, "input) scales"), "input scales dropped, said: %s",
               g_msg);
+        k3_st_close(f);
+    }
+    expect_free(&x);
+    /* gate and up with different input scales: both are kept */
+    pe_opts ct2 = {CT_NV, "model.layers.4.mlp.", 2, 16, 32, -1, 0, 0, 0.0f, 0, 0, 0};
+    write_ckpt(&ct2, "ctnv2", &x, NULL);
+    CHECK(x.in13[0] != x.in13[1], "the test writes different gate and up input scales");
+    if (convert_to("ctnv2", 4, "ctnv2_keep.safetensors", "keep", NULL) && (f = open_out("ctnv2_keep.safetensors"))) {
+        check_bytes(f, &x, 1, 1, "ct nvfp4 keep, [E, 2] input scales");
         k3_st_close(f);
     }
     expect_free(&x);
@@ -386,6 +410,49 @@ static void test_refusals(void) {
     expect_fail("does-not-exist", 0, "keep", "does-not-exist", NULL);
 }
 
+/* A file written by `k3 quant` (stacked names, [E] scale_2, linear scales) is an input like any other. */
+static void test_quant_input(void) {
+    enum { E = 3, I = 32, L = 64 };
+    static uint16_t w13[E * 2 * I * L], w2[E * L * I];
+    fill((uint8_t *)w13, sizeof w13, 5);
+    fill((uint8_t *)w2, sizeof w2, 6);
+    for (size_t i = 0; i < sizeof w13 / 2; i++) w13[i] &= 0xBFFF; /* finite BF16 of magnitude < 2 */
+    for (size_t i = 0; i < sizeof w2 / 2; i++) w2[i] &= 0xBFFF;
+    k3_st_writer *w = NULL;
+    k3_st_writer_create(&w);
+    const int64_t s13[3] = {E, 2 * I, L}, s2[3] = {E, L, I};
+    add(w, "w13_weight", K3_ST_BF16, 3, s13, w13);
+    add(w, "w2_weight", K3_ST_BF16, 3, s2, w2);
+    char path[512];
+    CHECK(save(w, "bf16.safetensors", path, sizeof path), "save");
+    k3_st_writer_destroy(w);
+    const char *fmts[2] = {"nvfp4", "mxfp4"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[1600];
+        snprintf(cmd, sizeof cmd, "'%s' quant %s --input '%s/bf16.safetensors' --output '%s/q.safetensors' 2>/dev/null",
+                 g_k3, fmts[k], g_dir, g_dir);
+        CHECK(system(cmd) == 0, "k3 quant %s", fmts[k]);
+        if (!convert_to("q.safetensors", 0, "q_keep.safetensors", "keep", NULL)) continue;
+        k3_st_file *q = open_out("q.safetensors"), *f = open_out("q_keep.safetensors");
+        const char *names[4] = {"w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"};
+        for (int n = 0; q && f && n < 4; n++) {
+            const k3_st_tensor *a = k3_st_find(q, names[n]), *b = k3_st_find(f, names[n]);
+            CHECK(a && b && a->nbytes == b->nbytes && !memcmp(a->data, b->data, a->nbytes), "k3 quant %s: %s",
+                  fmts[k], names[n]);
+        }
+        if (q && f && k == 0) {
+            const k3_st_tensor *a = k3_st_find(q, "w13_weight_scale_2");
+            const k3_st_tensor *b = tensor(f, "w13_weight_scale_2", K3_ST_F32, 2, E, 2, 0);
+            for (int e = 0; a && b && e < E; e++)
+                CHECK(((const float *)b->data)[e * 2] == ((const float *)a->data)[e] &&
+                          ((const float *)b->data)[e * 2 + 1] == ((const float *)a->data)[e],
+                      "k3 quant's shared [E] scale_2 becomes (gate, up) = (s, s)");
+        }
+        k3_st_close(q);
+        k3_st_close(f);
+    }
+}
+
 static void test_usage(void) {
     CHECK(convert("--help") == 0 && strstr(g_out, "--progress") && strstr(g_out, "w13_weight_scale_2") &&
               strstr(g_out, "exit status"),
@@ -403,13 +470,16 @@ static void run_cases(void) {
     test_mxfp4_sharded();
     test_nvfp4_formats();
     test_span_bound();
+    test_quant_input();
     test_refusals();
 }
 
 int main(int argc, char **argv) {
     const char *bin = getenv("K3_BINARY_DIR");
-    if (argc > 1) snprintf(g_k3, sizeof g_k3, "%s", argv[1]);
-    else if (bin && bin[0]) snprintf(g_k3, sizeof g_k3, "%s/k3", bin);
+    if (argc > 1)
+        snprintf(g_k3, sizeof g_k3, "%s", argv[1]);
+    else if (bin && bin[0])
+        snprintf(g_k3, sizeof g_k3, "%s/k3", bin);
     else {
         fprintf(stderr, "usage: test_convert PATH/TO/k3 (or K3_BINARY_DIR set)\n");
         return 1;

@@ -67,8 +67,7 @@ static void test_stream_and_ranges(void) {
     snprintf(path, sizeof path, "%s/s.safetensors", g_dir);
     const size_t pieces[3] = {1, 4093, 1 << 20};
     for (int k = 0; k < 3; k++) {
-        CHECK(stream_file(path, a, b, pieces[k], 0, 0, err, sizeof err), "stream in pieces of %zu: %s", pieces[k],
-              err);
+        CHECK(stream_file(path, a, b, pieces[k], 0, 0, err, sizeof err), "stream in pieces of %zu: %s", pieces[k], err);
         k3_st_file *f = NULL;
         CHECK(k3_st_open(path, &f, err, sizeof err) == K3_STATUS_SUCCESS, "read back: %s", err);
         if (!f) continue;

@@ -29,7 +29,9 @@ static void convert_help(void) {
         "  w13_weight          U8 [E, 2I, L/2]     E2M1 codes, rows [gate; up], element 2j in the low nibble\n"
         "  w13_weight_scale    F8_E4M3 [E, 2I, L/16] (nvfp4) or U8 UE8M0 [E, 2I, L/32] (mxfp4), linear layout\n"
         "  w13_weight_scale_2  F32 [E, 2]          nvfp4 only: (gate, up) per expert\n"
-        "  w13_input_scale     F32 [E, 2]          when the input has activation scales (nvfp4 only)\n"
+        "  w13_input_scale     F32 [E]             when the input has activation scales (not for mxfp4); gate and up\n"
+        "                                          read one activation, so one scale each; [E, 2] (gate, up) when\n"
+        "                                          the input gives them different ones (k3 run moe reads [E])\n"
         "  w2_weight           U8 [E, L, I/2]\n"
         "  w2_weight_scale     as w13_weight_scale, [E, L, I/16] or [E, L, I/32]\n"
         "  w2_weight_scale_2   F32 [E]             nvfp4 only\n"
@@ -76,9 +78,12 @@ static double now_s(void) {
 static void json_str(const char *s) {
     putchar('"');
     for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\') printf("\\%c", *c);
-        else if (*c < 0x20) printf("\\u%04x", *c);
-        else putchar(*c);
+        if (*c == '"' || *c == '\\')
+            printf("\\%c", *c);
+        else if (*c < 0x20)
+            printf("\\u%04x", *c);
+        else
+            putchar(*c);
     }
     putchar('"');
 }
@@ -124,9 +129,12 @@ int k3_cmd_convert(int argc, char **argv) {
         return K3_EXIT_USAGE;
     }
     o.layer = (int32_t)layer;
-    if (!strcmp(fmt_s, "keep")) o.format = K3_CONVERT_KEEP;
-    else if (!strcmp(fmt_s, "nvfp4")) o.format = K3_CONVERT_NVFP4;
-    else if (!strcmp(fmt_s, "mxfp4")) o.format = K3_CONVERT_MXFP4;
+    if (!strcmp(fmt_s, "keep"))
+        o.format = K3_CONVERT_KEEP;
+    else if (!strcmp(fmt_s, "nvfp4"))
+        o.format = K3_CONVERT_NVFP4;
+    else if (!strcmp(fmt_s, "mxfp4"))
+        o.format = K3_CONVERT_MXFP4;
     else {
         fprintf(stderr, "k3 convert: --format must be keep, nvfp4 or mxfp4 (got '%s')\n", fmt_s);
         return K3_EXIT_USAGE;

@@ -64,10 +64,14 @@ int k3_convert_nv_to_mx(const uint8_t *codes, const uint8_t *scales, float scale
                 const double v = zero[0] ? s[1] : s[0];
                 const char *why = NULL;
                 int ex = 0;
-                if (!zero[0] && !zero[1] && s[0] != s[1]) why = "the two 16-blocks' effective scales differ";
-                else if (!(v > 0.0)) why = "a block with non-zero codes has a scale that is not positive";
-                else if (frexp(v, &ex) != 0.5) why = "the effective scale is not a power of two";
-                else if (ex - 1 < -127 || ex - 1 > 127) why = "the power of two is outside UE8M0's 2^-127 .. 2^127";
+                if (!zero[0] && !zero[1] && s[0] != s[1])
+                    why = "the two 16-blocks' effective scales differ";
+                else if (!(v > 0.0))
+                    why = "a block with non-zero codes has a scale that is not positive";
+                else if (frexp(v, &ex) != 0.5)
+                    why = "the effective scale is not a power of two";
+                else if (ex - 1 < -127 || ex - 1 > 127)
+                    why = "the power of two is outside UE8M0's 2^-127 .. 2^127";
                 if (why) {
                     bad->row = r, bad->blk = b, bad->s0 = s[0], bad->s1 = s[1], bad->why = why;
                     return 0;

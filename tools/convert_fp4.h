@@ -8,16 +8,15 @@
 
 /* The binades of one MXFP4 matrix's blocks that hold a non-zero code (all-zero blocks are exact at any scale). */
 typedef struct k3_convert_span {
-    int any;                        /* some block has a non-zero code */
-    int emin, emax;                 /* unbiased exponents (UE8M0 byte - 127) */
+    int any;                                    /* some block has a non-zero code */
+    int emin, emax;                             /* unbiased exponents (UE8M0 byte - 127) */
     int64_t min_row, min_blk, max_row, max_blk; /* where they are (messages) */
 } k3_convert_span;
 
 /* The E4M3 exponents 2^-9 .. 2^8 are exact, so a matrix converts exactly when emax - emin <= this. */
 #define K3_CONVERT_MAX_SPAN 17
 
-void k3_convert_mx_span(const uint8_t *codes, const uint8_t *scales, int64_t rows, int64_t cols,
-                        k3_convert_span *span);
+void k3_convert_mx_span(const uint8_t *codes, const uint8_t *scales, int64_t rows, int64_t cols, k3_convert_span *span);
 /* The scale_2 exponent for a span: emax - 8 (so the largest block scale is E4M3 2^8), 0 for an all-zero matrix.
    Returns 0 when the span is wider than K3_CONVERT_MAX_SPAN. */
 int k3_convert_mx_base(const k3_convert_span *span, int *base);

@@ -20,14 +20,14 @@ enum { MODE_KEEP = 0, MODE_MX2NV, MODE_NV2MX };
 
 typedef struct cv {
     const k3_convert_opts *o;
-    k3_convert_result *r;
     k3_ckpt *ck;
     k3_ckpt_moe m; /* described: sizes and format, no buffers */
     k3_ckpt_block_info b;
     int mode, out_nv, inputs;
+    int in13_pair; /* gate and up input scales differ somewhere: w13_input_scale is [E, 2], else [E] */
     int64_t E, L, I;
-    float *s2, *in; /* [E, 3] (gate, up, down): the output's scale_2 and input scales */
-    int *base;      /* [E, 3]: MXFP4 -> NVFP4 scale_2 exponents */
+    float *s2, *in;                    /* [E, 3] (gate, up, down): the output's scale_2 and input scales */
+    int *base;                         /* [E, 3]: MXFP4 -> NVFP4 scale_2 exponents */
     uint8_t *codes, *scales, *oscales; /* one expert: [w13 | w2] codes, input scales, output scales */
     size_t c13, c2, s13, s2b, o13, o2; /* per-expert bytes */
     float *small;                      /* [E, 2] staging for the F32 tensors */
@@ -63,11 +63,11 @@ static const char *const proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
 /* The input tensor holding matrix j (0 gate, 1 up, 2 down) of expert e's block scales (messages). */
 static void scale_name(const cv *c, int64_t e, int j, char *buf, size_t n) {
     if (c->m.info.format == K3_CKPT_MOE_STACKED)
-        snprintf(buf, n, "%s%s (expert %lld, %s rows)", c->m.info.prefix, j < 2 ? "w13_weight_scale" : "w2_weight_scale",
-                 (long long)e, proj_names[j]);
+        snprintf(buf, n, "%s%s (expert %lld, %s rows)", c->m.info.prefix,
+                 j < 2 ? "w13_weight_scale" : "w2_weight_scale", (long long)e, proj_names[j]);
     else
-        snprintf(buf, n, "%sexperts.%lld.%s.weight_scale (expert %lld)", c->m.info.prefix, (long long)e,
-                 proj_names[j], (long long)e);
+        snprintf(buf, n, "%sexperts.%lld.%s.weight_scale (expert %lld)", c->m.info.prefix, (long long)e, proj_names[j],
+                 (long long)e);
 }
 
 /* Matrix j of one expert's buffers: codes, input scales, output scales; rows and columns (elements). */
@@ -95,7 +95,8 @@ static int read_expert(cv *c, int64_t e, int codes13, int sc13, int codes2, int 
     if (c->m.fp4 == K3_FP4_NVFP4) /* kept, or the input's for NVFP4 -> MXFP4 */
         c->s2[e * 3] = x.w13_scale_2[0], c->s2[e * 3 + 1] = x.w13_scale_2[1], c->s2[e * 3 + 2] = x.w2_scale_2;
     if (c->m.info.has_input_scale)
-        c->in[e * 3] = x.w13_input_scale[0], c->in[e * 3 + 1] = x.w13_input_scale[1], c->in[e * 3 + 2] = x.w2_input_scale;
+        c->in[e * 3] = x.w13_input_scale[0], c->in[e * 3 + 1] = x.w13_input_scale[1],
+                  c->in[e * 3 + 2] = x.w2_input_scale;
     return 1;
 }
 
@@ -186,13 +187,17 @@ static int emit_half(cv *c, int half) {
     return 1;
 }
 
-/* An [E, 2] (half 0: gate, up) or [E] (half 1: down) F32 tensor from v [E, 3]. */
-static int emit_f32(cv *c, const float *v, int half) {
+/* An [E, 2] (half 0, pair: gate, up), [E] (half 0: gate = up) or [E] (half 1: down) F32 tensor from v [E, 3]. */
+static int emit_f32(cv *c, const float *v, int half, int pair) {
     for (int64_t e = 0; e < c->E; e++) {
-        if (half) c->small[e] = v[e * 3 + 2];
-        else c->small[e * 2] = v[e * 3], c->small[e * 2 + 1] = v[e * 3 + 1];
+        if (half)
+            c->small[e] = v[e * 3 + 2];
+        else if (pair)
+            c->small[e * 2] = v[e * 3], c->small[e * 2 + 1] = v[e * 3 + 1];
+        else
+            c->small[e] = v[e * 3];
     }
-    return put(c, c->small, (size_t)c->E * (half ? 1 : 2) * sizeof(float));
+    return put(c, c->small, (size_t)c->E * (!half && pair ? 2 : 1) * sizeof(float));
 }
 
 /* ---- the block's tensors ---- */
@@ -211,8 +216,8 @@ static int block_list(const cv *c, block_out *out) {
         if (b->has_bias) out[n++] = (block_out){"e_score_correction_bias", {&b->bias, NULL}, 1};
     }
     if (b->has[K3_CKPT_BLOCK_SHARED]) {
-        out[n++] = (block_out){"shared_gate_up_weight",
-                               {&b->shared_gate, b->stacked[K3_CKPT_BLOCK_SHARED] ? NULL : &b->shared_up}, 0};
+        out[n++] = (block_out){
+            "shared_gate_up_weight", {&b->shared_gate, b->stacked[K3_CKPT_BLOCK_SHARED] ? NULL : &b->shared_up}, 0};
         out[n++] = (block_out){"shared_down_weight", {&b->shared_down, NULL}, 0};
     }
     if (b->has[K3_CKPT_BLOCK_LATENT]) {
@@ -286,7 +291,7 @@ static int plan_output(cv *c, k3_st_writer *w, const block_out *blocks, int nblo
         snprintf(nm, sizeof nm, "%sweight_scale_2", p);
         if (c->out_nv && !declare(c, w, nm, K3_ST_F32, half ? 1 : 2, E, 2, 0)) return 0;
         snprintf(nm, sizeof nm, "%sinput_scale", p);
-        if (c->inputs && !declare(c, w, nm, K3_ST_F32, half ? 1 : 2, E, 2, 0)) return 0;
+        if (c->inputs && !declare(c, w, nm, K3_ST_F32, half || !c->in13_pair ? 1 : 2, E, 2, 0)) return 0;
     }
     for (int i = 0; i < nblocks; i++) {
         const k3_ckpt_block_tensor *t = blocks[i].src[0];
@@ -351,11 +356,13 @@ static int run(cv *c, k3_convert_result *r) {
     }
     c->inputs = c->m.info.has_input_scale && c->mode != MODE_NV2MX;
     r->input_scales_dropped = c->m.info.has_input_scale && !c->inputs;
-    if (k3_ckpt_block_detect(c->ck, o->layer, c->E, c->L, &c->b, c->err, sizeof c->err) != K3_STATUS_SUCCESS)
-        return 0;
+    if (k3_ckpt_block_detect(c->ck, o->layer, c->E, c->L, &c->b, c->err, sizeof c->err) != K3_STATUS_SUCCESS) return 0;
     block_out blocks[K3_CONVERT_MAX_BLOCK];
     const int nblocks = block_list(c, blocks);
     if (!alloc_buffers(c) || !prepass(c)) return 0;
+    /* gate and up read the same activation, so one input scale each is what `k3 run moe` takes ([E]); a
+       checkpoint that gives them different ones keeps both ([E, 2]) rather than lose one */
+    for (int64_t e = 0; c->inputs && e < c->E; e++) c->in13_pair |= c->in[e * 3] != c->in[e * 3 + 1];
     k3_st_writer *w = NULL;
     if (k3_st_writer_create(&w) != K3_STATUS_SUCCESS) {
         snprintf(c->err, sizeof c->err, "out of memory");
@@ -366,13 +373,14 @@ static int run(cv *c, k3_convert_result *r) {
     k3_st_writer_destroy(w);
     if (!ok) return 0;
     c->total = (uint64_t)(c->c13 + c->c2 + c->o13 + c->o2) * (uint64_t)c->E +
-               (uint64_t)c->E * 3 * sizeof(float) * (uint64_t)(c->out_nv + c->inputs);
+               (uint64_t)c->E * sizeof(float) *
+                   (3u * (uint64_t)c->out_nv + (2u + (uint64_t)c->in13_pair) * (uint64_t)c->inputs);
     for (int i = 0; i < nblocks; i++)
         for (int k = 0; k < 2 && blocks[i].src[k]; k++) c->total += bt_bytes(blocks[i].src[k]);
     for (int half = 0; half < 2; half++) {
         if (!emit_half(c, half)) return 0;
-        if (c->out_nv && !emit_f32(c, c->s2, half)) return 0;
-        if (c->inputs && !emit_f32(c, c->in, half)) return 0;
+        if (c->out_nv && !emit_f32(c, c->s2, half, 1)) return 0;
+        if (c->inputs && !emit_f32(c, c->in, half, c->in13_pair)) return 0;
     }
     for (int i = 0; i < nblocks; i++) {
         if (!emit_block(c, &blocks[i])) return 0;
@@ -388,7 +396,7 @@ int k3_convert_layer(const k3_convert_opts *o, k3_convert_result *r) {
     memset(r, 0, sizeof *r);
     cv c;
     memset(&c, 0, sizeof c);
-    c.o = o, c.r = r;
+    c.o = o;
     c.t0 = c.last = now_s();
     const int ok = run(&c, r);
     if (ok) {

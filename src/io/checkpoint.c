@@ -293,7 +293,8 @@ k3_status k3_ckpt_open(const char *path, k3_ckpt **out, char *err, size_t err_si
     }
     if (st == K3_STATUS_SUCCESS && !(ck->dir = dir_of(ck->path))) st = oom(err, err_size, path);
     if (st == K3_STATUS_SUCCESS)
-        st = is_index ? read_index(ck, ck->path, err, err_size) : k3_st_open_header(ck->path, &ck->single, err, err_size);
+        st = is_index ? read_index(ck, ck->path, err, err_size)
+                      : k3_st_open_header(ck->path, &ck->single, err, err_size);
     if (st != K3_STATUS_SUCCESS) {
         k3_ckpt_close(ck);
         return st;

@@ -118,7 +118,8 @@ k3_status k3_ckpt_moe_detect(const k3_ckpt *ck, int32_t layer, k3_ckpt_moe_info 
                     if (!expert_has(ck, P, e, k3_projs[pj], sfx[s], name, sizeof name))
                         return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR,
                                          "layer %d: %s experts 0..%lld: expert %lld is missing (no tensor '%s')",
-                                         (int)layer, k3_ckpt_moe_format_name(info->format), (long long)max_e, (long long)e, name);
+                                         (int)layer, k3_ckpt_moe_format_name(info->format), (long long)max_e,
+                                         (long long)e, name);
                 if (need_in && !expert_has(ck, P, e, k3_projs[pj], in_sfx, name, sizeof name))
                     return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR,
                                      "layer %d: expert 0 has input scales but expert %lld has no tensor '%s'",
@@ -254,7 +255,9 @@ static k3_status check_block_scales(const char *name, const uint8_t *p, size_t n
     return K3_STATUS_SUCCESS;
 }
 
-static const char *wsfx_of(k3_ckpt_moe_format f) { return f == K3_CKPT_MOE_MODELOPT_NVFP4 ? "weight" : "weight_packed"; }
+static const char *wsfx_of(k3_ckpt_moe_format f) {
+    return f == K3_CKPT_MOE_MODELOPT_NVFP4 ? "weight" : "weight_packed";
+}
 
 /* Per-expert layouts: the shapes from expert 0's gate_proj (every other tensor is checked when it is read). */
 static k3_status describe_per_expert(k3_ckpt *ck, k3_ckpt_moe *m, char *err, size_t err_size) {

@@ -10,24 +10,6 @@
 
 #include "io/st_common.h"
 
-typedef struct st_wentry {
-    char *name;
-    k3_st_dtype dtype;
-    int32_t ndim;
-    int64_t shape[K3_ST_MAX_DIMS];
-    size_t nbytes;
-    void *data; /* NULL for a declared tensor (its bytes are streamed) */
-} st_wentry;
-
-struct k3_st_writer {
-    st_wentry *ents;
-    int32_t count, cap;
-    st_meta *meta;
-    int32_t meta_count, meta_cap;
-    st_index names, meta_keys; /* duplicate checks in O(1) */
-    int32_t declared;          /* how many entries were declared (no data) */
-};
-
 k3_status k3_st_writer_create(k3_st_writer **out) {
     if (!out) return K3_STATUS_INVALID_ARGUMENT;
     *out = calloc(1, sizeof **out);
@@ -51,7 +33,7 @@ void k3_st_writer_destroy(k3_st_writer *w) {
     free(w);
 }
 
-static char *dup_str(const char *s) {
+char *k3_st_dup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = malloc(n);
     if (d) memcpy(d, s, n);
@@ -91,7 +73,7 @@ static k3_status add_entry(k3_st_writer *w, const char *name, k3_st_dtype dtype,
         return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "out of memory");
     st_wentry *e = &w->ents[w->count];
     memset(e, 0, sizeof *e);
-    e->name = dup_str(name);
+    e->name = k3_st_dup(name);
     if (!declared) e->data = malloc(nb ? nb : 1);
     if (!e->name || (!declared && !e->data) || !k3_st_index_put(&w->names, e->name, w->count)) {
         free(e->name);
@@ -128,7 +110,7 @@ k3_status k3_st_writer_set_metadata(k3_st_writer *w, const char *key, const char
                          "metadata: invalid UTF-8 at byte %zu of the %s",
                          k3_st_utf8_bad(key) != (size_t)-1 ? k3_st_utf8_bad(key) : k3_st_utf8_bad(value),
                          k3_st_utf8_bad(key) != (size_t)-1 ? "key" : "value");
-    char *v = dup_str(value);
+    char *v = k3_st_dup(value);
     if (!v) return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "out of memory");
     const int32_t old = k3_st_index_get(&w->meta_keys, key);
     if (old >= 0) {
@@ -136,7 +118,7 @@ k3_status k3_st_writer_set_metadata(k3_st_writer *w, const char *key, const char
         w->meta[old].value = v;
         return K3_STATUS_SUCCESS;
     }
-    char *k = dup_str(key);
+    char *k = k3_st_dup(key);
     if (!k || w->meta_count >= INT32_MAX - 1 ||
         !k3_st_grow((void **)&w->meta, &w->meta_cap, w->meta_count + 1, sizeof(st_meta)) ||
         !k3_st_index_put(&w->meta_keys, k, w->meta_count)) {
@@ -149,13 +131,6 @@ k3_status k3_st_writer_set_metadata(k3_st_writer *w, const char *key, const char
     w->meta_count++;
     return K3_STATUS_SUCCESS;
 }
-
-/* A growable text buffer for the header. */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
 
 static void sb_put(sbuf *b, const char *s, size_t n) {
     if (b->oom) return;
@@ -192,7 +167,7 @@ static void sb_json_string(sbuf *b, const char *s) {
 }
 
 /* Writes all n bytes (retrying short writes and EINTR); 0 with errno set on failure. */
-static int write_all(int fd, const void *p, size_t n) {
+int k3_st_write_all(int fd, const void *p, size_t n) {
     const unsigned char *c = p;
     while (n) {
         const size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
@@ -211,7 +186,7 @@ static int write_all(int fd, const void *p, size_t n) {
 /* The file is written to a fresh temporary name next to path (same folder, so the rename cannot cross file
  * systems), flushed to disk, then renamed over path: a failure at any point (disk full, a file size limit, a
  * signal) leaves whatever path held before untouched, and removes only the temporary file. */
-static k3_status tmp_create(const char *path, char **tmp_out, int *fd_out, char *err, size_t err_size) {
+k3_status k3_st_tmp_create(const char *path, char **tmp_out, int *fd_out, char *err, size_t err_size) {
     const size_t plen = strlen(path);
     char *tmp = malloc(plen + 64);
     if (!tmp) return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory", path);
@@ -236,7 +211,7 @@ static k3_status tmp_create(const char *path, char **tmp_out, int *fd_out, char 
 
 /* Ends a temporary file: ok (everything written) -> fsync, close, rename over path; else (or when one of those
  * fails) unlink it. e and step describe the failure that made ok 0. Frees tmp. */
-static k3_status tmp_finish(int fd, char *tmp, const char *path, int ok, int e, const char *step, char *err,
+k3_status k3_st_tmp_finish(int fd, char *tmp, const char *path, int ok, int e, const char *step, char *err,
                             size_t err_size) {
     if (ok && fsync(fd) != 0) ok = 0, e = errno, step = "fsync failed";
     if (close(fd) != 0 && ok) ok = 0, e = errno, step = "close failed";
@@ -255,15 +230,15 @@ static k3_status write_atomic(const k3_st_writer *w, const char *path, const uns
                               char *err, size_t err_size) {
     char *tmp = NULL;
     int fd = -1;
-    ST_TRY(tmp_create(path, &tmp, &fd, err, err_size));
-    int ok = write_all(fd, lenb, 8) && write_all(fd, b->p, b->n);
+    ST_TRY(k3_st_tmp_create(path, &tmp, &fd, err, err_size));
+    int ok = k3_st_write_all(fd, lenb, 8) && k3_st_write_all(fd, b->p, b->n);
     for (int32_t i = 0; ok && i < w->count; i++)
-        ok = w->ents[i].nbytes == 0 || write_all(fd, w->ents[i].data, w->ents[i].nbytes);
-    return tmp_finish(fd, tmp, path, ok, ok ? 0 : errno, "write failed", err, err_size);
+        ok = w->ents[i].nbytes == 0 || k3_st_write_all(fd, w->ents[i].data, w->ents[i].nbytes);
+    return k3_st_tmp_finish(fd, tmp, path, ok, ok ? 0 : errno, "write failed", err, err_size);
 }
 
 /* The header: the JSON (padded with spaces so the data section starts 8-byte aligned) and its 8-byte length. */
-static k3_status build_header(const k3_st_writer *w, const char *path, sbuf *b, unsigned char lenb[8], char *err,
+k3_status k3_st_build_header(const k3_st_writer *w, const char *path, sbuf *b, unsigned char lenb[8], char *err,
                               size_t err_size) {
     char num[96];
     sb_str(b, "{");
@@ -316,150 +291,8 @@ k3_status k3_st_writer_save(const k3_st_writer *w, const char *path, char *err, 
                          (int)w->declared);
     sbuf b = {0};
     unsigned char lenb[8];
-    ST_TRY(build_header(w, path, &b, lenb, err, err_size));
+    ST_TRY(k3_st_build_header(w, path, &b, lenb, err, err_size));
     k3_status st = write_atomic(w, path, lenb, &b, err, err_size);
     free(b.p);
     return st;
-}
-
-/* ---- streaming ------------------------------------------------------------------------------------- */
-
-struct k3_st_stream {
-    int fd;
-    char *tmp, *path;
-    char **names; /* copies: the writer may be gone */
-    size_t *sizes;
-    int32_t count, cur; /* cur: the tensor the next byte belongs to */
-    size_t cur_done;    /* bytes of tensor cur already written */
-    uint64_t written;
-    int dead;           /* a write failed: only abort is left */
-};
-
-static void stream_free(k3_st_stream *s) {
-    if (!s) return;
-    for (int32_t i = 0; i < s->count; i++) free(s->names[i]);
-    free(s->names);
-    free(s->sizes);
-    free(s->tmp);
-    free(s->path);
-    free(s);
-}
-
-/* Skips the empty tensors at cur (they need no bytes). */
-static void stream_settle(k3_st_stream *s) {
-    while (s->cur < s->count && s->cur_done == s->sizes[s->cur]) {
-        s->cur++;
-        s->cur_done = 0;
-    }
-}
-
-k3_status k3_st_stream_open(const k3_st_writer *w, const char *path, k3_st_stream **out, char *err,
-                            size_t err_size) {
-    if (!out) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_stream_open: out is NULL");
-    *out = NULL;
-    if (!w || !path) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_stream_open: NULL argument");
-    if (w->declared != w->count)
-        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT,
-                         "%s: a streamed file takes declared tensors only (%d of %d were added with data)", path,
-                         (int)(w->count - w->declared), (int)w->count);
-    k3_st_stream *s = calloc(1, sizeof *s);
-    if (!s) return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory", path);
-    s->fd = -1;
-    s->names = calloc((size_t)(w->count ? w->count : 1), sizeof *s->names);
-    s->sizes = calloc((size_t)(w->count ? w->count : 1), sizeof *s->sizes);
-    s->path = dup_str(path);
-    int fail = !s->names || !s->sizes || !s->path;
-    for (int32_t i = 0; !fail && i < w->count; i++) {
-        s->names[i] = dup_str(w->ents[i].name);
-        s->sizes[i] = w->ents[i].nbytes;
-        s->count = i + 1;
-        fail = !s->names[i];
-    }
-    if (fail) {
-        stream_free(s);
-        return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory", path);
-    }
-    sbuf b = {0};
-    unsigned char lenb[8];
-    k3_status st = build_header(w, path, &b, lenb, err, err_size);
-    if (st == K3_STATUS_SUCCESS) st = tmp_create(path, &s->tmp, &s->fd, err, err_size);
-    if (st == K3_STATUS_SUCCESS && !(write_all(s->fd, lenb, 8) && write_all(s->fd, b.p, b.n))) {
-        st = tmp_finish(s->fd, s->tmp, path, 0, errno, "write failed", err, err_size);
-        s->tmp = NULL;
-        s->fd = -1;
-    }
-    free(b.p);
-    if (st != K3_STATUS_SUCCESS) {
-        stream_free(s);
-        return st;
-    }
-    stream_settle(s);
-    *out = s;
-    return K3_STATUS_SUCCESS;
-}
-
-k3_status k3_st_stream_write(k3_st_stream *s, const void *data, size_t n, char *err, size_t err_size) {
-    if (!s || (n && !data))
-        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_stream_write: NULL argument");
-    if (s->dead)
-        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "%s: an earlier write failed", s->path);
-    const unsigned char *c = data;
-    while (n) {
-        if (s->cur >= s->count) {
-            s->dead = 1;
-            return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT,
-                             "%s: %zu bytes more than the tensors declared (%llu bytes)", s->path, n,
-                             (unsigned long long)s->written);
-        }
-        const size_t room = s->sizes[s->cur] - s->cur_done, k = n < room ? n : room;
-        if (!write_all(s->fd, c, k)) {
-            const int e = errno;
-            s->dead = 1;
-            return k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: tensor '%.200s': write failed: %s", s->path,
-                             s->names[s->cur], e ? strerror(e) : "short write");
-        }
-        c += k;
-        n -= k;
-        s->cur_done += k;
-        s->written += k;
-        stream_settle(s);
-    }
-    return K3_STATUS_SUCCESS;
-}
-
-const char *k3_st_stream_current(const k3_st_stream *s) {
-    return s && s->cur < s->count ? s->names[s->cur] : NULL;
-}
-
-uint64_t k3_st_stream_written(const k3_st_stream *s) { return s ? s->written : 0; }
-
-k3_status k3_st_stream_commit(k3_st_stream *s, char *err, size_t err_size) {
-    if (!s) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_stream_commit: NULL stream");
-    k3_status st;
-    if (s->dead || s->cur < s->count) {
-        if (s->dead)
-            k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "%s: an earlier write failed", s->path);
-        else
-            k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT,
-                      "%s: tensor '%.200s' got %zu of its %zu bytes (the file is incomplete)", s->path,
-                      s->names[s->cur], s->cur_done, s->sizes[s->cur]);
-        st = K3_STATUS_INVALID_ARGUMENT;
-        char sub[8];
-        (void)tmp_finish(s->fd, s->tmp, s->path, 0, 0, "", sub, sizeof sub);
-    } else {
-        st = tmp_finish(s->fd, s->tmp, s->path, 1, 0, "", err, err_size);
-    }
-    s->tmp = NULL; /* tmp_finish freed it */
-    stream_free(s);
-    return st;
-}
-
-void k3_st_stream_abort(k3_st_stream *s) {
-    if (!s) return;
-    if (s->tmp) {
-        char sub[8];
-        (void)tmp_finish(s->fd, s->tmp, s->path, 0, 0, "", sub, sizeof sub);
-        s->tmp = NULL;
-    }
-    stream_free(s);
 }
