@@ -15,6 +15,7 @@ raises K3Error with the library's message.
 """
 from ._ops import (K3Error, dequantize_mxfp4, dequantize_nvfp4, fused_moe, info, kda_proj, latent_moe, linear,
                    quantize_mxfp4, quantize_nvfp4, round_bf16, router)
+from ._checkpoint import load_moe_layer
 
 try:  # torch is optional: with it, torch tensors are taken and the ops are registered with torch.library
     import torch as _torch_mod  # noqa: F401
@@ -24,4 +25,4 @@ if _torch_mod is not None:
     from . import _torch  # noqa: F401  (registers k3kernels::linear, ::router, ::fused_moe)
 
 __all__ = ["K3Error", "info", "linear", "router", "fused_moe", "quantize_nvfp4", "quantize_mxfp4",
-           "dequantize_nvfp4", "dequantize_mxfp4", "round_bf16", "kda_proj", "latent_moe"]
+           "dequantize_nvfp4", "dequantize_mxfp4", "round_bf16", "kda_proj", "latent_moe", "load_moe_layer"]

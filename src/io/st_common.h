@@ -81,4 +81,43 @@ k3_status k3_jp_key(jp *p, char **out);
 k3_status k3_jp_string_object(jp *p, const char *not_object, const char *not_string, const char *what,
                               k3_status (*pair)(void *user, jp *p, char *key, char *value), void *user);
 
+/* ---- the writer's internals, shared by st_write.c (whole files) and st_stream.c (streamed ones) ---- */
+typedef struct st_wentry {
+    char *name;
+    k3_st_dtype dtype;
+    int32_t ndim;
+    int64_t shape[K3_ST_MAX_DIMS];
+    size_t nbytes;
+    void *data; /* NULL for a declared tensor (its bytes are streamed) */
+} st_wentry;
+
+struct k3_st_writer {
+    st_wentry *ents;
+    int32_t count, cap;
+    st_meta *meta;
+    int32_t meta_count, meta_cap;
+    st_index names, meta_keys; /* duplicate checks in O(1) */
+    int32_t declared;          /* how many entries were declared (no data) */
+};
+
+/* A growable text buffer for the header. */
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+char *k3_st_dup(const char *s); /* NULL when out of memory */
+/* Writes all n bytes (retrying short writes and EINTR); 0 with errno set on failure. */
+int k3_st_write_all(int fd, const void *p, size_t n);
+/* The header of w's entries and metadata (padded with spaces so the data section starts 8-byte aligned) into b,
+   and its 8-byte length; b->p is the caller's to free. */
+k3_status k3_st_build_header(const k3_st_writer *w, const char *path, sbuf *b, unsigned char lenb[8], char *err,
+                             size_t err_size);
+/* A fresh temporary file next to path (O_EXCL; path's mode kept when it exists). */
+k3_status k3_st_tmp_create(const char *path, char **tmp_out, int *fd_out, char *err, size_t err_size);
+/* ok: fsync, close, rename over path; else (or when one of those fails) unlink. Frees tmp. */
+k3_status k3_st_tmp_finish(int fd, char *tmp, const char *path, int ok, int e, const char *step, char *err,
+                           size_t err_size);
+
 #endif

@@ -10,23 +10,6 @@
 
 #include "io/st_common.h"
 
-typedef struct st_wentry {
-    char *name;
-    k3_st_dtype dtype;
-    int32_t ndim;
-    int64_t shape[K3_ST_MAX_DIMS];
-    size_t nbytes;
-    void *data;
-} st_wentry;
-
-struct k3_st_writer {
-    st_wentry *ents;
-    int32_t count, cap;
-    st_meta *meta;
-    int32_t meta_count, meta_cap;
-    st_index names, meta_keys; /* duplicate checks in O(1) */
-};
-
 k3_status k3_st_writer_create(k3_st_writer **out) {
     if (!out) return K3_STATUS_INVALID_ARGUMENT;
     *out = calloc(1, sizeof **out);
@@ -50,15 +33,16 @@ void k3_st_writer_destroy(k3_st_writer *w) {
     free(w);
 }
 
-static char *dup_str(const char *s) {
+char *k3_st_dup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = malloc(n);
     if (d) memcpy(d, s, n);
     return d;
 }
 
-k3_status k3_st_writer_add(k3_st_writer *w, const char *name, k3_st_dtype dtype, int32_t ndim,
-                           const int64_t *shape, const void *data, char *err, size_t err_size) {
+/* Validates and appends one entry; data NULL with declared set: its bytes come later (streaming). */
+static k3_status add_entry(k3_st_writer *w, const char *name, k3_st_dtype dtype, int32_t ndim, const int64_t *shape,
+                           const void *data, int declared, char *err, size_t err_size) {
     if (!w) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_writer_add: writer is NULL");
     if (!name || !name[0])
         return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_writer_add: name must be non-empty");
@@ -80,7 +64,7 @@ k3_status k3_st_writer_add(k3_st_writer *w, const char *name, k3_st_dtype dtype,
     int ok = 1;
     size_t nb = k3_st_tensor_bytes(dtype, ndim, shape, &ok);
     if (!ok) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "tensor '%.200s': byte size overflows", name);
-    if (nb && !data)
+    if (nb && !data && !declared)
         return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "tensor '%.200s': data is NULL for %zu bytes", name,
                       nb);
     if (k3_st_index_get(&w->names, name) >= 0)
@@ -89,21 +73,32 @@ k3_status k3_st_writer_add(k3_st_writer *w, const char *name, k3_st_dtype dtype,
         return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "out of memory");
     st_wentry *e = &w->ents[w->count];
     memset(e, 0, sizeof *e);
-    e->name = dup_str(name);
-    e->data = malloc(nb ? nb : 1);
-    if (!e->name || !e->data || !k3_st_index_put(&w->names, e->name, w->count)) {
+    e->name = k3_st_dup(name);
+    if (!declared) e->data = malloc(nb ? nb : 1);
+    if (!e->name || (!declared && !e->data) || !k3_st_index_put(&w->names, e->name, w->count)) {
         free(e->name);
         free(e->data);
         return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "tensor '%.200s': out of memory for %zu bytes", name,
                       nb);
     }
-    if (nb) memcpy(e->data, data, nb);
+    if (nb && !declared) memcpy(e->data, data, nb);
     e->dtype = dtype;
     e->ndim = ndim;
     for (int32_t i = 0; i < ndim; i++) e->shape[i] = shape[i];
     e->nbytes = nb;
     w->count++;
+    w->declared += declared;
     return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_st_writer_add(k3_st_writer *w, const char *name, k3_st_dtype dtype, int32_t ndim,
+                           const int64_t *shape, const void *data, char *err, size_t err_size) {
+    return add_entry(w, name, dtype, ndim, shape, data, 0, err, err_size);
+}
+
+k3_status k3_st_writer_declare(k3_st_writer *w, const char *name, k3_st_dtype dtype, int32_t ndim,
+                               const int64_t *shape, char *err, size_t err_size) {
+    return add_entry(w, name, dtype, ndim, shape, NULL, 1, err, err_size);
 }
 
 k3_status k3_st_writer_set_metadata(k3_st_writer *w, const char *key, const char *value, char *err,
@@ -115,7 +110,7 @@ k3_status k3_st_writer_set_metadata(k3_st_writer *w, const char *key, const char
                          "metadata: invalid UTF-8 at byte %zu of the %s",
                          k3_st_utf8_bad(key) != (size_t)-1 ? k3_st_utf8_bad(key) : k3_st_utf8_bad(value),
                          k3_st_utf8_bad(key) != (size_t)-1 ? "key" : "value");
-    char *v = dup_str(value);
+    char *v = k3_st_dup(value);
     if (!v) return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "out of memory");
     const int32_t old = k3_st_index_get(&w->meta_keys, key);
     if (old >= 0) {
@@ -123,7 +118,7 @@ k3_status k3_st_writer_set_metadata(k3_st_writer *w, const char *key, const char
         w->meta[old].value = v;
         return K3_STATUS_SUCCESS;
     }
-    char *k = dup_str(key);
+    char *k = k3_st_dup(key);
     if (!k || w->meta_count >= INT32_MAX - 1 ||
         !k3_st_grow((void **)&w->meta, &w->meta_cap, w->meta_count + 1, sizeof(st_meta)) ||
         !k3_st_index_put(&w->meta_keys, k, w->meta_count)) {
@@ -136,13 +131,6 @@ k3_status k3_st_writer_set_metadata(k3_st_writer *w, const char *key, const char
     w->meta_count++;
     return K3_STATUS_SUCCESS;
 }
-
-/* A growable text buffer for the header. */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
 
 static void sb_put(sbuf *b, const char *s, size_t n) {
     if (b->oom) return;
@@ -179,7 +167,7 @@ static void sb_json_string(sbuf *b, const char *s) {
 }
 
 /* Writes all n bytes (retrying short writes and EINTR); 0 with errno set on failure. */
-static int write_all(int fd, const void *p, size_t n) {
+int k3_st_write_all(int fd, const void *p, size_t n) {
     const unsigned char *c = p;
     while (n) {
         const size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
@@ -198,8 +186,7 @@ static int write_all(int fd, const void *p, size_t n) {
 /* The file is written to a fresh temporary name next to path (same folder, so the rename cannot cross file
  * systems), flushed to disk, then renamed over path: a failure at any point (disk full, a file size limit, a
  * signal) leaves whatever path held before untouched, and removes only the temporary file. */
-static k3_status write_atomic(const k3_st_writer *w, const char *path, const unsigned char lenb[8], const sbuf *b,
-                              char *err, size_t err_size) {
+k3_status k3_st_tmp_create(const char *path, char **tmp_out, int *fd_out, char *err, size_t err_size) {
     const size_t plen = strlen(path);
     char *tmp = malloc(plen + 64);
     if (!tmp) return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory", path);
@@ -217,12 +204,16 @@ static k3_status write_atomic(const k3_st_writer *w, const char *path, const uns
     }
     struct stat old;
     if (stat(path, &old) == 0 && S_ISREG(old.st_mode)) (void)fchmod(fd, old.st_mode & 07777); /* keep its mode */
-    int ok = write_all(fd, lenb, 8) && write_all(fd, b->p, b->n);
-    for (int32_t i = 0; ok && i < w->count; i++)
-        ok = w->ents[i].nbytes == 0 || write_all(fd, w->ents[i].data, w->ents[i].nbytes);
-    const char *step = "write failed";
-    if (ok && fsync(fd) != 0) ok = 0, step = "fsync failed";
-    int e = ok ? 0 : errno;
+    *tmp_out = tmp;
+    *fd_out = fd;
+    return K3_STATUS_SUCCESS;
+}
+
+/* Ends a temporary file: ok (everything written) -> fsync, close, rename over path; else (or when one of those
+ * fails) unlink it. e and step describe the failure that made ok 0. Frees tmp. */
+k3_status k3_st_tmp_finish(int fd, char *tmp, const char *path, int ok, int e, const char *step, char *err,
+                            size_t err_size) {
+    if (ok && fsync(fd) != 0) ok = 0, e = errno, step = "fsync failed";
     if (close(fd) != 0 && ok) ok = 0, e = errno, step = "close failed";
     if (ok && rename(tmp, path) != 0) ok = 0, e = errno, step = "cannot rename the temporary file over it";
     if (!ok) {
@@ -235,49 +226,72 @@ static k3_status write_atomic(const k3_st_writer *w, const char *path, const uns
     return K3_STATUS_SUCCESS;
 }
 
-k3_status k3_st_writer_save(const k3_st_writer *w, const char *path, char *err, size_t err_size) {
-    if (!w || !path) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_writer_save: NULL argument");
-    sbuf b = {0};
+static k3_status write_atomic(const k3_st_writer *w, const char *path, const unsigned char lenb[8], const sbuf *b,
+                              char *err, size_t err_size) {
+    char *tmp = NULL;
+    int fd = -1;
+    ST_TRY(k3_st_tmp_create(path, &tmp, &fd, err, err_size));
+    int ok = k3_st_write_all(fd, lenb, 8) && k3_st_write_all(fd, b->p, b->n);
+    for (int32_t i = 0; ok && i < w->count; i++)
+        ok = w->ents[i].nbytes == 0 || k3_st_write_all(fd, w->ents[i].data, w->ents[i].nbytes);
+    return k3_st_tmp_finish(fd, tmp, path, ok, ok ? 0 : errno, "write failed", err, err_size);
+}
+
+/* The header: the JSON (padded with spaces so the data section starts 8-byte aligned) and its 8-byte length. */
+k3_status k3_st_build_header(const k3_st_writer *w, const char *path, sbuf *b, unsigned char lenb[8], char *err,
+                              size_t err_size) {
     char num[96];
-    sb_str(&b, "{");
+    sb_str(b, "{");
     int first = 1;
     if (w->meta_count) {
-        sb_str(&b, "\"__metadata__\":{");
+        sb_str(b, "\"__metadata__\":{");
         for (int32_t i = 0; i < w->meta_count; i++) {
-            if (i) sb_str(&b, ",");
-            sb_json_string(&b, w->meta[i].key);
-            sb_str(&b, ":");
-            sb_json_string(&b, w->meta[i].value);
+            if (i) sb_str(b, ",");
+            sb_json_string(b, w->meta[i].key);
+            sb_str(b, ":");
+            sb_json_string(b, w->meta[i].value);
         }
-        sb_str(&b, "}");
+        sb_str(b, "}");
         first = 0;
     }
     uint64_t off = 0;
     for (int32_t i = 0; i < w->count; i++) {
         const st_wentry *e = &w->ents[i];
-        if (!first) sb_str(&b, ",");
+        if (!first) sb_str(b, ",");
         first = 0;
-        sb_json_string(&b, e->name);
-        sb_str(&b, ":{\"dtype\":\"");
-        sb_str(&b, k3_st_dtype_name(e->dtype));
-        sb_str(&b, "\",\"shape\":[");
+        sb_json_string(b, e->name);
+        sb_str(b, ":{\"dtype\":\"");
+        sb_str(b, k3_st_dtype_name(e->dtype));
+        sb_str(b, "\",\"shape\":[");
         for (int32_t d = 0; d < e->ndim; d++) {
             snprintf(num, sizeof num, d ? ",%lld" : "%lld", (long long)e->shape[d]);
-            sb_str(&b, num);
+            sb_str(b, num);
         }
         snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
                  (unsigned long long)(off + e->nbytes));
-        sb_str(&b, num);
+        sb_str(b, num);
         off += e->nbytes;
     }
-    sb_str(&b, "}");
-    while (!b.oom && (b.n % 8) != 0) sb_put(&b, " ", 1); /* 8 + header length stays a multiple of 8 */
-    if (b.oom) {
-        free(b.p);
+    sb_str(b, "}");
+    while (!b->oom && (b->n % 8) != 0) sb_put(b, " ", 1); /* 8 + header length stays a multiple of 8 */
+    if (b->oom) {
+        free(b->p);
+        b->p = NULL;
         return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory building the header", path);
     }
+    for (int k = 0; k < 8; k++) lenb[k] = (unsigned char)(((uint64_t)b->n >> (8 * k)) & 0xffu);
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_st_writer_save(const k3_st_writer *w, const char *path, char *err, size_t err_size) {
+    if (!w || !path) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_writer_save: NULL argument");
+    if (w->declared)
+        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT,
+                         "%s: %d tensor(s) were declared without data: write them with k3_st_stream_open", path,
+                         (int)w->declared);
+    sbuf b = {0};
     unsigned char lenb[8];
-    for (int k = 0; k < 8; k++) lenb[k] = (unsigned char)(((uint64_t)b.n >> (8 * k)) & 0xffu);
+    ST_TRY(k3_st_build_header(w, path, &b, lenb, err, err_size));
     k3_status st = write_atomic(w, path, lenb, &b, err, err_size);
     free(b.p);
     return st;
