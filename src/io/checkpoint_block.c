@@ -238,19 +238,23 @@ static k3_status check_finite(const k3_st_tensor *t, char *err, size_t err_size)
     return K3_STATUS_SUCCESS;
 }
 
-/* A copy of the tensor bt names into dst + off (dst allocated with `total` bytes on first use). */
+/* The tensor bt names, read straight into dst + off (dst allocated with `total` bytes on first use). */
 static k3_status copy_member(k3_ckpt *ck, const k3_ckpt_block_tensor *bt, int finite, void **dst, size_t total,
                              size_t off, size_t *bytes, char *err, size_t err_size) {
     const k3_st_tensor *t = NULL;
-    ST_TRY(k3_ckpt_find(ck, bt->name, &t, err, err_size));
-    if (finite) ST_TRY(check_finite(t, err, err_size));
-    if (off > total || t->nbytes > total - off)
+    ST_TRY(k3_ckpt_lookup(ck, bt->name, &t, err, err_size));
+    k3_st_tensor view = *t; /* dtype and size; data set to the bytes as read, for the finite check */
+    const size_t nbytes = view.nbytes;
+    if (off > total || nbytes > total - off)
         return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR, "tensor '%.200s': %zu bytes do not fit (%zu)",
-                         bt->name, t->nbytes, total);
+                         bt->name, nbytes, total);
     if (!*dst && !(*dst = malloc(total ? total : 1)))
         return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "tensor '%.200s': out of memory (%zu bytes)",
                          bt->name, total);
-    memcpy((uint8_t *)*dst + off, t->data, t->nbytes);
+    ST_TRY(k3_ckpt_read(ck, bt->name, 0, (uint8_t *)*dst + off, nbytes, err, err_size));
+    view.name = bt->name;
+    view.data = (const uint8_t *)*dst + off;
+    if (finite) ST_TRY(check_finite(&view, err, err_size));
     *bytes = total;
     return K3_STATUS_SUCCESS;
 }
