@@ -361,6 +361,7 @@ typedef enum k3_status {
     K3_STATUS_FORMAT_ERROR = 8,     /* a malformed file (safetensors, table) */
     K3_STATUS_KEY_MISMATCH = 9,     /* a tuned table whose device key does not match this device */
     K3_STATUS_INTERNAL_ERROR = 10,  /* a bug in the library: please report it */
+    K3_STATUS_COMM_ERROR = 11,      /* a collective (NCCL) call failed, or the communicator does not fit the plan */
 } k3_status;
 
 /* A short constant description of a status ("invalid argument"). Never NULL. */
@@ -713,6 +714,27 @@ K3_API k3_status k3_moe_run(k3_moe_plan *plan, int64_t m, const void *x, const i
                             void *ws, size_t ws_bytes, void *stream);
 
 /* ------------------------------------------------------------------ latent MoE block ------- */
+/* How a block is split over ranks (GPUs). */
+typedef enum k3_parallel_layout {
+    K3_PARALLEL_NONE = 0, /* one rank holds the whole block */
+    K3_PARALLEL_TP = 1,   /* tensor parallel: every rank holds all E experts with I / size of their intermediate
+                           * (w13's gate and up rows sharded alike, w2's columns), Is / size of the shared experts
+                           * (shared_gate_up rows, shared_down columns), and the router and latent projections
+                           * whole; the descriptor's experts.inter and shared_inter are this rank's slices */
+    K3_PARALLEL_EP = 2,   /* expert parallel: not supported yet (plans refuse it with UNSUPPORTED) */
+} k3_parallel_layout;
+
+typedef struct k3_parallel_desc {
+    k3_parallel_layout layout;
+    int32_t rank; /* 0 .. size - 1 */
+    int32_t size; /* 1 for NONE */
+    void *nccl_comm; /* the caller's ncclComm_t (size ranks, this one `rank`, on the context's device), or NULL.
+                      * With it (CUDA contexts, TP), k3_latent_moe_run reduces across the ranks itself, on the
+                      * caller's stream; the library never creates or destroys a communicator. NULL: the
+                      * engine-driven stages (k3_latent_moe_run_stage), no collective inside. A build or process
+                      * without NCCL answers NOT_AVAILABLE at plan time. */
+} k3_parallel_desc;
+
 typedef struct k3_latent_moe_desc {
     int64_t hidden;          /* H, 7168 */
     k3_router_desc router;   /* router.hidden must equal hidden */
@@ -721,6 +743,7 @@ typedef struct k3_latent_moe_desc {
     k3_act_desc shared_act;  /* default SITU 4/25 */
     float rms_eps;           /* 1e-5 */
     int64_t max_tokens;      /* default 16; governs the block (router.max_tokens and experts.max_tokens are ignored) */
+    k3_parallel_desc parallel; /* default NONE (rank 0 of 1): how the block is split over the GPUs */
 } k3_latent_moe_desc;
 
 typedef struct k3_latent_moe_weights {
@@ -746,11 +769,42 @@ K3_API k3_status k3_latent_moe_workspace_size(const k3_latent_moe_plan *plan, si
  * topk_ids / topk_weights (optional, may be NULL) receive the routing. u stays fp32; RMSNorm(u) =
  * bf16(bf16(u / sqrt(mean(u^2) + eps)) * norm); shared(x) = bf16(bf16(act(bf16(x . gate_up^T))) . down^T);
  * y = bf16(up + shared + residual) summed in fp32 (one rounding). residual may be NULL or alias y.
+ * A plan of a rank of several (parallel.size > 1) holds only part of the block: with parallel.nccl_comm, the run
+ * is PRE_REDUCE, one ncclAllReduce (sum) of the fp32 partial in the workspace, then POST_REDUCE, all on `stream`
+ * (every rank calls it, as with any collective; capturable); without one, k3_latent_moe_run refuses it
+ * (INVALID_ARGUMENT), since it would normalize this rank's partial u: run the stages below with the cross-rank sum
+ * between them.
  */
 K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const void *x,
                                    const k3_latent_moe_weights *w, const void *residual, void *y,
                                    int32_t *topk_ids, float *topk_weights, void *ws, size_t ws_bytes,
                                    void *stream);
+
+/* The block's two halves around the cross-rank reduction. */
+typedef enum k3_latent_stage {
+    K3_LATENT_PRE_REDUCE = 1,  /* router, down projection, routed experts, shared experts -> partial */
+    K3_LATENT_POST_REDUCE = 2, /* RMSNorm of the reduced u, up projection, + shared + residual -> y */
+} k3_latent_stage;
+/*
+ * The block of a rank, in two calls, for engines that own their collectives: PRE_REDUCE writes this rank's fp32
+ * partial [count] (k3_latent_moe_partial_count: u [m, L], then, with shared experts, the shared output [m, H]),
+ * the caller sums the partials of all ranks elementwise (one all-reduce of `count` floats, in place or not), and
+ * POST_REDUCE turns the summed buffer into y. PRE_REDUCE reads x and the weights gate, bias, down_proj, experts,
+ * shared_gate_up and shared_down, and writes topk_ids / topk_weights when they are not NULL (every rank computes
+ * the same routing from the same x); residual and y are not read and may be NULL. POST_REDUCE reads partial,
+ * norm, up_proj and residual (may be NULL or alias y), and writes y; x may be NULL. Both partials are unrounded
+ * fp32 sums, and POST_REDUCE rounds where the whole block does (the shared output once, to BF16, after the sum),
+ * so the ranks' result differs from the unsharded block only by fp32 summation order (on the CPU backend, one
+ * rank's PRE then POST gives k3_latent_moe_run's bits; on CUDA the fp32 shared projection is cuBLASLt's, whose
+ * order may differ from the BF16 plan's). partial is 16-byte aligned on CUDA (cudaMalloc is). Both stages take the
+ * plan's workspace (k3_latent_moe_workspace_size); one capture may hold PRE_REDUCE, the caller's reduction and
+ * POST_REDUCE.
+ */
+K3_API k3_status k3_latent_moe_partial_count(const k3_latent_moe_plan *plan, int64_t m, size_t *out_count);
+K3_API k3_status k3_latent_moe_run_stage(k3_latent_moe_plan *plan, k3_latent_stage stage, int64_t m,
+                                         const void *x, const k3_latent_moe_weights *w, const void *residual,
+                                         void *y, float *partial, int32_t *topk_ids, float *topk_weights, void *ws,
+                                         size_t ws_bytes, void *stream);
 
 /* ------------------------------------------------------------------ KDA projection overlap - */
 /*

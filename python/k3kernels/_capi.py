@@ -68,9 +68,13 @@ class MoeWeights(ctypes.Structure):
                 ("w2", c_void_p), ("w2_scale", c_void_p), ("w2_scale_2", c_void_p), ("w2_input_scale", c_void_p)]
 
 
+class ParallelDesc(ctypes.Structure):
+    _fields_ = [("layout", ctypes.c_int), ("rank", c_int32), ("size", c_int32)]
+
+
 class LatentMoeDesc(ctypes.Structure):
     _fields_ = [("hidden", c_int64), ("router", RouterDesc), ("experts", MoeDesc), ("shared_inter", c_int64),
-                ("shared_act", ActDesc), ("rms_eps", c_float), ("max_tokens", c_int64)]
+                ("shared_act", ActDesc), ("rms_eps", c_float), ("max_tokens", c_int64), ("parallel", ParallelDesc)]
 
 
 class LatentMoeWeights(ctypes.Structure):
@@ -181,7 +185,8 @@ def check_layouts(lib):
                                                                                                 6288, 16) and \
         (ld.hidden, ld.router.num_experts, ld.experts.num_experts, ld.shared_inter, ld.max_tokens) == (7168, 896, 896,
                                                                                                      768, 16) and \
-        abs(ld.rms_eps - 1e-5) < 1e-9 and ld.shared_act.kind == ACT["situ"]
+        abs(ld.rms_eps - 1e-5) < 1e-9 and ld.shared_act.kind == ACT["situ"] and \
+        (ld.parallel.layout, ld.parallel.rank, ld.parallel.size) == (0, 0, 1)
     if not ok:
         raise ImportError("k3kernels: the ctypes mirrors of include/k3.h do not match this libk3 (rebuild the package "
                           "from the same source tree)")

@@ -60,7 +60,7 @@ static k3_status plan_fallback(k3_ctx *ctx, k3_linear_plan *p) {
     int any = 0;
     for (int64_t m = 1; m <= p->max_m; m++) any |= p->choice[m].kernel == K3_KERNEL_FALLBACK;
     if (!any) return K3_STATUS_SUCCESS;
-    K3_TRY(k3_lt_plan_create(ctx, p->n, p->k, p->max_m, p->x_stride, p->y_stride, &p->lt));
+    K3_TRY(k3_lt_plan_create(ctx, p->n, p->k, p->max_m, p->x_stride, p->y_stride, 0, &p->lt));
     for (int64_t m = 1; m <= p->max_m; m++) {
         k3_table_choice *c = &p->choice[m];
         if (c->kernel != K3_KERNEL_FALLBACK) continue;

@@ -23,6 +23,7 @@ const char *k3_status_string(k3_status status) {
     case K3_STATUS_FORMAT_ERROR: return "format error";
     case K3_STATUS_KEY_MISMATCH: return "table key mismatch";
     case K3_STATUS_INTERNAL_ERROR: return "internal error";
+    case K3_STATUS_COMM_ERROR: return "communication error";
     }
     return "unknown status";
 }

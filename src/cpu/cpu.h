@@ -17,6 +17,9 @@
    No validation (callers validate). */
 void k3_cpu_linear(int64_t m, int64_t n, int64_t k, const uint16_t *x, int64_t x_stride, const uint16_t *w,
                    const uint16_t *residual, uint16_t *y, int64_t y_stride, k3_accum accum);
+/* The same fp32 sums (lanes, order) left unrounded: y [m, n] fp32; bf16 of it is k3_cpu_linear's FP32 output. */
+void k3_cpu_linear_f32out(int64_t m, int64_t n, int64_t k, const uint16_t *x, int64_t x_stride, const uint16_t *w,
+                          float *y, int64_t y_stride);
 
 /* ---------------------------------------------------------------- router (src/cpu/router.c) ---- */
 
@@ -68,5 +71,12 @@ size_t k3_cpu_latent_workspace_size(const k3_cpu_latent *p);
 void k3_cpu_latent_run(const k3_cpu_latent *p, int64_t m, const uint16_t *x, const k3_latent_moe_weights *w,
                        const uint16_t *residual, uint16_t *y, int32_t *topk_ids, float *topk_weights, void *ws,
                        k3_cpu_stage_fn mark, void *mark_user);
+/* The block's halves around a cross-rank reduction (k3_latent_moe_run_stage). pre: steps 1-3 and 6, u [m, L]
+   then fp32(s) [m, H] (when shared_inter > 0) into partial; post: steps 4, 5 and 7 from a (reduced) partial. Run
+   one after the other on one rank, they give k3_cpu_latent_run's bits. */
+void k3_cpu_latent_run_pre(const k3_cpu_latent *p, int64_t m, const uint16_t *x, const k3_latent_moe_weights *w,
+                           float *partial, int32_t *topk_ids, float *topk_weights, void *ws);
+void k3_cpu_latent_run_post(const k3_cpu_latent *p, int64_t m, const float *partial, const k3_latent_moe_weights *w,
+                            const uint16_t *residual, uint16_t *y, void *ws);
 
 #endif

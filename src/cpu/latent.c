@@ -55,30 +55,47 @@ static lat_ws_layout lat_layout(const k3_cpu_latent *p) {
 
 size_t k3_cpu_latent_workspace_size(const k3_cpu_latent *p) { return lat_layout(p).total + K3_LAT_ALIGN; }
 
-void k3_cpu_latent_run(const k3_cpu_latent *p, int64_t m, const uint16_t *x, const k3_latent_moe_weights *w,
-                       const uint16_t *residual, uint16_t *y, int32_t *topk_ids, float *topk_weights, void *ws,
-                       k3_cpu_stage_fn mark, void *mark_user) {
-    const k3_latent_moe_desc *d = &p->d;
-    const int64_t h = d->hidden, l = d->experts.hidden, is = d->shared_inter, sr = p->shared_rows;
+/* The workspace's buffers of one call. */
+typedef struct lat_bufs {
+    int32_t *ids;
+    float *wts, *rscratch, *u, *gf, *af;
+    uint16_t *xl, *v, *z, *g, *a, *sh;
+    void *moe;
+} lat_bufs;
+
+static lat_bufs lat_bind(const k3_cpu_latent *p, void *ws, int32_t *topk_ids, float *topk_weights) {
     const lat_ws_layout s = lat_layout(p);
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (K3_LAT_ALIGN - 1)) & ~(uintptr_t)(K3_LAT_ALIGN - 1));
-    int32_t *ids = topk_ids ? topk_ids : (int32_t *)(void *)(base + s.ids);
-    float *wts = topk_weights ? topk_weights : (float *)(void *)(base + s.wts);
-    float *rscratch = (float *)(void *)(base + s.rscratch), *u = (float *)(void *)(base + s.u);
-    uint16_t *xl = (uint16_t *)(void *)(base + s.xl), *v = (uint16_t *)(void *)(base + s.v);
-    uint16_t *z = (uint16_t *)(void *)(base + s.z), *g = (uint16_t *)(void *)(base + s.g);
-    float *gf = (float *)(void *)(base + s.gf), *af = (float *)(void *)(base + s.af);
-    uint16_t *a = (uint16_t *)(void *)(base + s.a), *sh = (uint16_t *)(void *)(base + s.s);
+    lat_bufs b;
+    b.ids = topk_ids ? topk_ids : (int32_t *)(void *)(base + s.ids);
+    b.wts = topk_weights ? topk_weights : (float *)(void *)(base + s.wts);
+    b.rscratch = (float *)(void *)(base + s.rscratch), b.u = (float *)(void *)(base + s.u);
+    b.xl = (uint16_t *)(void *)(base + s.xl), b.v = (uint16_t *)(void *)(base + s.v);
+    b.z = (uint16_t *)(void *)(base + s.z), b.g = (uint16_t *)(void *)(base + s.g);
+    b.gf = (float *)(void *)(base + s.gf), b.af = (float *)(void *)(base + s.af);
+    b.a = (uint16_t *)(void *)(base + s.a), b.sh = (uint16_t *)(void *)(base + s.s);
+    b.moe = base + s.moe;
+    return b;
+}
 
-    /* 1-3: routing on the full-width x, the latent projection, the experts' fp32 sum */
-    k3_cpu_router(&d->router, m, x, w->gate, w->bias, ids, wts, rscratch);
+/* 1-3: routing on the full-width x, the latent projection, the experts' fp32 sum into u */
+static void lat_routed(const k3_cpu_latent *p, int64_t m, const uint16_t *x, const k3_latent_moe_weights *w,
+                       const lat_bufs *b, float *u, k3_cpu_stage_fn mark, void *mark_user) {
+    const k3_latent_moe_desc *d = &p->d;
+    const int64_t h = d->hidden, l = d->experts.hidden;
+    k3_cpu_router(&d->router, m, x, w->gate, w->bias, b->ids, b->wts, b->rscratch);
     if (mark) mark(mark_user, K3_LATENT_STAGE_ROUTER);
-    k3_cpu_linear(m, l, h, x, h, (const uint16_t *)w->down_proj, NULL, xl, l, K3_ACCUM_FP32);
+    k3_cpu_linear(m, l, h, x, h, (const uint16_t *)w->down_proj, NULL, b->xl, l, K3_ACCUM_FP32);
     if (mark) mark(mark_user, K3_LATENT_STAGE_DOWN);
-    k3_cpu_moe_run(&p->experts, m, xl, ids, wts, &w->experts, NULL, u, base + s.moe);
+    k3_cpu_moe_run(&p->experts, m, b->xl, b->ids, b->wts, &w->experts, NULL, u, b->moe);
     if (mark) mark(mark_user, K3_LATENT_STAGE_EXPERTS);
+}
 
-    /* 4: RMSNorm of the aggregated latent */
+/* 4-5: RMSNorm of the aggregated latent u, then back to the full width (z) */
+static void lat_norm_up(const k3_cpu_latent *p, int64_t m, const float *u, const k3_latent_moe_weights *w,
+                        const lat_bufs *b) {
+    const k3_latent_moe_desc *d = &p->d;
+    const int64_t h = d->hidden, l = d->experts.hidden;
     const uint16_t *nw = (const uint16_t *)w->norm;
     for (int64_t t = 0; t < m; t++) {
         const float *ut = u + t * l;
@@ -86,29 +103,66 @@ void k3_cpu_latent_run(const k3_cpu_latent *p, int64_t m, const uint16_t *x, con
         for (int64_t c = 0; c < l; c++) ss += ut[c] * ut[c];
         const float r = 1.0f / sqrtf(ss / (float)l + d->rms_eps);
         for (int64_t c = 0; c < l; c++)
-            v[t * l + c] = k3_f32_to_bf16_bits(k3_round_bf16(ut[c] * r) * k3_bf16_bits_to_f32(nw[c]));
+            b->v[t * l + c] = k3_f32_to_bf16_bits(k3_round_bf16(ut[c] * r) * k3_bf16_bits_to_f32(nw[c]));
     }
-    /* 5: back to the full width */
-    k3_cpu_linear(m, h, l, v, l, (const uint16_t *)w->up_proj, NULL, z, h, K3_ACCUM_FP32);
+    k3_cpu_linear(m, h, l, b->v, l, (const uint16_t *)w->up_proj, NULL, b->z, h, K3_ACCUM_FP32);
+}
+
+/* 6: the shared experts on the original x: s = b->sh (BF16), or, when s_f32 is not NULL, its unrounded fp32 sums
+   there instead (a rank's partial, rounded once after the cross-rank sum) */
+static void lat_shared(const k3_cpu_latent *p, int64_t m, const uint16_t *x, const k3_latent_moe_weights *w,
+                       const lat_bufs *b, float *s_f32) {
+    const k3_latent_moe_desc *d = &p->d;
+    const int64_t h = d->hidden, is = d->shared_inter, sr = p->shared_rows;
+    k3_cpu_linear(m, sr, h, x, h, (const uint16_t *)w->shared_gate_up, NULL, b->g, sr, K3_ACCUM_FP32);
+    for (int64_t t = 0; t < m; t++) {
+        for (int64_t c = 0; c < sr; c++) b->gf[c] = k3_bf16_bits_to_f32(b->g[t * sr + c]);
+        k3_act_row(&d->shared_act, b->gf, b->af, is);
+        for (int64_t c = 0; c < is; c++) b->a[t * is + c] = k3_f32_to_bf16_bits(b->af[c]);
+    }
+    if (s_f32)
+        k3_cpu_linear_f32out(m, h, is, b->a, is, (const uint16_t *)w->shared_down, s_f32, h);
+    else
+        k3_cpu_linear(m, h, is, b->a, is, (const uint16_t *)w->shared_down, NULL, b->sh, h, K3_ACCUM_FP32);
+}
+
+void k3_cpu_latent_run(const k3_cpu_latent *p, int64_t m, const uint16_t *x, const k3_latent_moe_weights *w,
+                       const uint16_t *residual, uint16_t *y, int32_t *topk_ids, float *topk_weights, void *ws,
+                       k3_cpu_stage_fn mark, void *mark_user) {
+    const int64_t h = p->d.hidden, is = p->d.shared_inter;
+    const lat_bufs b = lat_bind(p, ws, topk_ids, topk_weights);
+    lat_routed(p, m, x, w, &b, b.u, mark, mark_user);
+    lat_norm_up(p, m, b.u, w, &b);
     if (mark) mark(mark_user, K3_LATENT_STAGE_NORM_UP);
-
-    /* 6: the shared experts on the original x */
-    if (is > 0) {
-        k3_cpu_linear(m, sr, h, x, h, (const uint16_t *)w->shared_gate_up, NULL, g, sr, K3_ACCUM_FP32);
-        for (int64_t t = 0; t < m; t++) {
-            for (int64_t c = 0; c < sr; c++) gf[c] = k3_bf16_bits_to_f32(g[t * sr + c]);
-            k3_act_row(&d->shared_act, gf, af, is);
-            for (int64_t c = 0; c < is; c++) a[t * is + c] = k3_f32_to_bf16_bits(af[c]);
-        }
-        k3_cpu_linear(m, h, is, a, is, (const uint16_t *)w->shared_down, NULL, sh, h, K3_ACCUM_FP32);
-    }
-
+    if (is > 0) lat_shared(p, m, x, w, &b, NULL);
     /* 7: one rounding of the fp32 sum */
     for (int64_t i = 0; i < m * h; i++) {
-        float acc = k3_bf16_bits_to_f32(z[i]);
-        if (is > 0) acc += k3_bf16_bits_to_f32(sh[i]);
+        float acc = k3_bf16_bits_to_f32(b.z[i]);
+        if (is > 0) acc += k3_bf16_bits_to_f32(b.sh[i]);
         if (residual) acc += k3_bf16_bits_to_f32(residual[i]);
         y[i] = k3_f32_to_bf16_bits(acc);
     }
     if (mark) mark(mark_user, K3_LATENT_STAGE_SHARED);
+}
+
+void k3_cpu_latent_run_pre(const k3_cpu_latent *p, int64_t m, const uint16_t *x, const k3_latent_moe_weights *w,
+                           float *partial, int32_t *topk_ids, float *topk_weights, void *ws) {
+    const int64_t l = p->d.experts.hidden, is = p->d.shared_inter;
+    const lat_bufs b = lat_bind(p, ws, topk_ids, topk_weights);
+    lat_routed(p, m, x, w, &b, partial, NULL, NULL);
+    if (is > 0) lat_shared(p, m, x, w, &b, partial + m * l);
+}
+
+void k3_cpu_latent_run_post(const k3_cpu_latent *p, int64_t m, const float *partial, const k3_latent_moe_weights *w,
+                            const uint16_t *residual, uint16_t *y, void *ws) {
+    const int64_t h = p->d.hidden, l = p->d.experts.hidden, is = p->d.shared_inter;
+    const lat_bufs b = lat_bind(p, ws, NULL, NULL);
+    lat_norm_up(p, m, partial, w, &b);
+    const float *s = partial + m * l;
+    for (int64_t i = 0; i < m * h; i++) {
+        float acc = k3_bf16_bits_to_f32(b.z[i]);
+        if (is > 0) acc += k3_round_bf16(s[i]); /* the shared output's one rounding, as in the whole block */
+        if (residual) acc += k3_bf16_bits_to_f32(residual[i]);
+        y[i] = k3_f32_to_bf16_bits(acc);
+    }
 }

@@ -116,3 +116,17 @@ void k3_cpu_linear(int64_t m, int64_t n, int64_t k, const uint16_t *x, int64_t x
     else
         lin_f32(m, n, k, x, x_stride, w, residual, y, y_stride);
 }
+
+void k3_cpu_linear_f32out(int64_t m, int64_t n, int64_t k, const uint16_t *x, int64_t x_stride, const uint16_t *w,
+                          float *y, int64_t y_stride) {
+    for (int64_t i0 = 0; i0 < m; i0 += K3_LIN_TOK) {
+        const int nt = (int)(m - i0 < K3_LIN_TOK ? m - i0 : K3_LIN_TOK);
+        const uint16_t *xs[K3_LIN_TOK];
+        for (int t = 0; t < nt; t++) xs[t] = x + (i0 + t) * x_stride;
+        for (int64_t j = 0; j < n; j++) {
+            float s[K3_LIN_TOK];
+            lin_dot_f32(nt, k, xs, w + j * k, s);
+            for (int t = 0; t < nt; t++) y[(i0 + t) * y_stride + j] = s[t];
+        }
+    }
+}

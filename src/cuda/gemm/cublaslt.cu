@@ -22,6 +22,7 @@ struct k3_lt_plan {
     size_t ws_bytes;      /* cuBLASLt's own workspace (stage_off) + the residual staging area */
     size_t stage_off;     /* where the staged copy of an aliased residual starts in the workspace */
     int64_t y_stride;
+    size_t y_elem;        /* bytes of one element of y: 2 (BF16) or 4 (fp32) */
 };
 
 #define K3_LT_TRY(ctx, call)                                                                                 \
@@ -46,7 +47,7 @@ extern "C" void k3_lt_plan_destroy(k3_lt_plan *p) {
 }
 
 extern "C" k3_status k3_lt_plan_create(k3_ctx *ctx, int64_t n, int64_t k, int64_t max_m, int64_t x_stride,
-                                       int64_t y_stride, k3_lt_plan **out) {
+                                       int64_t y_stride, int32_t y_f32, k3_lt_plan **out) {
     k3_status st = K3_STATUS_SUCCESS;
     cublasLtMatmulPreference_t pref = NULL;
     *out = NULL;
@@ -59,6 +60,8 @@ extern "C" k3_status k3_lt_plan_create(k3_ctx *ctx, int64_t n, int64_t k, int64_
     p->n = n;
     p->k = k;
     p->max_m = max_m;
+    p->y_elem = y_f32 ? 4 : 2;
+    const cudaDataType_t y_type = y_f32 ? CUDA_R_32F : CUDA_R_16BF;
     {
         const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
         const uint32_t align = 16; /* the run call guarantees 16-byte aligned pointers */
@@ -86,7 +89,7 @@ extern "C" k3_status k3_lt_plan_create(k3_ctx *ctx, int64_t n, int64_t k, int64_
                                                             &reduction_mask, sizeof reduction_mask));
         for (int64_t m = 1; m <= max_m; m++) {
             K3_LT_TRY(ctx, cublasLtMatrixLayoutCreate(&p->b[m], CUDA_R_16BF, (uint64_t)k, (uint64_t)m, x_stride));
-            K3_LT_TRY(ctx, cublasLtMatrixLayoutCreate(&p->c[m], CUDA_R_16BF, (uint64_t)n, (uint64_t)m, y_stride));
+            K3_LT_TRY(ctx, cublasLtMatrixLayoutCreate(&p->c[m], y_type, (uint64_t)n, (uint64_t)m, y_stride));
             cublasLtMatmulHeuristicResult_t res[K3_LT_KEEP_ALGOS];
             int returned = 0;
             memset(res, 0, sizeof res);
@@ -100,8 +103,9 @@ extern "C" k3_status k3_lt_plan_create(k3_ctx *ctx, int64_t n, int64_t k, int64_
             }
             if (kept == 0) {
                 st = k3_fail(ctx, K3_STATUS_UNSUPPORTED,
-                             "cuBLASLt has no algorithm for BF16 n=%lld k=%lld m=%lld (x_stride %lld, y_stride %lld)",
-                             (long long)n, (long long)k, (long long)m, (long long)x_stride, (long long)y_stride);
+                             "cuBLASLt has no algorithm for BF16 n=%lld k=%lld m=%lld (x_stride %lld, y_stride %lld, %s y)",
+                             (long long)n, (long long)k, (long long)m, (long long)x_stride, (long long)y_stride,
+                             y_f32 ? "fp32" : "BF16");
                 goto done;
             }
             p->n_algo[m] = kept;
@@ -111,7 +115,7 @@ extern "C" k3_status k3_lt_plan_create(k3_ctx *ctx, int64_t n, int64_t k, int64_
          * the fallback never runs in place. */
         p->y_stride = y_stride;
         p->stage_off = (p->ws_bytes + 255) / 256 * 256;
-        p->ws_bytes = p->stage_off + (size_t)max_m * (size_t)y_stride * 2;
+        p->ws_bytes = p->stage_off + (size_t)max_m * (size_t)y_stride * p->y_elem;
     }
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -149,8 +153,8 @@ extern "C" k3_status k3_lt_run(k3_ctx *ctx, const k3_lt_plan *p, int64_t m, int3
                        (long long)m, (int)algo);
     if (residual && residual == y) {
         void *stage = (char *)ws + p->stage_off;
-        const size_t pitch = (size_t)p->y_stride * 2;
-        K3_CUDA_TRY(ctx, cudaMemcpy2DAsync(stage, pitch, y, pitch, (size_t)p->n * 2, (size_t)m, cudaMemcpyDeviceToDevice,
+        const size_t pitch = (size_t)p->y_stride * p->y_elem;
+        K3_CUDA_TRY(ctx, cudaMemcpy2DAsync(stage, pitch, y, pitch, (size_t)p->n * p->y_elem, (size_t)m, cudaMemcpyDeviceToDevice,
                                            (cudaStream_t)stream));
         residual = stage;
     }

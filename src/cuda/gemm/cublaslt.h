@@ -17,9 +17,10 @@ extern "C" {
 typedef struct k3_lt_plan k3_lt_plan;
 
 /* BF16 y[m, n] (row stride y_stride) = x[m, k] (row stride x_stride) . w[n, k]^T (+ residual), fp32 compute,
- * for every m in 1..max_m. Pointers are assumed 16-byte aligned (the run call checks). */
+ * for every m in 1..max_m; y_f32 != 0: y (and the residual) in fp32 instead, unrounded (a tensor-parallel rank's
+ * partial sum). Pointers are assumed 16-byte aligned (the run call checks). */
 k3_status k3_lt_plan_create(k3_ctx *ctx, int64_t n, int64_t k, int64_t max_m, int64_t x_stride, int64_t y_stride,
-                            k3_lt_plan **out);
+                            int32_t y_f32, k3_lt_plan **out);
 void k3_lt_plan_destroy(k3_lt_plan *p);
 /* How many heuristic algorithms were kept for m (>= 1 after a successful create). */
 int32_t k3_lt_algo_count(const k3_lt_plan *p, int64_t m);

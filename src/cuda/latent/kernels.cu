@@ -61,6 +61,18 @@ __global__ void k3_latent_sum_kernel(const uint16_t *__restrict__ z, const uint1
     y[i] = k3_f32_to_bf16_bits(acc);
 }
 
+/* The same sum with the shared output given in fp32 (the cross-rank sum of the shared partials,
+ * k3_latent_moe_run_stage): rounded to BF16 first, where the whole block rounds it. */
+__global__ void k3_latent_sum_f32_kernel(const uint16_t *__restrict__ z, const float *__restrict__ s,
+                                         const uint16_t *r, int64_t n, uint16_t *y) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float acc = k3_bf16_bits_to_f32(z[i]);
+    if (s) acc = __fadd_rn(acc, k3_round_bf16(s[i]));
+    if (r) acc = __fadd_rn(acc, k3_bf16_bits_to_f32(r[i]));
+    y[i] = k3_f32_to_bf16_bits(acc);
+}
+
 } // namespace
 
 extern "C" k3_status k3_cuda_latent_rmsnorm_launch(k3_ctx *ctx, const float *u, const uint16_t *norm, int64_t m,
@@ -83,5 +95,12 @@ extern "C" k3_status k3_cuda_latent_sum_launch(k3_ctx *ctx, const uint16_t *z, c
                                                int64_t n, uint16_t *y, void *stream) {
     k3_latent_sum_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(z, s, r, n, y);
     K3_CUDA_LAUNCH_CHECK(ctx, "latent sum kernel");
+    return K3_STATUS_SUCCESS;
+}
+
+extern "C" k3_status k3_cuda_latent_sum_f32_launch(k3_ctx *ctx, const uint16_t *z, const float *s, const uint16_t *r,
+                                                   int64_t n, uint16_t *y, void *stream) {
+    k3_latent_sum_f32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(z, s, r, n, y);
+    K3_CUDA_LAUNCH_CHECK(ctx, "latent sum kernel (fp32 shared)");
     return K3_STATUS_SUCCESS;
 }

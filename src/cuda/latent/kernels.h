@@ -1,4 +1,4 @@
-/* C-callable launchers of the latent-MoE block's three elementwise kernels (src/cuda/latent/kernels.cu); the
+/* C-callable launchers of the latent-MoE block's elementwise kernels (src/cuda/latent/kernels.cu); the
  * block itself is composed in src/api/latent.c. BF16 tensors are uint16_t bit patterns, rows dense unless a
  * stride is given. Arguments were validated by the caller. Each launcher queues one kernel on `stream` (a
  * cudaStream_t), checks the launch and returns CUDA_ERROR with a message when it failed; none allocates or
@@ -29,6 +29,11 @@ k3_status k3_cuda_latent_act_launch(k3_ctx *ctx, const uint16_t *g, int64_t m, i
 /* y[i] = bf16((z[i] + s[i]) + r[i]) for i < n in fp32, one rounding; s and r may be NULL (not added). n >= 1. */
 k3_status k3_cuda_latent_sum_launch(k3_ctx *ctx, const uint16_t *z, const uint16_t *s, const uint16_t *r, int64_t n,
                                     uint16_t *y, void *stream);
+
+/* y[i] = bf16((z[i] + bf16(s[i])) + r[i]) with s in fp32 (a cross-rank sum of shared partials, rounded where the
+ * whole block rounds its shared output); s and r may be NULL. n >= 1. */
+k3_status k3_cuda_latent_sum_f32_launch(k3_ctx *ctx, const uint16_t *z, const float *s, const uint16_t *r,
+                                        int64_t n, uint16_t *y, void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,367 @@
+/* The latent block split over tensor-parallel ranks on the GPU: TP2 ranks cut from one full block (two plans on
+ * one device), each PRE_REDUCE on CUDA, the partials summed, POST_REDUCE on CUDA; against the CPU backend's same
+ * stages and its unsharded block (the CPU stages are checked against an fp64 evaluation by test_latent_tp). Then
+ * the library-driven mode through a one-rank NCCL communicator (the one machine has one GPU): the run with
+ * parallel.nccl_comm against the stages, a CUDA graph of it replayed on a new x against the CPU block, and a
+ * communicator that does not fit the plan refused. Exits 77 without a CUDA device. */
+#include <stdint.h>
+#include <string.h>
+
+#include "k3.h"
+#include "test_util.h"
+
+#ifndef K3_HAVE_CUDA
+int main(void) { K3T_SKIP("built without CUDA"); }
+#else
+
+#include "k3t_harness_cuda.h"
+#include "latent_shard.h"
+#include "moe_data.h"
+
+#ifdef K3_HAVE_NCCL
+#include <dlfcn.h>
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <nccl.h>
+#pragma GCC diagnostic pop
+#endif
+
+#define SEED 0x47545032ull /* "GTP2" */
+#define TP 2
+
+static k3_ctx *g_gpu, *g_cpu;
+static cudaStream_t g_stream;
+
+typedef struct block {
+    k3_latent_moe_desc d;
+    moe_data md;
+    uint16_t *gate, *down, *norm, *up, *sgu, *sdown;
+    float *bias;
+    k3_latent_moe_weights hw; /* host */
+} block;
+
+static void block_make(block *b, k3t_rng *r) {
+    memset(b, 0, sizeof *b);
+    k3_latent_moe_desc *d = &b->d;
+    k3_latent_moe_desc_init(d);
+    d->hidden = d->router.hidden = 1024;
+    d->router.num_experts = d->experts.num_experts = 56;
+    d->router.top_k = d->experts.top_k = 8;
+    d->experts.hidden = 512;
+    d->experts.inter = 256;
+    d->shared_inter = 256;
+    d->max_tokens = 8;
+    const int64_t h = d->hidden, l = d->experts.hidden, is = d->shared_inter, e = d->experts.num_experts;
+    md_make(&b->md, &d->experts, r);
+    b->gate = md_bf16_normal(r, e * h, 1.0 / sqrt((double)h));
+    b->bias = (float *)malloc(sizeof(float) * (size_t)e);
+    for (int64_t i = 0; i < e; i++) b->bias[i] = 0.05f * k3t_uniform(r);
+    b->down = md_bf16_normal(r, l * h, 1.0 / sqrt((double)h));
+    b->norm = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)l);
+    for (int64_t i = 0; i < l; i++) b->norm[i] = k3_bf16_from_f32((float)(1.0 + 0.2 * k3t_normal(r)));
+    b->up = md_bf16_normal(r, h * l, 1.0 / sqrt((double)l));
+    b->sgu = md_bf16_normal(r, 2 * is * h, 1.0 / sqrt((double)h));
+    b->sdown = md_bf16_normal(r, h * is, 1.0 / sqrt((double)is));
+    k3_latent_moe_weights *w = &b->hw;
+    w->gate = b->gate, w->bias = b->bias, w->down_proj = b->down, w->experts = b->md.w, w->norm = b->norm;
+    w->up_proj = b->up, w->shared_gate_up = b->sgu, w->shared_down = b->sdown;
+}
+
+static void block_free(block *b) {
+    md_free(&b->md);
+    free(b->gate), free(b->bias), free(b->down), free(b->norm), free(b->up), free(b->sgu), free(b->sdown);
+}
+
+/* Device copies of a rank's weights (the experts' sizes follow from its descriptor). */
+typedef struct dweights {
+    k3_latent_moe_weights w;
+    void *p[14];
+    int n;
+} dweights;
+
+static const void *dw_put(dweights *dw, const void *h, size_t bytes) {
+    if (!h) return NULL;
+    void *d = k3t_dup(h, bytes);
+    dw->p[dw->n++] = d;
+    return d;
+}
+
+static void dw_make(dweights *dw, const k3_latent_moe_desc *d, const k3_latent_moe_weights *hw) {
+    memset(dw, 0, sizeof *dw);
+    const int64_t h = d->hidden, l = d->experts.hidden, in = d->experts.inter, is = d->shared_inter;
+    const int64_t e = d->experts.num_experts;
+    dw->w.gate = dw_put(dw, hw->gate, (size_t)(e * h) * 2);
+    dw->w.bias = (const float *)dw_put(dw, hw->bias, (size_t)e * 4);
+    dw->w.down_proj = dw_put(dw, hw->down_proj, (size_t)(l * h) * 2);
+    dw->w.norm = dw_put(dw, hw->norm, (size_t)l * 2);
+    dw->w.up_proj = dw_put(dw, hw->up_proj, (size_t)(h * l) * 2);
+    dw->w.shared_gate_up = dw_put(dw, hw->shared_gate_up, (size_t)(2 * is * h) * 2);
+    dw->w.shared_down = dw_put(dw, hw->shared_down, (size_t)(h * is) * 2);
+    const k3_moe_weights *x = &hw->experts;
+    k3_moe_weights *o = &dw->w.experts;
+    o->w13 = dw_put(dw, x->w13, (size_t)(e * 2 * in * l / 2));
+    o->w13_scale = dw_put(dw, x->w13_scale, (size_t)(e * 2 * in * l / 16));
+    o->w2 = dw_put(dw, x->w2, (size_t)(e * l * in / 2));
+    o->w2_scale = dw_put(dw, x->w2_scale, (size_t)(e * l * in / 16));
+    o->w13_scale_2 = (const float *)dw_put(dw, x->w13_scale_2, (size_t)e * 4 * (d->experts.w13_separate_scale_2 ? 2 : 1));
+    o->w2_scale_2 = (const float *)dw_put(dw, x->w2_scale_2, (size_t)e * 4);
+}
+
+static void dw_free(dweights *dw) {
+    for (int i = 0; i < dw->n; i++) cudaFree(dw->p[i]);
+}
+
+static void *ws_of(k3_latent_moe_plan *p, size_t *bytes, int device) {
+    *bytes = 0;
+    k3_latent_moe_workspace_size(p, bytes);
+    if (device) return k3t_dalloc(*bytes);
+    return malloc(*bytes ? *bytes : 1);
+}
+
+/* y of the TP ranks through the stages, on one backend: device 0 = the CPU (host buffers), 1 = CUDA. */
+static int tp_stages(const block *b, const k3t_tp_shard *sh, const k3_latent_moe_weights *hw_rank, int device,
+                     int64_t m, const uint16_t *x, const uint16_t *res, uint16_t *y, int32_t *ids) {
+    k3_ctx *ctx = device ? g_gpu : g_cpu;
+    const int64_t h = b->d.hidden, k = b->d.experts.top_k;
+    k3_latent_moe_plan *p[TP] = {0};
+    void *ws[TP] = {0};
+    size_t wsb[TP] = {0}, count = 0;
+    dweights dw[TP];
+    memset(dw, 0, sizeof dw);
+    float *sum = NULL, *part = NULL, *dpart[TP] = {0};
+    void *dx = device ? k3t_dup(x, (size_t)(m * h) * 2) : (void *)x;
+    void *dres = device ? k3t_dup(res, (size_t)(m * h) * 2) : (void *)res;
+    void *dy = device ? k3t_dalloc((size_t)(m * h) * 2) : (void *)y;
+    int32_t *dids = device ? (int32_t *)k3t_dalloc((size_t)(m * k) * 4) : ids;
+    int ok = 1;
+    for (int r = 0; r < TP && ok; r++) {
+        ok = k3_latent_moe_plan_create(ctx, &sh[r].d, &p[r]) == K3_STATUS_SUCCESS;
+        CHECK(ok, "%s rank %d plan: %s", device ? "cuda" : "cpu", r, k3_ctx_last_error(ctx));
+        if (!ok) break;
+        ws[r] = ws_of(p[r], &wsb[r], device);
+        k3_latent_moe_partial_count(p[r], m, &count);
+        if (device) {
+            dw_make(&dw[r], &sh[r].d, &hw_rank[r]);
+            dpart[r] = (float *)k3t_dalloc(count * 4);
+        } else {
+            dpart[r] = (float *)malloc(count * 4);
+        }
+        const k3_latent_moe_weights *w = device ? &dw[r].w : &hw_rank[r];
+        const k3_status st = k3_latent_moe_run_stage(p[r], K3_LATENT_PRE_REDUCE, m, dx, w, NULL, NULL, dpart[r],
+                                                     dids, NULL, ws[r], wsb[r], device ? g_stream : NULL);
+        ok = st == K3_STATUS_SUCCESS;
+        CHECK(ok, "%s rank %d pre: %s", device ? "cuda" : "cpu", r, k3_ctx_last_error(ctx));
+    }
+    if (ok) {
+        /* the reduction, on the host in rank order (an engine's all-reduce) */
+        sum = (float *)calloc(count, 4);
+        part = (float *)malloc(count * 4);
+        for (int r = 0; r < TP; r++) {
+            if (device) {
+                K3T_CU(cudaStreamSynchronize(g_stream));
+                K3T_CU(cudaMemcpy(part, dpart[r], count * 4, cudaMemcpyDeviceToHost));
+            } else {
+                memcpy(part, dpart[r], count * 4);
+            }
+            for (size_t i = 0; i < count; i++) sum[i] += part[i];
+        }
+        if (device) K3T_CU(cudaMemcpy(dpart[0], sum, count * 4, cudaMemcpyHostToDevice));
+        float *in = device ? dpart[0] : sum;
+        const k3_latent_moe_weights *w = device ? &dw[0].w : &hw_rank[0];
+        const k3_status st = k3_latent_moe_run_stage(p[0], K3_LATENT_POST_REDUCE, m, NULL, w, dres, dy, in, NULL, NULL,
+                                                     ws[0], wsb[0], device ? g_stream : NULL);
+        ok = st == K3_STATUS_SUCCESS;
+        CHECK(ok, "%s post: %s", device ? "cuda" : "cpu", k3_ctx_last_error(ctx));
+        if (ok && device) {
+            K3T_CU(cudaStreamSynchronize(g_stream));
+            K3T_CU(cudaMemcpy(y, dy, (size_t)(m * h) * 2, cudaMemcpyDeviceToHost));
+            K3T_CU(cudaMemcpy(ids, dids, (size_t)(m * k) * 4, cudaMemcpyDeviceToHost));
+        }
+    }
+    for (int r = 0; r < TP; r++) {
+        k3_latent_moe_plan_destroy(p[r]);
+        if (device) {
+            cudaFree(ws[r]), cudaFree(dpart[r]);
+            dw_free(&dw[r]);
+        } else {
+            free(ws[r]), free(dpart[r]);
+        }
+    }
+    if (device) cudaFree(dx), cudaFree(dres), cudaFree(dy), cudaFree(dids);
+    free(sum), free(part);
+    return ok;
+}
+
+static void test_tp_stages(const block *b, k3t_rng *r) {
+    k3t_case_enter("tp2 stages", 0);
+    const int64_t m = 4, h = b->d.hidden, k = b->d.experts.top_k, n = m * h;
+    uint16_t *x = md_bf16_normal(r, n, 1.0), *res = md_bf16_normal(r, n, 1.0);
+    k3t_tp_shard sh[TP];
+    k3_latent_moe_weights hw[TP];
+    for (int rk = 0; rk < TP; rk++) {
+        k3t_tp_cut(&sh[rk], &b->d, &b->hw.experts, b->sgu, b->sdown, rk, TP);
+        hw[rk] = k3t_tp_weights(&sh[rk], &b->hw);
+    }
+    uint16_t *yc = (uint16_t *)malloc((size_t)n * 2), *yg = (uint16_t *)malloc((size_t)n * 2);
+    uint16_t *yfull = (uint16_t *)malloc((size_t)n * 2);
+    int32_t *idc = (int32_t *)malloc((size_t)(m * k) * 4), *idg = (int32_t *)malloc((size_t)(m * k) * 4);
+    int32_t *idf = (int32_t *)malloc((size_t)(m * k) * 4);
+    const int okc = tp_stages(b, sh, hw, 0, m, x, res, yc, idc);
+    const int okg = tp_stages(b, sh, hw, 1, m, x, res, yg, idg);
+    /* the unsharded block on the CPU */
+    k3_latent_moe_plan *pf = NULL;
+    size_t wsf = 0;
+    int okf = k3_latent_moe_plan_create(g_cpu, &b->d, &pf) == K3_STATUS_SUCCESS;
+    void *hws = okf ? ws_of(pf, &wsf, 0) : NULL;
+    okf = okf && k3_latent_moe_run(pf, m, x, &b->hw, res, yfull, idf, NULL, hws, wsf, NULL) == K3_STATUS_SUCCESS;
+    CHECK(okf, "cpu unsharded block: %s", k3_ctx_last_error(g_cpu));
+    if (okc && okg && okf) {
+        k3t_check_same("tp2 routing: cuda vs cpu", idg, idc, K3T_I32, m * k);
+        k3t_check_same("tp2 routing: cpu vs the unsharded block", idc, idf, K3T_I32, m * k);
+        const double e1 = k3t_check_close("tp2 y: cuda stages vs cpu stages", k3t_view1(yg, K3T_BF16, n),
+                                          k3t_view1(yc, K3T_BF16, n), K3T_OP_LATENT_MOE)
+                              .metric;
+        const double e2 = k3t_check_close("tp2 y: cuda stages vs the unsharded cpu block", k3t_view1(yg, K3T_BF16, n),
+                                          k3t_view1(yfull, K3T_BF16, n), K3T_OP_LATENT_MOE)
+                              .metric;
+        printf("tp2 stages: y rel-L2 %.3e vs the cpu stages, %.3e vs the unsharded cpu block\n", e1, e2);
+    }
+    k3_latent_moe_plan_destroy(pf);
+    free(hws);
+    for (int rk = 0; rk < TP; rk++) k3t_tp_free(&sh[rk]);
+    free(x), free(res), free(yc), free(yg), free(yfull), free(idc), free(idg), free(idf);
+}
+
+#ifdef K3_HAVE_NCCL
+typedef ncclResult_t (*uid_fn)(ncclUniqueId *);
+typedef ncclResult_t (*init_fn)(ncclComm_t *, int, ncclUniqueId, int);
+typedef ncclResult_t (*destroy_fn)(ncclComm_t);
+
+/* One rank of one: the library-driven run against the stages (bitwise: the same kernels around a one-rank sum), a
+ * captured graph of it replayed on a new x against the CPU block, and a communicator that does not fit refused. */
+static void test_nccl_one_rank(const block *b, k3t_rng *r) {
+    k3t_case_enter("nccl one rank", 0);
+    void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        printf("SKIP nccl one rank: libnccl.so.2 cannot be opened (%s)\n", dlerror());
+        return;
+    }
+    uid_fn get_uid = (uid_fn)dlsym(lib, "ncclGetUniqueId");
+    init_fn init = (init_fn)dlsym(lib, "ncclCommInitRank");
+    destroy_fn destroy = (destroy_fn)dlsym(lib, "ncclCommDestroy");
+    ncclUniqueId uid;
+    ncclComm_t comm = NULL;
+    const int made = get_uid && init && destroy && get_uid(&uid) == ncclSuccess && init(&comm, 1, uid, 0) == ncclSuccess;
+    CHECK(made, "a one-rank NCCL communicator");
+    if (!made) {
+        dlclose(lib);
+        return;
+    }
+    const int64_t m = 3, h = b->d.hidden, n = m * h;
+    k3_latent_moe_desc d = b->d;
+    d.parallel.layout = K3_PARALLEL_TP;
+    d.parallel.nccl_comm = comm;
+    k3_latent_moe_desc d_stage = d;
+    d_stage.parallel.nccl_comm = NULL;
+    k3_latent_moe_plan *pl = NULL, *ps = NULL, *pc = NULL;
+    CHECK(k3_latent_moe_plan_create(g_gpu, &d, &pl) == K3_STATUS_SUCCESS, "nccl plan: %s", k3_ctx_last_error(g_gpu));
+    CHECK(k3_latent_moe_plan_create(g_gpu, &d_stage, &ps) == K3_STATUS_SUCCESS, "stage plan: %s",
+          k3_ctx_last_error(g_gpu));
+    CHECK(k3_latent_moe_plan_create(g_cpu, &b->d, &pc) == K3_STATUS_SUCCESS, "cpu plan: %s", k3_ctx_last_error(g_cpu));
+    /* a plan of rank 0 of 2 with a one-rank communicator */
+    k3_latent_moe_desc bad = d;
+    bad.parallel.size = 2;
+    bad.experts.inter /= 2, bad.shared_inter /= 2;
+    k3_latent_moe_plan *pb = NULL;
+    const k3_status sb = k3_latent_moe_plan_create(g_gpu, &bad, &pb);
+    CHECK(sb == K3_STATUS_COMM_ERROR && !pb && strstr(k3_ctx_last_error(g_gpu), "rank 0 of 1"),
+          "a communicator that does not fit: %s (%s)", k3_status_string(sb), k3_ctx_last_error(g_gpu));
+    printf("nccl: a one-rank communicator for a plan of 2 ranks: %s, \"%s\"\n", k3_status_string(sb),
+           k3_ctx_last_error(g_gpu));
+    if (pl && ps && pc) {
+        dweights dw;
+        dw_make(&dw, &b->d, &b->hw);
+        uint16_t *x = md_bf16_normal(r, n, 1.0), *res = md_bf16_normal(r, n, 1.0);
+        uint16_t *y1 = (uint16_t *)malloc((size_t)n * 2), *y2 = (uint16_t *)malloc((size_t)n * 2);
+        uint16_t *yc = (uint16_t *)malloc((size_t)n * 2);
+        size_t wl = 0, wsz = 0, wc = 0, count = 0;
+        void *dwl = ws_of(pl, &wl, 1), *dws = ws_of(ps, &wsz, 1), *hwc = ws_of(pc, &wc, 0);
+        k3_latent_moe_partial_count(ps, m, &count);
+        float *dpart = (float *)k3t_dalloc(count * 4);
+        void *dx = k3t_dup(x, (size_t)n * 2), *dres = k3t_dup(res, (size_t)n * 2), *dy = k3t_dalloc((size_t)n * 2);
+        k3_status st = k3_latent_moe_run(pl, m, dx, &dw.w, dres, dy, NULL, NULL, dwl, wl, g_stream);
+        CHECK(st == K3_STATUS_SUCCESS, "library-driven run: %s", k3_ctx_last_error(g_gpu));
+        K3T_CU(cudaStreamSynchronize(g_stream));
+        K3T_CU(cudaMemcpy(y1, dy, (size_t)n * 2, cudaMemcpyDeviceToHost));
+        st = k3_latent_moe_run_stage(ps, K3_LATENT_PRE_REDUCE, m, dx, &dw.w, NULL, NULL, dpart, NULL, NULL, dws, wsz,
+                                     g_stream);
+        if (st == K3_STATUS_SUCCESS)
+            st = k3_latent_moe_run_stage(ps, K3_LATENT_POST_REDUCE, m, NULL, &dw.w, dres, dy, dpart, NULL, NULL, dws,
+                                         wsz, g_stream);
+        CHECK(st == K3_STATUS_SUCCESS, "stages: %s", k3_ctx_last_error(g_gpu));
+        K3T_CU(cudaStreamSynchronize(g_stream));
+        K3T_CU(cudaMemcpy(y2, dy, (size_t)n * 2, cudaMemcpyDeviceToHost));
+        const int same = k3t_check_same("nccl run vs the stages", y1, y2, K3T_BF16, n);
+        /* captured, replayed on a new x */
+        cudaGraph_t gr = NULL;
+        cudaGraphExec_t ex = NULL;
+        double eg = -1.0;
+        if (k3t_cuda_ok(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal), "nccl capture")) {
+            const k3_status cst = k3_latent_moe_run(pl, m, dx, &dw.w, dres, dy, NULL, NULL, dwl, wl, g_stream);
+            const cudaError_t ce = cudaStreamEndCapture(g_stream, &gr);
+            CHECK(cst == K3_STATUS_SUCCESS && ce == cudaSuccess, "nccl capture: %s / %s", k3_ctx_last_error(g_gpu),
+                  cudaGetErrorString(ce));
+            if (cst == K3_STATUS_SUCCESS && ce == cudaSuccess &&
+                k3t_cuda_ok(cudaGraphInstantiate(&ex, gr, 0), "nccl graph instantiate")) {
+                for (int64_t i = 0; i < n; i++) x[i] = k3_bf16_from_f32((float)k3t_normal(r));
+                K3T_CU(cudaMemcpy(dx, x, (size_t)n * 2, cudaMemcpyHostToDevice));
+                if (k3t_cuda_ok(cudaGraphLaunch(ex, g_stream), "nccl graph launch") &&
+                    k3t_cuda_ok(cudaStreamSynchronize(g_stream), "nccl graph sync")) {
+                    K3T_CU(cudaMemcpy(y1, dy, (size_t)n * 2, cudaMemcpyDeviceToHost));
+                    CHECK(k3_latent_moe_run(pc, m, x, &b->hw, res, yc, NULL, NULL, hwc, wc, NULL) == K3_STATUS_SUCCESS,
+                          "cpu block: %s", k3_ctx_last_error(g_cpu));
+                    eg = k3t_check_close("nccl graph replay on a new x vs the cpu block", k3t_view1(y1, K3T_BF16, n),
+                                         k3t_view1(yc, K3T_BF16, n), K3T_OP_LATENT_MOE)
+                             .metric;
+                }
+            }
+        }
+        if (ex) cudaGraphExecDestroy(ex);
+        if (gr) cudaGraphDestroy(gr);
+        printf("nccl one rank: run %s the stages; graph replay on a new x rel-L2 %.3e vs the cpu block\n",
+               same ? "bitwise equal to" : "DIFFERS from", eg);
+        cudaFree(dwl), cudaFree(dws), cudaFree(dpart), cudaFree(dx), cudaFree(dres), cudaFree(dy);
+        free(hwc), free(x), free(res), free(y1), free(y2), free(yc);
+        dw_free(&dw);
+    }
+    k3_latent_moe_plan_destroy(pl), k3_latent_moe_plan_destroy(ps), k3_latent_moe_plan_destroy(pc);
+    destroy(comm);
+    dlclose(lib);
+}
+#endif
+
+int main(void) {
+    k3_ctx_options opt;
+    k3_ctx_options_init(&opt);
+    opt.backend = K3_BACKEND_CUDA;
+    const k3_status st = k3_ctx_create(&opt, &g_gpu);
+    if (st == K3_STATUS_NOT_AVAILABLE) K3T_SKIP("no CUDA device");
+    CHECK(st == K3_STATUS_SUCCESS, "CUDA context: %s", k3_status_string(st));
+    if (!g_gpu || !(g_cpu = k3t_cpu_ctx())) return k3t_finish();
+    K3T_CU(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    k3t_rng r = {k3t_seed_init("gpu_latent_tp", SEED)};
+    block b;
+    block_make(&b, &r);
+    test_tp_stages(&b, &r);
+#ifdef K3_HAVE_NCCL
+    test_nccl_one_rank(&b, &r);
+#else
+    printf("SKIP nccl one rank: this build has no NCCL\n");
+#endif
+    block_free(&b);
+    cudaStreamDestroy(g_stream);
+    k3_ctx_destroy(g_gpu);
+    k3_ctx_destroy(g_cpu);
+    return k3t_finish();
+}
+#endif
