@@ -98,6 +98,14 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
             }
             o->layer = (int32_t)n;
             o->has_layer = 1;
+        } else if (!strcmp(a, "--tp")) {
+            int64_t n = 0;
+            if (!k3_cli_parse_i64(v, a, &n)) return 0;
+            if (n < 1 || n > 64) {
+                fprintf(stderr, CMD ": --tp must be a rank count in 1..64 (got %s)\n", v);
+                return 0;
+            }
+            o->tp = (int32_t)n;
         } else if (!strcmp(a, "--mode")) {
             if (!strcmp(v, "w4a16"))
                 o->mode = K3_MOE_W4A16;
@@ -125,6 +133,13 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
     if (!o->has_layer && k3_run_is_checkpoint_path(o->weights)) {
         fprintf(stderr, CMD ": --weights %s is a checkpoint folder or index: give --layer N to say which layer\n",
                 o->weights);
+        return 0;
+    }
+    if (o->tp > 1 && strcmp(o->device, "cpu") != 0) {
+        fprintf(stderr, CMD ": --tp %d runs the ranks on the CPU backend (give --device cpu); on GPUs, one per rank, "
+                            "the block reduces through NCCL (k3_parallel_desc.nccl_comm), which this command does "
+                            "not drive yet\n",
+                (int)o->tp);
         return 0;
     }
     if (o->top_k < 1 || o->top_k > 32) {
@@ -245,6 +260,7 @@ static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_fil
     rd.gate_dtype = s->gate && s->gate->dtype == K3_ST_F32 ? K3_DTYPE_F32 : K3_DTYPE_BF16;
     rd.scaling_factor = o->scaling;
     rd.max_tokens = m;
+    if (o->tp > 1 && !k3_run_tp_check(s, o->tp)) goto done;
     if (s->latent) {
         k3_latent_moe_desc ld;
         k3_latent_moe_desc_init(&ld);
@@ -254,27 +270,36 @@ static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_fil
         ld.shared_inter = s->is;
         ld.shared_act = s->md.act;
         ld.max_tokens = m;
-        if ((st = k3_latent_moe_plan_create(ctx, &ld, &lp)) != K3_STATUS_SUCCESS) {
+        if (o->tp > 1) {
+            s->lw.gate = cgate;
+            s->lw.bias = cbias;
+            s->lw.experts = s->mw;
+            if (!k3_run_tp(ctx, &ld, s, o->tp, cx, NULL, NULL, (uint16_t *)cy, cids, cwts)) goto done;
+        } else if ((st = k3_latent_moe_plan_create(ctx, &ld, &lp)) != K3_STATUS_SUCCESS) {
             rc = plan_fail(ctx, "latent-MoE plan", st);
             goto done;
         }
-        k3_latent_moe_workspace_size(lp, &wsb);
-        s->lw.gate = cgate;
-        s->lw.bias = cbias;
-        s->lw.experts = s->mw;
-        if (!(ws = k3_cli_mem_alloc(&mm, wsb))) goto oom;
-        if ((st = k3_latent_moe_run(lp, m, cx, &s->lw, NULL, cy, cids, cwts, ws, wsb, NULL)) !=
-            K3_STATUS_SUCCESS) {
-            rc = plan_fail(ctx, "latent-MoE run", st);
-            goto done;
+        if (lp) { /* one rank: the whole block in one call */
+            k3_latent_moe_workspace_size(lp, &wsb);
+            s->lw.gate = cgate;
+            s->lw.bias = cbias;
+            s->lw.experts = s->mw;
+            if (!(ws = k3_cli_mem_alloc(&mm, wsb))) goto oom;
+            if ((st = k3_latent_moe_run(lp, m, cx, &s->lw, NULL, cy, cids, cwts, ws, wsb, NULL)) !=
+                K3_STATUS_SUCCESS) {
+                rc = plan_fail(ctx, "latent-MoE run", st);
+                goto done;
+            }
         }
     } else {
-        if ((st = k3_moe_plan_create(ctx, &s->md, &mp)) != K3_STATUS_SUCCESS) {
-            rc = plan_fail(ctx, "MoE plan", st);
-            goto done;
+        if (o->tp <= 1) {
+            if ((st = k3_moe_plan_create(ctx, &s->md, &mp)) != K3_STATUS_SUCCESS) {
+                rc = plan_fail(ctx, "MoE plan", st);
+                goto done;
+            }
+            k3_moe_workspace_size(mp, &wsb);
+            if (!(ws = k3_cli_mem_alloc(&mm, wsb))) goto oom;
         }
-        k3_moe_workspace_size(mp, &wsb);
-        if (!(ws = k3_cli_mem_alloc(&mm, wsb))) goto oom;
         const int32_t *run_ids = routed ? cids : in_ids;
         const float *run_wts = routed ? cwts : in_wts;
         if (routed) {
@@ -290,7 +315,12 @@ static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_fil
                 goto done;
             }
         }
-        st = k3_moe_run(mp, m, cx, run_ids, run_wts, &s->mw, cy, NULL, ws, wsb, NULL);
+        if (o->tp > 1) {
+            if (!k3_run_tp(ctx, NULL, s, o->tp, cx, run_ids, run_wts, (uint16_t *)cy, NULL, NULL)) goto done;
+            st = K3_STATUS_SUCCESS;
+        } else {
+            st = k3_moe_run(mp, m, cx, run_ids, run_wts, &s->mw, cy, NULL, ws, wsb, NULL);
+        }
         if (st != K3_STATUS_SUCCESS) {
             rc = plan_fail(ctx, "MoE run", st);
             goto done;

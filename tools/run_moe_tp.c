@@ -1,0 +1,211 @@
+/* k3 run moe --tp N: the block (or the experts alone) as N tensor-parallel ranks in this process, on shards cut
+ * here from the full weights (the experts' w13 gate and up rows sliced alike, w2's columns; the shared experts'
+ * gate_up rows and down columns; the router and latent projections whole). The ranks' fp32 partials are summed in
+ * rank order, as an all-reduce would, and finished as the library says: the latent block through its two stages
+ * (k3_latent_moe_run_stage), the experts alone by one BF16 rounding of the summed fp32 output. CPU backend. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "run_moe.h"
+
+/* Rows [gate slice; up slice] of `mats` matrices of 2 * half rows of row_bytes: rows [r0, r0 + n) of each half. */
+static uint8_t *cut_gated(const void *src, int64_t mats, int64_t half, size_t row_bytes, int64_t r0, int64_t n) {
+    uint8_t *dst = (uint8_t *)malloc((size_t)(mats * 2 * n) * row_bytes + 1);
+    const uint8_t *s = (const uint8_t *)src;
+    for (int64_t e = 0; dst && e < mats; e++)
+        for (int64_t g = 0; g < 2; g++)
+            memcpy(dst + (size_t)((e * 2 + g) * n) * row_bytes, s + (size_t)(e * 2 * half + g * half + r0) * row_bytes,
+                   (size_t)n * row_bytes);
+    return dst;
+}
+
+/* Bytes [c0, c0 + n) of each of `rows` rows of row_bytes. */
+static uint8_t *cut_cols(const void *src, int64_t rows, size_t row_bytes, size_t c0, size_t n) {
+    uint8_t *dst = (uint8_t *)malloc((size_t)rows * n + 1);
+    for (int64_t i = 0; dst && i < rows; i++) memcpy(dst + (size_t)i * n, (const uint8_t *)src + (size_t)i * row_bytes + c0, n);
+    return dst;
+}
+
+/* One rank's cut weights. */
+typedef struct tp_rank {
+    uint8_t *w13, *w13s, *w2, *w2s, *sgu, *sdown;
+    k3_moe_weights mw;
+    k3_latent_moe_weights lw;
+} tp_rank;
+
+static void tp_rank_free(tp_rank *r) {
+    free(r->w13), free(r->w13s), free(r->w2), free(r->w2s), free(r->sgu), free(r->sdown);
+}
+
+/* 0 after printing why the weights cannot be split n ways. */
+int k3_run_tp_check(const run_setup *s, int32_t n) {
+    const k3_moe_desc *d = &s->md;
+    const int64_t block = d->format == K3_WEIGHT_NVFP4 ? 16 : d->format == K3_WEIGHT_MXFP4 ? 32 : 1;
+    if (d->act.kind == K3_ACT_RELU2_NO_MUL || d->act.kind == K3_ACT_SWIGLUOAI) {
+        fprintf(stderr, CMD ": --tp needs w13 rows as [gate; up] (--act %s is not split here)\n",
+                k3_act_name(d->act.kind));
+        return 0;
+    }
+    if (d->format != K3_WEIGHT_BF16 && d->scale_layout != K3_SCALE_LINEAR) {
+        fprintf(stderr, CMD ": --tp needs linear block scales (swizzled ones cannot be cut by columns)\n");
+        return 0;
+    }
+    if (s->inter % n != 0 || (s->inter / n) % block != 0) {
+        fprintf(stderr,
+                CMD ": --tp %d: the experts' intermediate I = %lld must split into %d slices of a multiple of %lld "
+                    "(the block size)\n",
+                (int)n, (long long)s->inter, (int)n, (long long)block);
+        return 0;
+    }
+    if (s->latent && s->is % n != 0) {
+        fprintf(stderr, CMD ": --tp %d: the shared experts' intermediate Is = %lld is not a multiple of %d\n", (int)n,
+                (long long)s->is, (int)n);
+        return 0;
+    }
+    return 1;
+}
+
+static int tp_cut(const run_setup *s, int32_t rank, int32_t n, tp_rank *r) {
+    memset(r, 0, sizeof *r);
+    const k3_moe_desc *d = &s->md;
+    const int64_t e = s->e, l = s->l, in = s->inter, ir = in / n, h = s->h, is = s->is, isr = is / n;
+    const k3_moe_weights *w = &s->mw;
+    if (d->format == K3_WEIGHT_BF16) {
+        r->w13 = cut_gated(w->w13, e, in, (size_t)l * 2, rank * ir, ir);
+        r->w2 = cut_cols(w->w2, e * l, (size_t)in * 2, (size_t)(rank * ir) * 2, (size_t)ir * 2);
+    } else {
+        const int64_t bs = d->format == K3_WEIGHT_NVFP4 ? 16 : 32;
+        r->w13 = cut_gated(w->w13, e, in, (size_t)l / 2, rank * ir, ir);
+        r->w13s = cut_gated(w->w13_scale, e, in, (size_t)(l / bs), rank * ir, ir);
+        r->w2 = cut_cols(w->w2, e * l, (size_t)in / 2, (size_t)(rank * ir) / 2, (size_t)ir / 2);
+        r->w2s = cut_cols(w->w2_scale, e * l, (size_t)(in / bs), (size_t)(rank * ir / bs), (size_t)(ir / bs));
+        if (!r->w13s || !r->w2s) return 0;
+    }
+    r->mw = *w;
+    r->mw.w13 = r->w13, r->mw.w13_scale = r->w13s, r->mw.w2 = r->w2, r->mw.w2_scale = r->w2s;
+    if (s->latent) {
+        r->lw = s->lw;
+        r->lw.experts = r->mw;
+        if (is > 0) {
+            r->sgu = cut_gated(s->lw.shared_gate_up, 1, is, (size_t)h * 2, rank * isr, isr);
+            r->sdown = cut_cols(s->lw.shared_down, h, (size_t)is * 2, (size_t)(rank * isr) * 2, (size_t)isr * 2);
+            if (!r->sgu || !r->sdown) return 0;
+            r->lw.shared_gate_up = r->sgu, r->lw.shared_down = r->sdown;
+        }
+    }
+    return r->w13 && r->w2;
+}
+
+static int tp_fail(k3_ctx *ctx, const char *what, int32_t rank, k3_status st) {
+    fprintf(stderr, CMD ": --tp rank %d: %s: %s: %s\n", (int)rank, what, k3_status_string(st), k3_ctx_last_error(ctx));
+    return 0;
+}
+
+/* The latent block as n ranks: each PRE_REDUCE, the partials summed, rank 0's POST_REDUCE. */
+static int tp_latent(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup *s, int32_t n, const void *x,
+                     uint16_t *y, int32_t *ids, float *wts) {
+    int ok = 1;
+    float *sum = NULL, *part = NULL;
+    void *ws = NULL;
+    k3_latent_moe_plan *p0 = NULL;
+    size_t count = 0, wsb = 0;
+    for (int32_t r = 0; r < n && ok; r++) {
+        tp_rank cut;
+        k3_latent_moe_desc d = *ld;
+        d.parallel.layout = K3_PARALLEL_TP, d.parallel.rank = r, d.parallel.size = n;
+        d.experts.inter = s->inter / n, d.shared_inter = s->is / n;
+        k3_latent_moe_plan *p = NULL;
+        k3_status st;
+        if (!tp_cut(s, r, n, &cut)) {
+            fprintf(stderr, CMD ": --tp: out of host memory cutting rank %d's shard\n", (int)r);
+            ok = 0;
+        } else if ((st = k3_latent_moe_plan_create(ctx, &d, &p)) != K3_STATUS_SUCCESS) {
+            ok = tp_fail(ctx, "latent-MoE plan", r, st);
+        } else {
+            size_t b = 0;
+            k3_latent_moe_workspace_size(p, &b);
+            if (!sum) {
+                k3_latent_moe_partial_count(p, s->m, &count);
+                sum = (float *)calloc(count, sizeof(float));
+                part = (float *)malloc(count * sizeof(float));
+            }
+            if (b > wsb) {
+                free(ws);
+                ws = malloc(b);
+                wsb = ws ? b : 0;
+            }
+            if (!sum || !part || !ws) {
+                fprintf(stderr, CMD ": --tp: out of host memory\n");
+                ok = 0;
+            } else if ((st = k3_latent_moe_run_stage(p, K3_LATENT_PRE_REDUCE, s->m, x, &cut.lw, NULL, NULL, part,
+                                                     r == 0 ? ids : NULL, r == 0 ? wts : NULL, ws, wsb, NULL)) !=
+                       K3_STATUS_SUCCESS) {
+                ok = tp_fail(ctx, "PRE_REDUCE", r, st);
+            } else {
+                for (size_t i = 0; i < count; i++) sum[i] += part[i];
+            }
+        }
+        tp_rank_free(&cut);
+        if (r == 0) p0 = p; /* POST_REDUCE reads only the replicated norm and up projection */
+        else k3_latent_moe_plan_destroy(p);
+    }
+    if (ok) {
+        const k3_status st = k3_latent_moe_run_stage(p0, K3_LATENT_POST_REDUCE, s->m, NULL, &s->lw, NULL, y, sum, NULL,
+                                                     NULL, ws, wsb, NULL);
+        if (st != K3_STATUS_SUCCESS) ok = tp_fail(ctx, "POST_REDUCE", 0, st);
+    }
+    k3_latent_moe_plan_destroy(p0);
+    free(sum), free(part), free(ws);
+    return ok;
+}
+
+/* The experts alone as n ranks: each one's fp32 output (its slice of I), summed, one BF16 rounding. */
+static int tp_experts(k3_ctx *ctx, const run_setup *s, int32_t n, const void *x, const int32_t *ids,
+                      const float *wts, uint16_t *y) {
+    const size_t cnt = (size_t)(s->m * s->l);
+    float *sum = (float *)calloc(cnt, sizeof(float)), *part = (float *)malloc(cnt * sizeof(float));
+    uint16_t *scratch = (uint16_t *)malloc(cnt * sizeof(uint16_t));
+    int ok = sum && part && scratch;
+    if (!ok) fprintf(stderr, CMD ": --tp: out of host memory\n");
+    for (int32_t r = 0; r < n && ok; r++) {
+        tp_rank cut;
+        k3_moe_desc d = s->md;
+        d.inter = s->inter / n;
+        d.max_tokens = s->m;
+        k3_moe_plan *p = NULL;
+        void *ws = NULL;
+        size_t wsb = 0;
+        k3_status st;
+        if (!tp_cut(s, r, n, &cut)) {
+            fprintf(stderr, CMD ": --tp: out of host memory cutting rank %d's shard\n", (int)r);
+            ok = 0;
+        } else if ((st = k3_moe_plan_create(ctx, &d, &p)) != K3_STATUS_SUCCESS) {
+            ok = tp_fail(ctx, "MoE plan", r, st);
+        } else {
+            k3_moe_workspace_size(p, &wsb);
+            if (!(ws = malloc(wsb ? wsb : 1))) {
+                fprintf(stderr, CMD ": --tp: out of host memory\n");
+                ok = 0;
+            } else if ((st = k3_moe_run(p, s->m, x, ids, wts, &cut.mw, scratch, part, ws, wsb, NULL)) !=
+                       K3_STATUS_SUCCESS) {
+                ok = tp_fail(ctx, "MoE run", r, st);
+            } else {
+                for (size_t i = 0; i < cnt; i++) sum[i] += part[i];
+            }
+        }
+        free(ws);
+        k3_moe_plan_destroy(p);
+        tp_rank_free(&cut);
+    }
+    for (size_t i = 0; ok && i < cnt; i++) y[i] = k3_bf16_from_f32(sum[i]);
+    free(sum), free(part), free(scratch);
+    return ok;
+}
+
+int k3_run_tp(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup *s, int32_t n, const void *x,
+              const int32_t *ids, const float *wts, uint16_t *y, int32_t *out_ids, float *out_wts) {
+    if (ld) return tp_latent(ctx, ld, s, n, x, y, out_ids, out_wts);
+    return tp_experts(ctx, s, n, x, ids, wts, y);
+}
