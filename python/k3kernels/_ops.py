@@ -311,25 +311,43 @@ def _dequantize(fmt, packed, scale, scale_2, scale_layout):
     return out
 
 
+def _torch_ops():
+    import torch
+    return torch.ops.k3kernels
+
+
 def quantize_nvfp4(x, scale_layout="linear"):
-    """x [rows, cols] or [batch, rows, cols] float32 -> (packed uint8 [..., cols/2], scale uint8 (E4M3 codes, per
-    matrix), scale_2 float32 [batch] (1/gs, ModelOpt's weight_scale_2))."""
+    """NVFP4 quantization on the host (k3_fp4_quantize): x [rows, cols] or [batch, rows, cols] float32, cols a
+    multiple of 16 -> (packed uint8 [..., cols/2], element 2j in the low nibble; scale uint8 E4M3 codes, [bytes] or
+    [batch, bytes] (k3_fp4_scale_bytes per matrix, "linear" or "swizzled" 128x4 layout); scale_2 float32 [batch]
+    (1/gs, ModelOpt's weight_scale_2; [1] for a 2-D x)). NaN or Inf in x raises K3Error. torch: a CPU tensor
+    (float32, bfloat16 or float16) gives CPU tensors; a CUDA tensor raises ValueError (pass x.cpu())."""
+    if _is_torch(x):
+        return _torch_ops().quantize_nvfp4(x, scale_layout)
     return _quantize(C.FP4_NVFP4, x, scale_layout)
 
 
 def quantize_mxfp4(x, scale_layout="linear"):
-    """x float32 -> (packed uint8, scale uint8 (UE8M0 codes)); no global scale."""
+    """MXFP4 quantization on the host: x float32 [rows, cols] or [batch, rows, cols], cols a multiple of 32 ->
+    (packed uint8 [..., cols/2], scale uint8 UE8M0 codes per matrix); no global scale. torch as quantize_nvfp4."""
+    if _is_torch(x):
+        return _torch_ops().quantize_mxfp4(x, scale_layout)
     packed, scales, _ = _quantize(C.FP4_MXFP4, x, scale_layout)
     return packed, scales
 
 
 def dequantize_nvfp4(packed, scale, scale_2, scale_layout="linear"):
-    """The inverse of quantize_nvfp4: float32 code * block scale * scale_2."""
+    """The inverse of quantize_nvfp4 on the host: float32 [..., 2 * packed.shape[-1]] = E2M1 code * E4M3 block
+    scale * scale_2. torch: CPU uint8 tensors and a float32 scale_2 tensor; CUDA tensors raise ValueError."""
+    if _is_torch(packed):
+        return _torch_ops().dequantize_nvfp4(packed, scale, scale_2, scale_layout)
     return _dequantize(C.FP4_NVFP4, packed, scale, scale_2, scale_layout)
 
 
 def dequantize_mxfp4(packed, scale, scale_layout="linear"):
-    """The inverse of quantize_mxfp4."""
+    """The inverse of quantize_mxfp4 on the host: E2M1 code * 2^(scale - 127). torch as dequantize_nvfp4."""
+    if _is_torch(packed):
+        return _torch_ops().dequantize_mxfp4(packed, scale, scale_layout)
     return _dequantize(C.FP4_MXFP4, packed, scale, None, scale_layout)
 
 
@@ -537,7 +555,10 @@ def kda_proj(x, packed_weight, f_b_weight, head_dim=128):
     """Kimi-K3's KDA input projection: qkvg = x W[:Q]^T, fab = x W[Q:]^T, g1 = fab[:, :fa] f_b^T, all BF16 with
     fp32 sums (x, weights rounded to BF16). packed_weight [P, H] (rows q, k, v, g, then f_a, beta, padding),
     f_b_weight [Q / 4, fa] with Q = 4 * local_heads * head_dim. Returns (qkvg [M, Q], fab [M, P - Q], g1 [M, Q / 4]),
-    float32 holding BF16 values. M <= 16."""
+    float32 holding BF16 values. M <= 16. torch: bfloat16 tensors on one device (CPU: the CPU backend; CUDA: that
+    GPU, torch's current stream, the aux branch forked from it and joined back by events); returns bfloat16."""
+    if _is_torch(x):
+        return _torch_ops().kda_proj(x, packed_weight, f_b_weight, int(head_dim))
     x = _array("x", x, 2, "f")
     packed_weight = _array("packed_weight", packed_weight, 2, "f")
     f_b_weight = _array("f_b_weight", f_b_weight, 2, "f")
