@@ -142,3 +142,26 @@ def within_bf16_step(got, ref):
     """fp32 sums rounded once to BF16 against fp64: at most one BF16 step apart."""
     got = np.asarray(got, np.float64)
     return bool(np.all(np.abs(got - ref) <= 2.0 ** -7 * np.maximum(np.abs(ref), 1e-3)))
+
+
+def nvfp4_dense(packed, scale, scale_2):
+    """Dequantized NVFP4 experts [E, rows, cols] in fp64 from packed codes, linear E4M3 scales [E, bytes] and
+    scale_2 [E] (the rule of include/k3.h: code * block scale * scale_2)."""
+    packed, scale, scale_2 = (np.asarray(a) for a in (packed, scale, scale_2))
+    e, rows = packed.shape[:2]
+    codes = unpack(packed)
+    sf = E4M3[scale.reshape(e, rows, -1).astype(np.int64)]
+    return e2m1_value(codes) * np.repeat(sf, 16, axis=2) * scale_2.astype(np.float64).reshape(e, 1, 1)
+
+
+def latent_ref(x, gate, bias, down, w13, w2, norm, up, sgu, sdn, top_k, eps=1e-5):
+    """The latent-MoE block in fp64 at the library's rounding points (include/k3.h, k3_latent_moe_run), from
+    BF16 / dense fp64 inputs: (out, routing weights, ids)."""
+    rw, rids = router_ref(x, gate, bias, top_k)
+    xl = b64(x @ down.T)
+    u = moe_ref(xl, w13, w2, rw, rids)
+    v = b64(b64(u / np.sqrt(np.mean(u * u, axis=1, keepdims=True) + eps)) * norm)
+    shared = sdn.shape[1]
+    g = b64(x @ sgu.T)
+    sh = b64(b64(situ(g[:, :shared], g[:, shared:])) @ sdn.T)
+    return b64(v @ up.T) + sh, rw, rids
