@@ -23,7 +23,7 @@ try:  # torch is optional: with it, torch tensors are taken and the ops are regi
 except ImportError:  # pragma: no cover - numpy only
     _torch_mod = None
 if _torch_mod is not None:
-    from . import _torch, _torch_fp4, _torch_kda  # noqa: F401  (register the k3kernels:: torch.library ops)
+    from . import _torch, _torch_fp4, _torch_kda, _torch_latent  # noqa: F401  (the k3kernels:: torch.library ops)
 
 __all__ = ["K3Error", "info", "linear", "router", "fused_moe", "quantize_nvfp4", "quantize_mxfp4",
            "dequantize_nvfp4", "dequantize_mxfp4", "round_bf16", "kda_proj", "latent_moe"]

@@ -151,14 +151,30 @@ def _is_torch(a):
     return type(a).__module__.startswith("torch")
 
 
+_T = []  # the torch front end, imported on the first torch call
+
+
+def _torch_call(name, tensors, *args):
+    """A torch call: the implementation directly when nothing traces or intercepts the call (eager inference),
+    otherwise the registered op torch.ops.k3kernels.<name> (torch.compile, export, dispatch modes, autograd)."""
+    if not _T:
+        from . import _torch, _torch_kda, _torch_latent
+        _T.append((_torch.direct, {"linear": _torch.linear_impl, "router": _torch.router_impl,
+                                   "fused_moe": _torch.fused_moe_impl, "kda_proj": _torch_kda.kda_proj_impl,
+                                   "latent_moe": _torch_latent.latent_moe_impl}))
+    direct, impls = _T[0]
+    if direct(tensors):
+        return impls[name](*args)
+    return getattr(_torch_ops(), name)(*args)
+
+
 def linear(x, weight, residual=None, out=None):
     """y = bf16(x) bf16(weight)^T (+ bf16(residual)), fp32 accumulation, one BF16 rounding. numpy: x [M, K] float32,
     weight [N, K] float32; returns (or writes into `out`, float32 [M, N]) float32 holding BF16 values. torch: bfloat16
     tensors on one device (CPU: the CPU backend; CUDA: that GPU, torch's current stream); returns bfloat16 [M, N]
     (or copies into `out`)."""
     if _is_torch(x):
-        import torch
-        y = torch.ops.k3kernels.linear(x, weight, residual)
+        y = _torch_call("linear", (x, weight, residual), x, weight, residual)
         if out is not None:
             out.copy_(y)
             return out
@@ -206,10 +222,10 @@ def router(x, gate_weight, e_score_correction_bias=None, top_k=16, renormalize=T
     (used as F32, not rounded). Returns (topk_weights float32 [M, k], topk_ids int32 [M, k]). torch: x bfloat16,
     gate_weight bfloat16 or float32, the bias float32, all on one device; returns tensors there."""
     if _is_torch(x):
-        import torch
         if scoring not in ("sigmoid", "softmax"):
             raise ValueError("scoring must be 'sigmoid' or 'softmax' (got %r)" % (scoring,))
-        return torch.ops.k3kernels.router(x, gate_weight, e_score_correction_bias, int(top_k), bool(renormalize),
+        return _torch_call("router", (x, gate_weight, e_score_correction_bias), x, gate_weight,
+                           e_score_correction_bias, int(top_k), bool(renormalize),
                                           float(routed_scaling_factor), scoring == "softmax")
     x = _array("x", x, 2, "f")
     gate_weight = _array("gate_weight", gate_weight, 2, "f").astype(np.float32, copy=False)
@@ -442,11 +458,11 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant="nvfp4", 
     float32 [M, k]. Returns float32 [M, L] holding BF16 values. torch: hidden_states bfloat16, weights uint8 (packed)
     or bfloat16, scales uint8 / float32, topk_ids int32, topk_weights float32, all on one device; returns bfloat16."""
     if _is_torch(hidden_states):
-        import torch
-        return torch.ops.k3kernels.fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, quant, w13_scale,
-                                             w13_scale_2, w2_scale, w2_scale_2, scale_layout, activation,
-                                             float(situ_beta), float(situ_linear_beta), mode, w13_input_scale,
-                                             w2_input_scale)
+        return _torch_call("fused_moe", (hidden_states, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2,
+                                         w2_scale, w2_scale_2, w13_input_scale, w2_input_scale),
+                           hidden_states, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale,
+                           w2_scale_2, scale_layout, activation, float(situ_beta), float(situ_linear_beta), mode,
+                           w13_input_scale, w2_input_scale)
     x = _array("hidden_states", hidden_states, 2, "f")
     ids = _array("topk_ids", topk_ids, 2, "i", np.int32)
     wts = _array("topk_weights", topk_weights, 2, "f", np.float32)
@@ -480,12 +496,13 @@ def latent_moe(hidden_states, gate_weight, down_proj, w13, w2, norm_weight, up_p
     (out [M, H], topk_weights [M, k], topk_ids [M, k]). torch: bfloat16 tensors (gate_weight bfloat16 or float32,
     packed experts uint8, scales uint8 / float32) on one device; returns tensors there."""
     if _is_torch(hidden_states):
-        import torch
-        return torch.ops.k3kernels.latent_moe(hidden_states, gate_weight, e_score_correction_bias, down_proj, w13, w2,
-                                              norm_weight, up_proj, shared_gate_up, shared_down, residual, int(top_k),
-                                              bool(renormalize), float(routed_scaling_factor), quant, w13_scale,
-                                              w13_scale_2, w2_scale, w2_scale_2, scale_layout, activation,
-                                              float(situ_beta), float(situ_linear_beta), float(rms_eps))
+        return _torch_call("latent_moe", (hidden_states, gate_weight, e_score_correction_bias, down_proj, w13, w2,
+                                          norm_weight, up_proj, shared_gate_up, shared_down, residual, w13_scale,
+                                          w13_scale_2, w2_scale, w2_scale_2),
+                           hidden_states, gate_weight, e_score_correction_bias, down_proj, w13, w2, norm_weight,
+                           up_proj, shared_gate_up, shared_down, residual, int(top_k), bool(renormalize),
+                           float(routed_scaling_factor), quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                           scale_layout, activation, float(situ_beta), float(situ_linear_beta), float(rms_eps))
     x = _array("hidden_states", hidden_states, 2, "f")
     m, h = x.shape
     gate = _array("gate_weight", gate_weight, 2, "f").astype(np.float32, copy=False)
@@ -558,7 +575,7 @@ def kda_proj(x, packed_weight, f_b_weight, head_dim=128):
     float32 holding BF16 values. M <= 16. torch: bfloat16 tensors on one device (CPU: the CPU backend; CUDA: that
     GPU, torch's current stream, the aux branch forked from it and joined back by events); returns bfloat16."""
     if _is_torch(x):
-        return _torch_ops().kda_proj(x, packed_weight, f_b_weight, int(head_dim))
+        return _torch_call("kda_proj", (x, packed_weight, f_b_weight), x, packed_weight, f_b_weight, int(head_dim))
     x = _array("x", x, 2, "f")
     packed_weight = _array("packed_weight", packed_weight, 2, "f")
     f_b_weight = _array("f_b_weight", f_b_weight, 2, "f")

@@ -8,7 +8,7 @@ import torch
 
 from . import _capi as C
 from . import _ops as O
-from ._torch import _ctx, _device_key, _make, _plan, _ptr, _stream, _t, _ws
+from ._torch import _device_key, _make, _plan, _ptr, _stream, _t, _ws
 
 _lib = O._lib
 
@@ -48,13 +48,13 @@ def kda_proj_impl(x, packed_weight, f_b_weight, head_dim):
                      _lib.k3_kda_proj_workspace_size, d)
 
     plan = _plan(dev, ("kda", h, g // head_dim, head_dim, fa, p), make)
-    ctx = _ctx(dev)
+    ctx = plan.ctx
     qkvg = torch.empty((m, q), dtype=torch.bfloat16, device=x.device)
     fab = torch.empty((m, p - q), dtype=torch.bfloat16, device=x.device)
     g1 = torch.empty((m, g), dtype=torch.bfloat16, device=x.device)
     ws = _ws(plan, x)
     O._check(_lib.k3_kda_proj_run(plan.handle, m, _ptr(x), _ptr(packed_weight), _ptr(f_b_weight), _ptr(qkvg),
-                                  _ptr(fab), _ptr(g1), ws.data_ptr(), plan.ws_bytes, _stream(dev)), ctx)
+                                  _ptr(fab), _ptr(g1), _ptr(ws), plan.ws_bytes, _stream(dev)), ctx)
     return qkvg, fab, g1
 
 

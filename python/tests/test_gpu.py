@@ -106,6 +106,23 @@ def test_latent_moe_against_fp64(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_latent_moe_scale_checks(device):
+    gen = torch.Generator().manual_seed(77)
+    w, ex = latent_setup(gen)
+    x = torch.randn(2, 512, generator=gen).to(torch.bfloat16).to(device)
+    p13, s13, g13, p2, s2, g2 = (t.to(device) for t in ex)
+    d = {n: t.to(device) for n, t in w.items()}
+    args = (x, d["gate"], d["down"], p13, p2, d["norm"], d["up"])
+    with pytest.raises(TypeError, match="w13_scale must be torch.uint8"):
+        k3.latent_moe(*args, top_k=4, w13_scale=s13.float(), w13_scale_2=g13, w2_scale=s2, w2_scale_2=g2)
+    with pytest.raises(ValueError, match="w13_scale_2 and w2_scale_2 are required"):
+        k3.latent_moe(*args, top_k=4, w13_scale=s13, w2_scale=s2)
+    if device == "cuda":
+        with pytest.raises(ValueError, match="w2_scale is on cpu"):
+            k3.latent_moe(*args, top_k=4, w13_scale=s13, w13_scale_2=g13, w2_scale=s2.cpu(), w2_scale_2=g2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_kda_proj_against_fp64(device):
     gen = torch.Generator().manual_seed(75)
     heads, head_dim, fa, h = 2, 128, 128, 1024

@@ -305,3 +305,31 @@ def test_torch_compile_kda_and_fp4_ops():
     got = torch.compile(f, fullgraph=True)(x, w, fb, wf)
     ref = f(x, w, fb, wf)
     assert torch.equal(got[1], ref[1]) and torch.allclose(got[0], ref[0])
+
+
+def test_eager_fast_path_only_when_nothing_observes():
+    """Eager calls run the implementation directly; a dispatch mode, autograd or tracing sees the registered op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, w = data(61)
+    xt, wt = bf16_tensor(x), bf16_tensor(w)
+    fast = k3.linear(xt, wt)
+    with Log() as log:
+        seen = k3.linear(xt, wt)
+    assert log.ops == ["k3kernels.linear.default"] and torch.equal(seen, fast)
+    wp = torch.nn.Parameter(wt)
+    assert k3.linear(xt, wp).grad_fn is not None  # through the op: autograd sees it (and has no formula)
+    with torch.no_grad():
+        y = k3.linear(xt, wp)
+    assert y.grad_fn is None and torch.equal(y, fast)
+    with pytest.raises(TypeError, match="weight must be a torch tensor"):
+        k3.linear(xt, w)  # a numpy weight with a torch x: named by the implementation's checks
