@@ -46,16 +46,22 @@ def _check(st, ctx):
 
 
 class _Plan:
-    """A plan handle, its workspace (numpy bytes, 64-byte aligned) and its destroy function."""
+    """A plan handle, its destroy function and one workspace per thread (numpy bytes, 64-byte aligned): ctypes lets
+    go of the GIL during the call, and the C API lets threads run one plan at once, each with its own workspace."""
 
     def __init__(self, handle, destroy, ws_bytes):
         self.handle, self.destroy, self.ws_bytes = handle, destroy, ws_bytes
-        self._buf = np.zeros(ws_bytes + 64, dtype=np.uint8)
-        off = (-self._buf.ctypes.data) % 64
-        self.ws = self._buf[off:off + ws_bytes] if ws_bytes else None
+        self._local = threading.local()
 
     def ws_ptr(self):
-        return self.ws.ctypes.data if self.ws is not None else None
+        if not self.ws_bytes:
+            return None
+        ws = getattr(self._local, "ws", None)
+        if ws is None:
+            buf = np.zeros(self.ws_bytes + 64, dtype=np.uint8)
+            off = (-buf.ctypes.data) % 64
+            ws = self._local.ws = buf[off:off + self.ws_bytes]
+        return ws.ctypes.data
 
 
 def _plan(key, make):
