@@ -29,7 +29,7 @@
  *   k3_ctx_last_error message (a status never depends on it); where messages matter, use a context per thread.
  *
  * Examples
- * Three complete uses, each the body of a function `int example(void)` that returns 0 on success, with
+ * Four complete uses, each the body of a function `int example(void)` that returns 0 on success, with
  * <k3.h>, <math.h>, <stdio.h> and <stdlib.h> included. They run on the CPU backend (host buffers, malloc); the
  * comments say what a CUDA caller does instead. tests/cli_header_examples.sh extracts each one (from its
  * "Example:" line to its "End of example" line), compiles it with the project's warnings as errors, and runs it.
@@ -259,6 +259,69 @@
  *   free(y);
  *   k3_latent_moe_plan_destroy(plan);
  *   k3_ctx_destroy(ctx);
+ *   return rc;
+ * End of example
+ *
+ * Example: checkpoint layer
+ *   // One layer's routed experts read from a checkpoint on disk (a folder, an index.json or one safetensors
+ *   // file; the compressed-tensors and ModelOpt layouts or the stacked one `k3 quant` writes) and run for one
+ *   // token. The path comes from K3_EXAMPLE_CHECKPOINT (tests/cli_header_examples.sh makes one). The layer is
+ *   // in host memory: a CUDA caller cudaMemcpy's each buffer (its *_bytes field says how large) to the device.
+ *   const char *path = getenv("K3_EXAMPLE_CHECKPOINT");
+ *   char err[512];
+ *   k3_checkpoint *ck = NULL;
+ *   k3_moe_layer *layer = NULL;
+ *   if (!path) {
+ *       fprintf(stderr, "set K3_EXAMPLE_CHECKPOINT to a checkpoint\n");
+ *       return 1;
+ *   }
+ *   k3_status st = k3_checkpoint_open(path, &ck, err, sizeof err);
+ *   if (st == K3_STATUS_SUCCESS) st = k3_checkpoint_load_moe_layer(ck, 0, &layer, err, sizeof err);
+ *   k3_checkpoint_close(ck); // the layer owns its buffers
+ *   if (st != K3_STATUS_SUCCESS) { // err names the tensor and what was wrong
+ *       fprintf(stderr, "%s: %s\n", k3_status_string(st), err);
+ *       return 1;
+ *   }
+ *   k3_moe_desc d;
+ *   k3_moe_desc_init(&d);
+ *   d.num_experts = layer->num_experts;
+ *   d.top_k = 1;
+ *   d.hidden = layer->latent;
+ *   d.inter = layer->inter;
+ *   d.format = layer->fp4 == K3_FP4_NVFP4 ? K3_WEIGHT_NVFP4 : K3_WEIGHT_MXFP4;
+ *   d.scale_layout = K3_SCALE_LINEAR;
+ *   d.w13_separate_scale_2 = layer->fp4 == K3_FP4_NVFP4; // scale_2 [E, 2]: gate and up apart
+ *   d.max_tokens = 1;
+ *   k3_moe_weights w = {layer->w13, layer->w13_scale, layer->w13_scale_2, NULL,
+ *                       layer->w2,  layer->w2_scale,  layer->w2_scale_2,  NULL}; // no input scales: W4A16
+ *   k3_ctx_options opt;
+ *   k3_ctx_options_init(&opt);
+ *   opt.backend = K3_BACKEND_CPU;
+ *   k3_ctx *ctx = NULL;
+ *   k3_moe_plan *plan = NULL;
+ *   uint16_t *x = malloc(sizeof(uint16_t) * (size_t)d.hidden), *y = malloc(sizeof(uint16_t) * (size_t)d.hidden);
+ *   const int32_t id = 0; // the token goes to expert 0 with weight 1
+ *   const float p = 1.0f;
+ *   void *ws = NULL;
+ *   size_t ws_bytes = 0;
+ *   int rc = 1;
+ *   if (!x || !y || (st = k3_ctx_create(&opt, &ctx)) != K3_STATUS_SUCCESS) goto done;
+ *   if ((st = k3_moe_plan_create(ctx, &d, &plan)) != K3_STATUS_SUCCESS) goto done;
+ *   k3_moe_workspace_size(plan, &ws_bytes);
+ *   if (!(ws = malloc(ws_bytes ? ws_bytes : 1))) goto done;
+ *   for (int64_t i = 0; i < d.hidden; i++) x[i] = k3_bf16_from_f32(1.0f);
+ *   if ((st = k3_moe_run(plan, 1, x, &id, &p, &w, y, NULL, ws, ws_bytes, NULL)) != K3_STATUS_SUCCESS) goto done;
+ *   printf("layer %d: %d experts, L %lld, I %lld; y[0] = %g\n", (int)layer->layer, (int)layer->num_experts,
+ *          (long long)layer->latent, (long long)layer->inter, (double)k3_bf16_to_f32(y[0]));
+ *   rc = isfinite(k3_bf16_to_f32(y[0])) ? 0 : 1;
+ * done:
+ *   if (rc) fprintf(stderr, "checkpoint example: %s: %s\n", k3_status_string(st), ctx ? k3_ctx_last_error(ctx) : "");
+ *   k3_moe_plan_destroy(plan);
+ *   k3_ctx_destroy(ctx);
+ *   k3_moe_layer_free(layer);
+ *   free(ws);
+ *   free(x);
+ *   free(y);
  *   return rc;
  * End of example
  */
@@ -762,6 +825,83 @@ K3_API k3_status k3_kda_proj_workspace_size(const k3_kda_proj_plan *plan, size_t
 K3_API k3_status k3_kda_proj_run(k3_kda_proj_plan *plan, int64_t m, const void *x, const void *w_packed,
                                  const void *w_fb, void *qkvg, void *fab, void *g1, void *ws, size_t ws_bytes,
                                  void *stream);
+
+/* ------------------------------------------------------------------ checkpoints ------------ */
+/*
+ * One layer's MoE block read from a checkpoint on disk into this library's layout, in host memory: what a
+ * caller copies to the device (cudaMemcpy) and passes to k3_moe_run / k3_latent_moe_run.
+ *
+ * A checkpoint is a folder holding model.safetensors.index.json (or else exactly one *.safetensors file), an
+ * index file ({"weight_map": {"tensor": "shard file"}}; shards are resolved in the index's folder and may not
+ * leave it), or one safetensors file. The layer's tensors are found under the first of the prefixes
+ * "model.layers.<n>.mlp.", "language_model.model.layers.<n>.mlp." and none that has them. Expert layouts:
+ * compressed-tensors MXFP4 and NVFP4 (experts.<e>.{gate,up,down}_proj.weight_packed, .weight_scale,
+ * .weight_global_scale, .input_global_scale), ModelOpt NVFP4 (.weight, .weight_scale, .weight_scale_2,
+ * .input_scale) and the stacked names this library writes (w13_weight, w13_weight_scale, ...). The block's other
+ * tensors, by the published names or this library's: the router gate.weight [E, H] BF16/F32 and
+ * gate.e_score_correction_bias [E] F32 (gate_weight, e_score_correction_bias); the shared experts
+ * shared_experts.{gate,up,down}_proj.weight (shared_gate_up_weight, shared_down_weight); the latent projections
+ * routed_expert_down_proj.weight [L, H], routed_expert_norm.weight [L], routed_expert_up_proj.weight [H, L]
+ * (down_proj_weight, norm_weight, up_proj_weight), all BF16. Each group is all or nothing.
+ *
+ * Every missing, mis-shaped or mistyped tensor, a gap in the experts, a NaN block scale or a scale that is not
+ * positive and finite is K3_STATUS_FORMAT_ERROR with a message naming the tensor; a file that cannot be read is
+ * K3_STATUS_IO_ERROR. The message goes to err (err_size bytes, always terminated; err may be NULL). A
+ * k3_checkpoint is for one thread at a time.
+ */
+typedef struct k3_checkpoint k3_checkpoint;
+
+/* Where the experts' tensors came from. */
+typedef enum k3_checkpoint_format {
+    K3_CHECKPOINT_CT_MXFP4 = 0,       /* compressed-tensors, per expert, MXFP4 */
+    K3_CHECKPOINT_CT_NVFP4 = 1,       /* compressed-tensors, per expert, NVFP4 (global scales = 1 / scale_2) */
+    K3_CHECKPOINT_MODELOPT_NVFP4 = 2, /* ModelOpt, per expert, NVFP4 */
+    K3_CHECKPOINT_STACKED = 3,        /* this library's stacked names (what `k3 quant` writes) */
+} k3_checkpoint_format;
+
+/*
+ * A layer, allocated by the library (k3_moe_layer_free); fields may be appended in later versions, never
+ * reordered. FP4 buffers: w13 [E, 2I, L/2] = [gate; up] per expert, w2 [E, L, I/2], block scales in the
+ * K3_SCALE_LINEAR layout ([E, 2I, L/block] and [E, L, I/block]). Use it with k3_moe_desc.format = NVFP4 or
+ * MXFP4 as fp4 says, scale_layout LINEAR, and (NVFP4) w13_separate_scale_2 = 1: w13_scale_2 is [E, 2] (gate, up).
+ * The block tensors are NULL when the layer has no such group (then hidden = latent and shared_inter = 0).
+ */
+typedef struct k3_moe_layer {
+    int32_t layer;
+    k3_checkpoint_format source_format;
+    k3_fp4_format fp4;
+    int32_t num_experts;   /* E */
+    int64_t latent;        /* L: the experts' width */
+    int64_t inter;         /* I */
+    const uint8_t *w13, *w13_scale, *w2, *w2_scale;
+    size_t w13_bytes, w13_scale_bytes, w2_bytes, w2_scale_bytes;
+    const float *w13_scale_2;     /* [E, 2] (gate, up); NVFP4 only, else NULL */
+    const float *w2_scale_2;      /* [E]; NVFP4 only */
+    const float *w13_input_scale; /* [E, 2] (gate, up) or NULL when the checkpoint has none */
+    const float *w2_input_scale;  /* [E] or NULL */
+    int64_t hidden;               /* H: the router's and latent block's width */
+    int64_t shared_inter;         /* Is; 0 without shared experts */
+    k3_dtype gate_dtype;
+    const void *gate;             /* router [E, H] BF16 or F32, or NULL */
+    const float *bias;            /* e_score_correction_bias [E] or NULL (a router may have none) */
+    const uint16_t *shared_gate_up; /* BF16 [2 Is, H] = [gate; up], or NULL */
+    const uint16_t *shared_down;  /* BF16 [H, Is] */
+    const uint16_t *down_proj;    /* BF16 [L, H], or NULL */
+    const uint16_t *norm;         /* BF16 [L] */
+    const uint16_t *up_proj;      /* BF16 [H, L] */
+    size_t gate_bytes, bias_bytes, shared_gate_up_bytes, shared_down_bytes, down_proj_bytes, norm_bytes,
+        up_proj_bytes;
+} k3_moe_layer;
+
+/* Opens a checkpoint: reads the index (or the single file's header) now, shards when a layer needs them. *out is
+   NULL on failure. */
+K3_API k3_status k3_checkpoint_open(const char *path, k3_checkpoint **out, char *err, size_t err_size);
+K3_API void k3_checkpoint_close(k3_checkpoint *ck); /* NULL is accepted */
+/* Reads layer `layer` (>= 0): its experts (required) and whatever router, shared-expert and latent tensors it has.
+   *out is NULL on failure. Stacked files with 128x4-swizzled scales are K3_STATUS_UNSUPPORTED. */
+K3_API k3_status k3_checkpoint_load_moe_layer(k3_checkpoint *ck, int32_t layer, k3_moe_layer **out, char *err,
+                                              size_t err_size);
+K3_API void k3_moe_layer_free(k3_moe_layer *layer); /* NULL is accepted */
 
 #ifdef __cplusplus
 }

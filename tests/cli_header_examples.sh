@@ -35,12 +35,28 @@ build() {
 }
 
 mapfile -t names < <(sed -n 's/^ \* Example: //p' "$HDR")
-if [ "${#names[@]}" = 3 ]; then ok; else bad "want 3 examples in k3.h, found ${#names[@]}: ${names[*]}"; fi
-for want in "linear" "routed experts" "latent MoE block"; do
+if [ "${#names[@]}" = 4 ]; then ok; else bad "want 4 examples in k3.h, found ${#names[@]}: ${names[*]}"; fi
+for want in "linear" "routed experts" "latent MoE block" "checkpoint layer"; do
     found=0
     for n in "${names[@]}"; do [ "$n" = "$want" ] && found=1; done
     if [ $found = 1 ]; then ok; else bad "no example '$want' in k3.h"; fi
 done
+
+# the checkpoint example reads a layer: 2 experts of I 32, L 32 from F32 source values (every byte 0x3c, about
+# 0.0115) written here as a safetensors file and quantized by `k3 quant nvfp4`
+hdr='{"w13_weight":{"dtype":"F32","shape":[2,64,32],"data_offsets":[0,16384]},'
+hdr+='"w2_weight":{"dtype":"F32","shape":[2,32,32],"data_offsets":[16384,24576]}}'
+while [ $((${#hdr} % 8)) != 0 ]; do hdr="$hdr "; done
+n=${#hdr}
+{
+    printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x\\x00\\x00\\x00\\x00' $((n & 255)) $((n >> 8 & 255)) \
+        $((n >> 16 & 255)) $((n >> 24 & 255)))"
+    printf '%s' "$hdr"
+    head -c 24576 /dev/zero | tr '\000' '\074'
+} >"$T/ck_src.safetensors"
+expect 0 "k3 quant writes the checkpoint example's layer" -- "$K3" quant nvfp4 --tensor w13_weight --tensor w2_weight \
+    --input "$T/ck_src.safetensors" --output "$T/ck.safetensors"
+export K3_EXAMPLE_CHECKPOINT=$T/ck.safetensors
 
 i=0
 for n in "${names[@]}"; do

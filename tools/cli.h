@@ -24,6 +24,7 @@ int k3_cmd_plan(int argc, char **argv);
 int k3_cmd_plan_moe(int argc, char **argv); /* `k3 plan --moe` (tools/cmd_plan_moe.c) */
 int k3_cmd_bench(int argc, char **argv);
 int k3_cmd_tune(int argc, char **argv);
+int k3_cmd_convert(int argc, char **argv);
 /* `k3 bench kda` (tools/kda_bench.c), dispatched from k3_cmd_bench. */
 int k3_bench_kda(int argc, char **argv);
 

@@ -1,6 +1,8 @@
 /* k3 run moe: the routed experts (optionally routed, optionally the whole latent-MoE block) on safetensors files. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "cli_mem.h"
@@ -15,53 +17,6 @@ static void run_help(FILE *f) {
                "         block) on safetensors inputs: k3 run moe --help\n");
 }
 
-static void moe_help(void) {
-    printf(
-        "usage: k3 run moe --weights W.safetensors --input X.safetensors --output Y.safetensors\n"
-        "                  [--device cpu|cuda|auto] [--act situ|silu|swigluoai|swigluoai_uninterleave|relu2]\n"
-        "                  [--situ-beta B] [--situ-linear-beta LB] [--limit L] [--mode w4a16|w4a4]\n"
-        "                  [--top-k K] [--scaling-factor S]\n\n"
-        "Defaults: the Kimi-K3 activation (situ, beta 4.0, linear beta 25.0), w4a16, top-k 16, scaling factor 1.0,\n"
-        "device cpu. E = experts, L = expert width (the latent width in K3), I = expert intermediate, W = 2I for\n"
-        "gated activations and I for relu2, H = model hidden, M = tokens, k = top-k.\n\n"
-        "weights (W.safetensors):\n"
-        "  NVFP4 experts (the names and layout `k3 quant nvfp4` writes for w13_weight and w2_weight):\n"
-        "    w13_weight          U8 [E, W, L/2]        packed E2M1, rows [gate; up] (swigluoai: interleaved)\n"
-        "    w13_weight_scale    F8_E4M3 [E, W, L/16]  (linear layout; swizzled 128x4: [E, S] flat bytes)\n"
-        "    w13_weight_scale_2  F32 [E] or [E, 2]     1/gs, shared by gate and up, or (gate, up)\n"
-        "    w13_input_scale     F32 [E]               --mode w4a4 only (activation gs = 1 / input_scale)\n"
-        "    w2_weight           U8 [E, L, I/2]\n"
-        "    w2_weight_scale     F8_E4M3 [E, L, I/16]  (or swizzled [E, S])\n"
-        "    w2_weight_scale_2   F32 [E]\n"
-        "    w2_input_scale      F32 [E]               --mode w4a4 only\n"
-        "  MXFP4 experts: as NVFP4 with U8 (UE8M0) scales [E, W, L/32] and [E, L, I/32], no scale_2.\n"
-        "  BF16 experts: w13_weight BF16 [E, W, L], w2_weight BF16 [E, L, I].\n"
-        "  The format follows from the dtypes: BF16 weights; U8 weights with F8_E4M3 scales = NVFP4, with U8\n"
-        "  scales = MXFP4. The scale layout follows from the scale tensors' rank (3 = linear, 2 = swizzled) and must\n"
-        "  agree with the k3.quant.format / k3.quant.scale_layout __metadata__ when present.\n"
-        "  Optional router:        gate_weight [E, H] BF16 or F32, e_score_correction_bias [E] F32\n"
-        "  Optional latent block:  down_proj_weight [L, H], norm_weight [L], up_proj_weight [H, L] (all BF16)\n"
-        "                          shared_gate_up_weight [2 Is, H] (relu2: [Is, H]) and shared_down_weight\n"
-        "                          [H, Is] (BF16, both or neither; the shared experts use the same --act)\n\n"
-        "input (X.safetensors), one of:\n"
-        "  hidden_states [M, L] BF16 + topk_ids [M, k] I32 + topk_weights [M, k] F32   the experts alone\n"
-        "  hidden_states [M, L] BF16 with gate_weight [E, L] in the weights            router + experts\n"
-        "  hidden_states [M, H] BF16 with gate_weight [E, H] and the latent tensors    the whole latent block\n\n"
-        "output (Y.safetensors):\n"
-        "  output [M, L] (experts) or [M, H] (latent block) BF16; topk_ids [M, k] I32 and topk_weights [M, k] F32\n"
-        "  when it routed.\n\n"
-        "activation options (a negative value is a usage error):\n"
-        "  --situ-beta B          > 0 (situ only; default 4.0)\n"
-        "  --situ-linear-beta LB  > 0, or 0 = no linear clamp (situ only; default 25.0)\n"
-        "  --limit L              > 0, or 0 = no clamp (silu, swigluoai*; swigluoai default 7.0, silu 0)\n\n"
-        "Math: out = bf16(sum_j w_j W2_e(act(bf16(W13_e x)))), fp32 sums (see docs/run-moe.md). Any tensor with\n"
-        "a wrong name, shape or dtype is an error naming the tensor and what was expected. NaN or Inf in\n"
-        "hidden_states, topk_weights, the router, the scales (E4M3 0x7F/0xFF and UE8M0 0xFF are NaN codes) or\n"
-        "norm_weight is an error naming the tensor and element; scale_2 and input scales must be > 0. An output\n"
-        "with NaN or Inf (an overflow) is an error: it is not written, and the exit status is 1.\n"
-        "--output must not be the --weights or --input file (checked by path and by device and inode).\n\n"
-        "exit status: 0 success, 1 failure (bad or inconsistent files, unsupported device), 2 usage error\n");
-}
 
 
 static int parse_act(const char *s, k3_act_kind *out) {
@@ -99,6 +54,10 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
     o->top_k = 16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
+        if (!strcmp(a, "--json")) {
+            o->json = 1;
+            continue;
+        }
         if (strncmp(a, "--", 2) != 0) {
             fprintf(stderr, CMD ": unexpected argument '%s' (see k3 run moe --help)\n", a);
             return 0;
@@ -130,6 +89,15 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
         } else if (!strcmp(a, "--top-k")) {
             if (!k3_cli_parse_i64(v, a, &o->top_k)) return 0;
             o->has_top_k = 1;
+        } else if (!strcmp(a, "--layer")) {
+            int64_t n = 0;
+            if (!k3_cli_parse_i64(v, a, &n)) return 0;
+            if (n < 0 || n > INT32_MAX) {
+                fprintf(stderr, CMD ": --layer must be a layer number >= 0 (got %s)\n", v);
+                return 0;
+            }
+            o->layer = (int32_t)n;
+            o->has_layer = 1;
         } else if (!strcmp(a, "--mode")) {
             if (!strcmp(v, "w4a16"))
                 o->mode = K3_MOE_W4A16;
@@ -151,6 +119,12 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
     if (k3_cli_same_file(o->output, o->weights) || k3_cli_same_file(o->output, o->input)) {
         fprintf(stderr, CMD ": --output %s is the %s file; refusing to replace it (write the output elsewhere)\n",
                 o->output, k3_cli_same_file(o->output, o->weights) ? "--weights" : "--input");
+        return 0;
+    }
+    if (!k3_run_output_outside(o->weights, o->output)) return 0;
+    if (!o->has_layer && k3_run_is_checkpoint_path(o->weights)) {
+        fprintf(stderr, CMD ": --weights %s is a checkpoint folder or index: give --layer N to say which layer\n",
+                o->weights);
         return 0;
     }
     if (o->top_k < 1 || o->top_k > 32) {
@@ -190,8 +164,9 @@ static int plan_fail(k3_ctx *ctx, const char *what, k3_status st) {
     return K3_EXIT_FAIL;
 }
 
-/* Bytes of the tensor whose data is p (in either file), 0 when none. */
-static size_t data_bytes(const k3_st_file *wf, const k3_st_file *xf, const void *p) {
+/* Bytes of the tensor whose data is p (in either file, or the checkpoint layer), 0 when none. */
+static size_t data_bytes(const run_setup *s, const k3_st_file *wf, const k3_st_file *xf, const void *p) {
+    if (s->layer) return k3_run_layer_bytes(s, p);
     const k3_st_file *fs[2] = {wf, xf};
     for (int f = 0; p && f < 2; f++)
         for (int32_t i = 0; i < k3_st_count(fs[f]); i++)
@@ -202,7 +177,7 @@ static size_t data_bytes(const k3_st_file *wf, const k3_st_file *xf, const void 
 /* The run's tensors as the context sees them: the file data itself on the CPU, device copies on CUDA. */
 static int tensors_in(k3_cli_mem *mm, const k3_st_file *wf, const k3_st_file *xf, run_setup *s) {
     int ok = 1;
-#define K3_RUN_IN(field) (field) = k3_cli_mem_in(mm, (field), data_bytes(wf, xf, (field)), &ok)
+#define K3_RUN_IN(field) (field) = k3_cli_mem_in(mm, (field), data_bytes(s, wf, xf, (field)), &ok)
     K3_RUN_IN(s->mw.w13);
     K3_RUN_IN(s->mw.w13_scale);
     K3_RUN_IN(s->mw.w13_scale_2);
@@ -220,8 +195,17 @@ static int tensors_in(k3_cli_mem *mm, const k3_st_file *wf, const k3_st_file *xf
     return ok;
 }
 
-/* Plans and runs what the files describe; writes the output file. */
-static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_file *wf, const k3_st_file *xf) {
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double seconds_since(double t0) { return now_seconds() - t0; }
+
+/* Plans and runs what the files describe; writes the output file. t0: when the command started (--json). */
+static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_file *wf, const k3_st_file *xf,
+                   double t0) {
     const int64_t m = s->m, k = s->md.top_k;
     const int routed = s->ids == NULL;
     const int64_t ycols = s->latent ? s->h : s->l;
@@ -325,15 +309,21 @@ static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_fil
                     o->output);
             goto done;
         }
-    if (save_output(o, s, y, ycols, ids, wts)) {
-        printf("k3 run moe: %s%s, %s experts (E %d, L %lld, I %lld, top-%lld, %s, %s), M %lld -> %s\n",
+    if (!save_output(o, s, y, ycols, ids, wts)) goto done;
+    rc = K3_EXIT_OK;
+    if (o->json) {
+        const char *ran = s->latent ? "latent block" : routed ? "router+experts" : "experts";
+        k3_run_print_json(o, s, ran, mm.on_device ? "cuda" : "cpu", seconds_since(t0));
+    } else {
+        char lay[32] = "";
+        if (o->has_layer) snprintf(lay, sizeof lay, " (layer %d)", (int)o->layer);
+        printf("k3 run moe: %s%s, %s experts%s (E %d, L %lld, I %lld, top-%lld, %s, %s), M %lld -> %s\n",
                s->latent ? "latent-MoE block" : "routed experts", routed && !s->latent ? " with router" : "",
                s->md.format == K3_WEIGHT_BF16    ? "BF16"
                : s->md.format == K3_WEIGHT_NVFP4 ? "NVFP4"
                                                  : "MXFP4",
-               (int)s->e, (long long)s->l, (long long)s->inter, (long long)k, k3_act_name(s->md.act.kind),
+               lay, (int)s->e, (long long)s->l, (long long)s->inter, (long long)k, k3_act_name(s->md.act.kind),
                s->md.mode == K3_MOE_W4A4 ? "w4a4" : "w4a16", (long long)m, o->output);
-        rc = K3_EXIT_OK;
     }
     goto done;
 oom:
@@ -351,7 +341,7 @@ done:
 
 static int run_moe(int argc, char **argv) {
     if (k3_cli_wants_help(argc, argv)) {
-        moe_help();
+        k3_run_moe_help();
         return K3_EXIT_OK;
     }
     run_opts o;
@@ -376,25 +366,49 @@ static int run_moe(int argc, char **argv) {
         return K3_EXIT_USAGE;
     }
 
+    const double t0 = now_seconds();
     int rc = K3_EXIT_FAIL;
     char err[512];
     k3_st_file *wf = NULL, *xf = NULL;
+    k3_checkpoint *ck = NULL;
+    k3_moe_layer *ly = NULL;
     k3_ctx *ctx = NULL;
-    if (k3_st_open(o.weights, &wf, err, sizeof err) != K3_STATUS_SUCCESS ||
-        k3_st_open(o.input, &xf, err, sizeof err) != K3_STATUS_SUCCESS) {
+    run_setup s;
+    memset(&s, 0, sizeof s);
+    if (k3_st_open(o.input, &xf, err, sizeof err) != K3_STATUS_SUCCESS) {
         fprintf(stderr, CMD ": %s\n", err);
         goto done;
     }
-    if (!k3_run_only_known(wf, xf)) goto done;
-    run_setup s;
-    memset(&s, 0, sizeof s);
-    if (!k3_run_read_experts(wf, &s, &act, o.mode) || !k3_run_read_routing(wf, xf, &s, &o)) goto done;
+    if (o.has_layer) {
+        if (!k3_run_only_known_input(xf)) goto done;
+        fprintf(stderr, CMD ": reading layer %d of %s\n", (int)o.layer, o.weights);
+        if (k3_checkpoint_open(o.weights, &ck, err, sizeof err) != K3_STATUS_SUCCESS ||
+            k3_checkpoint_load_moe_layer(ck, o.layer, &ly, err, sizeof err) != K3_STATUS_SUCCESS) {
+            fprintf(stderr, CMD ": %s: %s\n", o.weights, err);
+            goto done;
+        }
+        k3_checkpoint_close(ck);
+        ck = NULL;
+        if (!k3_run_read_layer(ly, &s, &act, &o)) goto done;
+        const int in = k3_run_read_input(xf, &s, &o);
+        if (!in || (in == 2 && !k3_run_layer_routing(ly, &s, &o))) goto done;
+    } else {
+        if (k3_st_open(o.weights, &wf, err, sizeof err) != K3_STATUS_SUCCESS) {
+            fprintf(stderr, CMD ": %s\n", err);
+            goto done;
+        }
+        if (!k3_run_only_known(wf, xf)) goto done;
+        if (!k3_run_read_experts(wf, &s, &act, o.mode) || !k3_run_read_routing(wf, xf, &s, &o)) goto done;
+    }
     if (!(ctx = k3_cli_ctx(o.device))) goto done;
-    rc = execute(ctx, &o, &s, wf, xf);
+    rc = execute(ctx, &o, &s, wf, xf, t0);
 done:
     k3_ctx_destroy(ctx);
     k3_st_close(wf);
     k3_st_close(xf);
+    k3_checkpoint_close(ck);
+    k3_moe_layer_free(ly);
+    free(s.w13_in_max);
     return rc;
 }
 

@@ -7,6 +7,7 @@ static const k3_cli_command commands[] = {
     {"info", "backend, device and architecture facts (--json, --arch X.Y)", k3_cmd_info},
     {"quant", "quantize BF16/F32 safetensors tensors to NVFP4 or MXFP4", k3_cmd_quant},
     {"dequant", "expand NVFP4/MXFP4 safetensors tensors back to F32 or BF16", k3_cmd_quant},
+    {"convert", "one layer's MoE of a checkpoint to the stacked layout (lossless nvfp4/mxfp4)", k3_cmd_convert},
     {"run", "run an operation on safetensors inputs (run moe ...)", k3_cmd_run},
     {"demo", "the Kimi-K3 latent-MoE block at real shapes on the default backend", k3_cmd_demo},
     {"plan", "the resolved GEMM plan table for an architecture", k3_cmd_plan},

@@ -15,6 +15,9 @@ typedef struct run_opts {
     k3_moe_mode mode;
     int64_t top_k;
     int has_top_k;
+    int32_t layer; /* --layer: the weights are a checkpoint and this its layer */
+    int has_layer;
+    int json;
 } run_opts;
 
 /* Everything one run reads, resolved from the two files. */
@@ -27,6 +30,9 @@ typedef struct run_setup {
     int latent;
     int64_t h, is;
     k3_latent_moe_weights lw;
+    const k3_moe_layer *layer; /* --layer: the tensors come from this checkpoint layer (not a file) */
+    k3_st_tensor gate_t, bias_t; /* the layer's router as tensors (gate and bias point here) */
+    float *w13_in_max;         /* --layer --mode w4a4: per expert max(gate, up) input scale (owned) */
 } run_setup;
 
 /* 1 when every tensor of the weights and input files has a name k3 run moe knows, else 0 after printing the first
@@ -37,5 +43,27 @@ int k3_run_only_known(const k3_st_file *wf, const k3_st_file *xf);
 int k3_run_read_experts(const k3_st_file *wf, run_setup *s, const k3_act_desc *act, k3_moe_mode mode);
 /* The input tensors and, when routing, the router (and latent block) tensors of the weights; 0 after printing. */
 int k3_run_read_routing(const k3_st_file *wf, const k3_st_file *xf, run_setup *s, const run_opts *o);
+/* The input tensors alone: 1 when the input gives the routing (topk_ids), 2 when the run must route, 0 after
+ * printing what was wrong. */
+int k3_run_read_input(const k3_st_file *xf, run_setup *s, const run_opts *o);
+/* 1 when every tensor of the input file has a name k3 run moe knows. */
+int k3_run_only_known_input(const k3_st_file *xf);
+
+/* The --help text (tools/run_moe_help.c). */
+void k3_run_moe_help(void);
+
+/* ---- --layer (tools/run_moe_ckpt.c) ---- */
+/* The experts of a checkpoint layer into s (NVFP4 or MXFP4, linear scales, [E, 2] scale_2); 0 after printing. */
+int k3_run_read_layer(const k3_moe_layer *ly, run_setup *s, const k3_act_desc *act, const run_opts *o);
+/* For an input without topk_ids: the layer's router and, when it has them, its latent block; 0 after printing. */
+int k3_run_layer_routing(const k3_moe_layer *ly, run_setup *s, const run_opts *o);
+/* Bytes of the layer's buffer p (0 when p is none of them). */
+size_t k3_run_layer_bytes(const run_setup *s, const void *p);
+/* 1 when path is a folder or a .json index (a checkpoint that needs --layer). */
+int k3_run_is_checkpoint_path(const char *path);
+/* 0 after printing when output would land in the checkpoint folder, or be a shard the index lists. */
+int k3_run_output_outside(const char *weights, const char *output);
+/* The --json summary: one object on stdout. */
+void k3_run_print_json(const run_opts *o, const run_setup *s, const char *ran, const char *device, double seconds);
 
 #endif

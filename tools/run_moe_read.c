@@ -251,9 +251,8 @@ int k3_run_read_experts(const k3_st_file *wf, run_setup *s, const k3_act_desc *a
     return 1;
 }
 
-/* The input tensors and, when routing, the router (and latent block) tensors of the weights. */
-int k3_run_read_routing(const k3_st_file *wf, const k3_st_file *xf, run_setup *s, const run_opts *o) {
-    const char *X = "input", *W = "weights";
+int k3_run_read_input(const k3_st_file *xf, run_setup *s, const run_opts *o) {
+    const char *X = "input";
     const k3_st_tensor *x = k3_st_find(xf, "hidden_states");
     if (!x || x->dtype != K3_ST_BF16 || x->ndim != 2 || x->shape[0] < 1) {
         int64_t shp[2] = {-1, -1};
@@ -293,6 +292,14 @@ int k3_run_read_routing(const k3_st_file *wf, const k3_st_file *xf, run_setup *s
         return 0;
     }
     s->md.top_k = (int32_t)o->top_k;
+    return 2;
+}
+
+/* The input tensors and, when routing, the router (and latent block) tensors of the weights. */
+int k3_run_read_routing(const k3_st_file *wf, const k3_st_file *xf, run_setup *s, const run_opts *o) {
+    const char *W = "weights";
+    const int in = k3_run_read_input(xf, s, o);
+    if (in != 2) return in;
     const k3_st_tensor *gate = k3_st_find(wf, "gate_weight");
     if (!gate) {
         fprintf(stderr, CMD ": input has no topk_ids, so the weights must hold the router: tensor 'gate_weight' "
@@ -362,6 +369,10 @@ int k3_run_read_routing(const k3_st_file *wf, const k3_st_file *xf, run_setup *s
     s->lw.norm = norm->data;
     s->lw.up_proj = up->data;
     return 1;
+}
+
+int k3_run_only_known_input(const k3_st_file *xf) {
+    return only_known(xf, "input", input_names, (int)(sizeof input_names / sizeof input_names[0]));
 }
 
 int k3_run_only_known(const k3_st_file *wf, const k3_st_file *xf) {

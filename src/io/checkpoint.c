@@ -35,6 +35,9 @@ struct k3_ckpt {
     st_index name_idx, shard_idx;
     ck_slot cache[CK_CACHE];
     uint64_t tick;
+    unsigned char *buf; /* k3_ckpt_find's tensor bytes (one tensor at a time) */
+    size_t buf_cap;
+    k3_st_tensor found; /* what k3_ckpt_find returned last: a header entry with data = buf */
 };
 
 static int ends_with(const char *s, const char *suf) {
@@ -84,6 +87,7 @@ void k3_ckpt_close(k3_ckpt *ck) {
     k3_st_index_free(&ck->shard_idx);
     free(ck->dir);
     free(ck->path);
+    free(ck->buf);
     free(ck);
 }
 
@@ -289,7 +293,7 @@ k3_status k3_ckpt_open(const char *path, k3_ckpt **out, char *err, size_t err_si
     }
     if (st == K3_STATUS_SUCCESS && !(ck->dir = dir_of(ck->path))) st = oom(err, err_size, path);
     if (st == K3_STATUS_SUCCESS)
-        st = is_index ? read_index(ck, ck->path, err, err_size) : k3_st_open(ck->path, &ck->single, err, err_size);
+        st = is_index ? read_index(ck, ck->path, err, err_size) : k3_st_open_header(ck->path, &ck->single, err, err_size);
     if (st != K3_STATUS_SUCCESS) {
         k3_ckpt_close(ck);
         return st;
@@ -331,7 +335,7 @@ static k3_status open_shard(k3_ckpt *ck, int32_t sid, k3_st_file **f, char *err,
     if (!full) return oom(err, err_size, ck->path);
     char sub[400];
     k3_st_file *nf = NULL;
-    const k3_status st = k3_st_open(full, &nf, sub, sizeof sub);
+    const k3_status st = k3_st_open_header(full, &nf, sub, sizeof sub);
     if (st != K3_STATUS_SUCCESS) {
         k3_st_err(err, err_size, st, "%s: shard '%s': %s", ck->path, ck->shards[sid], sub);
         free(full);
@@ -345,11 +349,11 @@ static k3_status open_shard(k3_ckpt *ck, int32_t sid, k3_st_file **f, char *err,
     return K3_STATUS_SUCCESS;
 }
 
-k3_status k3_ckpt_find(k3_ckpt *ck, const char *name, const k3_st_tensor **out, char *err, size_t err_size) {
-    if (!out) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_ckpt_find: out must not be NULL");
-    *out = NULL;
-    if (!ck || !name) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_ckpt_find: NULL argument");
+/* The file holding `name` (opened when needed) and its header entry. */
+static k3_status locate(k3_ckpt *ck, const char *name, k3_st_file **file, const k3_st_tensor **out, char *err,
+                        size_t err_size) {
     if (ck->single) {
+        *file = ck->single;
         *out = k3_st_find(ck->single, name);
         if (!*out)
             return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR, "%s: no tensor '%.200s'", ck->path, name);
@@ -358,13 +362,52 @@ k3_status k3_ckpt_find(k3_ckpt *ck, const char *name, const k3_st_tensor **out, 
     const int32_t i = k3_st_index_get(&ck->name_idx, name);
     if (i < 0) return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR, "%s: no tensor '%.200s' in weight_map",
                                 ck->path, name);
-    k3_st_file *f = NULL;
-    ST_TRY(open_shard(ck, ck->name_shard[i], &f, err, err_size));
-    *out = k3_st_find(f, name);
+    ST_TRY(open_shard(ck, ck->name_shard[i], file, err, err_size));
+    *out = k3_st_find(*file, name);
     if (!*out)
         return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR,
                          "%s: weight_map puts tensor '%.200s' in shard '%s', which does not hold it", ck->path, name,
                          ck->shards[ck->name_shard[i]]);
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_ckpt_lookup(k3_ckpt *ck, const char *name, const k3_st_tensor **out, char *err, size_t err_size) {
+    if (!out) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_ckpt_lookup: out must not be NULL");
+    *out = NULL;
+    if (!ck || !name) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_ckpt_lookup: NULL argument");
+    k3_st_file *f = NULL;
+    return locate(ck, name, &f, out, err, err_size);
+}
+
+k3_status k3_ckpt_read(k3_ckpt *ck, const char *name, uint64_t offset, void *dst, size_t n, char *err,
+                       size_t err_size) {
+    if (!ck || !name) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_ckpt_read: NULL argument");
+    k3_st_file *f = NULL;
+    const k3_st_tensor *t = NULL;
+    ST_TRY(locate(ck, name, &f, &t, err, err_size));
+    return k3_st_read(f, t, offset, dst, n, err, err_size);
+}
+
+k3_status k3_ckpt_find(k3_ckpt *ck, const char *name, const k3_st_tensor **out, char *err, size_t err_size) {
+    if (!out) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_ckpt_find: out must not be NULL");
+    *out = NULL;
+    if (!ck || !name) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_ckpt_find: NULL argument");
+    k3_st_file *f = NULL;
+    const k3_st_tensor *t = NULL;
+    ST_TRY(locate(ck, name, &f, &t, err, err_size));
+    if (t->nbytes > ck->buf_cap) {
+        unsigned char *nb = malloc(t->nbytes);
+        if (!nb)
+            return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: tensor '%.200s': out of memory for %zu bytes",
+                             ck->path, name, t->nbytes);
+        free(ck->buf);
+        ck->buf = nb;
+        ck->buf_cap = t->nbytes;
+    }
+    ST_TRY(k3_st_read(f, t, 0, ck->buf, t->nbytes, err, err_size));
+    ck->found = *t;
+    ck->found.data = ck->buf ? (const void *)ck->buf : (const void *)&ck->buf_cap; /* an empty tensor: any address */
+    *out = &ck->found;
     return K3_STATUS_SUCCESS;
 }
 

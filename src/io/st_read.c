@@ -1,8 +1,12 @@
 /* The safetensors reader: the header parsed and checked (offsets, sizes, dtypes), tensors sorted by offset. */
+#define _POSIX_C_SOURCE 200809L /* pread */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "io/st_common.h"
 
@@ -12,7 +16,11 @@ struct k3_st_file {
     st_meta *meta;
     int32_t meta_count;
     st_index names, meta_keys; /* O(1) lookups: built once at open, read-only afterwards */
-    unsigned char *data;   /* the data section */
+    unsigned char *data;   /* the data section (NULL when opened header-only) */
+    uint64_t *offsets;     /* each tensor's begin in the data section */
+    uint64_t data_start;   /* the data section's offset in the file */
+    int fd;                /* header-only: the open file (pread), else -1 */
+    char *path;            /* header-only: for messages */
     void **copies;         /* aligned copies of misaligned tensors */
     int32_t copy_count;
 };
@@ -31,6 +39,9 @@ static void file_free(k3_st_file *f) {
     for (int32_t i = 0; i < f->copy_count; i++) free(f->copies[i]);
     free(f->copies);
     free(f->data);
+    free(f->offsets);
+    free(f->path);
+    if (f->fd >= 0) close(f->fd);
     free(f);
 }
 
@@ -295,32 +306,54 @@ static k3_status parse_header(jp *p, uint64_t data_size, k3_st_file *f, st_entry
     return K3_STATUS_SUCCESS;
 }
 
-k3_status k3_st_open(const char *path, k3_st_file **out, char *err, size_t err_size) {
+/* Reads n bytes at file offset off (short reads and EINTR retried); 0 with *eof set when the file ended first. */
+static int pread_all(int fd, void *dst, size_t n, uint64_t off, int *eof) {
+    unsigned char *c = dst;
+    *eof = 0;
+    while (n) {
+        const size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        const ssize_t r = pread(fd, c, chunk, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return 0;
+        if (r == 0) {
+            *eof = 1;
+            return 0;
+        }
+        c += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 1;
+}
+
+/* header_only: validate everything, keep the descriptor, read no tensor bytes (k3_st_read reads them later). */
+static k3_status open_file(const char *path, int header_only, k3_st_file **out, char *err, size_t err_size) {
     if (err && err_size) err[0] = '\0';
     if (!out) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_open: out must not be NULL");
     *out = NULL;
     if (!path) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_open: path must not be NULL");
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: cannot open: %s", path, strerror(errno));
+    const int fd = open(path, O_RDONLY);
+    if (fd < 0) return k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: cannot open: %s", path, strerror(errno));
     k3_status st = K3_STATUS_SUCCESS;
     k3_st_file *f = NULL;
     char *header = NULL;
     st_entry *ents = NULL;
-    int64_t *offsets = NULL;
-    long long fsize = -1;
-    if (fseek(fp, 0, SEEK_END) == 0) fsize = (long long)ftell(fp);
-    if (fsize < 0 || fseek(fp, 0, SEEK_SET) != 0) {
-        st = k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: cannot determine the file size", path);
+    int eof = 0;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 0) {
+        st = k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: not a regular file (or its size is unknown)", path);
         goto done;
     }
+    const long long fsize = (long long)sb.st_size;
     unsigned char lenb[8];
-    if (fsize >= 8 && fread(lenb, 1, 8, fp) != 8) {
-        st = k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: cannot read: %s", path, strerror(errno));
-        goto done;
-    }
     if (fsize < 8) {
         st = k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR,
                     "%s: %lld bytes is too short for a safetensors file (8-byte header length)", path, fsize);
+        goto done;
+    }
+    if (!pread_all(fd, lenb, 8, 0, &eof)) {
+        st = k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: cannot read: %s", path,
+                       eof ? "the file shrank while it was read" : strerror(errno));
         goto done;
     }
     uint64_t hlen = 0;
@@ -343,22 +376,25 @@ k3_status k3_st_open(const char *path, k3_st_file **out, char *err, size_t err_s
     }
     header = malloc((size_t)hlen);
     f = calloc(1, sizeof *f);
+    if (f) f->fd = -1;
     if (!header || !f) {
         st = k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory reading the header", path);
         goto done;
     }
-    if (fread(header, 1, (size_t)hlen, fp) != (size_t)hlen) {
-        st = k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: read error in the header", path);
+    if (!pread_all(fd, header, (size_t)hlen, 8, &eof)) {
+        st = k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: read error in the header%s", path,
+                       eof ? " (the file shrank while it was read)" : "");
         goto done;
     }
-    uint64_t data_size = (uint64_t)fsize - 8 - hlen;
+    const uint64_t data_size = (uint64_t)fsize - 8 - hlen;
+    f->data_start = 8 + hlen;
     jp p = {.s = header, .n = (size_t)hlen, .i = 0, .path = path, .err = err, .err_size = err_size};
     st = parse_header(&p, data_size, f, &ents);
     if (st != K3_STATUS_SUCCESS) goto done;
     /* f owns the names from here on, so every later failure is a plain file_free */
     f->tensors = calloc((size_t)(f->count ? f->count : 1), sizeof *f->tensors);
-    offsets = malloc((size_t)(f->count ? f->count : 1) * sizeof *offsets);
-    if (!f->tensors || !offsets) {
+    f->offsets = malloc((size_t)(f->count ? f->count : 1) * sizeof *f->offsets);
+    if (!f->tensors || !f->offsets) {
         for (int32_t i = 0; i < f->count; i++) free((char *)ents[i].t.name);
         free(ents);
         f->count = 0;
@@ -367,7 +403,7 @@ k3_status k3_st_open(const char *path, k3_st_file **out, char *err, size_t err_s
     }
     for (int32_t i = 0; i < f->count; i++) {
         f->tensors[i] = ents[i].t;
-        offsets[i] = ents[i].begin;
+        f->offsets[i] = (uint64_t)ents[i].begin;
     }
     free(ents);
     for (int32_t i = 0; i < f->count; i++)
@@ -375,21 +411,32 @@ k3_status k3_st_open(const char *path, k3_st_file **out, char *err, size_t err_s
             st = k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory indexing the names", path);
             goto done;
         }
-
+    if (header_only) {
+        size_t n = strlen(path) + 1;
+        f->path = malloc(n);
+        if (!f->path) {
+            st = k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory", path);
+            goto done;
+        }
+        memcpy(f->path, path, n);
+        f->fd = fd;
+        goto done;
+    }
     f->data = malloc(data_size ? (size_t)data_size : 1);
     if (!f->data) {
         st = k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory for %llu bytes of tensor data", path,
                     (unsigned long long)data_size);
         goto done;
     }
-    if (data_size && fread(f->data, 1, (size_t)data_size, fp) != (size_t)data_size) {
-        st = k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: read error in the data section", path);
+    if (data_size && !pread_all(fd, f->data, (size_t)data_size, f->data_start, &eof)) {
+        st = k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: read error in the data section%s", path,
+                       eof ? " (the file shrank while it was read)" : "");
         goto done;
     }
     int32_t copy_cap = 0;
     for (int32_t i = 0; i < f->count; i++) {
         k3_st_tensor *t = &f->tensors[i];
-        const unsigned char *d = f->data + (size_t)offsets[i];
+        const unsigned char *d = f->data + (size_t)f->offsets[i];
         size_t esz = k3_st_dtype_size(t->dtype);
         if (t->nbytes && ((uintptr_t)d % esz) != 0) { /* only a foreign writer's odd layout gets here: copy */
             void *c = malloc(t->nbytes);
@@ -405,14 +452,46 @@ k3_status k3_st_open(const char *path, k3_st_file **out, char *err, size_t err_s
         t->data = d;
     }
 done:
-    free(offsets);
     free(header);
-    fclose(fp);
+    if (!f || f->fd != fd) close(fd);
     if (st != K3_STATUS_SUCCESS) {
         file_free(f);
         return st;
     }
     *out = f;
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_st_open(const char *path, k3_st_file **out, char *err, size_t err_size) {
+    return open_file(path, 0, out, err, err_size);
+}
+
+k3_status k3_st_open_header(const char *path, k3_st_file **out, char *err, size_t err_size) {
+    return open_file(path, 1, out, err, err_size);
+}
+
+k3_status k3_st_read(const k3_st_file *f, const k3_st_tensor *t, uint64_t offset, void *dst, size_t n, char *err,
+                     size_t err_size) {
+    if (!f || !t || (n && !dst))
+        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_read: NULL argument");
+    if (t < f->tensors || t >= f->tensors + f->count)
+        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT,
+                         "k3_st_read: tensor '%.200s' is not one of this file's", t->name ? t->name : "?");
+    if (offset > t->nbytes || n > t->nbytes - offset)
+        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT,
+                         "k3_st_read: tensor '%.200s': bytes [%llu, +%zu) are outside its %zu bytes", t->name,
+                         (unsigned long long)offset, n, t->nbytes);
+    if (!n) return K3_STATUS_SUCCESS;
+    if (t->data) {
+        memcpy(dst, (const unsigned char *)t->data + offset, n);
+        return K3_STATUS_SUCCESS;
+    }
+    int eof = 0;
+    const uint64_t at = f->data_start + f->offsets[t - f->tensors] + offset;
+    if (!pread_all(f->fd, dst, n, at, &eof))
+        return k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: tensor '%.200s': %s at byte %llu%s", f->path,
+                         t->name, eof ? "the file ends early" : "read error", (unsigned long long)at,
+                         eof ? " (it shrank or was truncated after it was opened)" : "");
     return K3_STATUS_SUCCESS;
 }
 

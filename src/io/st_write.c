@@ -16,7 +16,7 @@ typedef struct st_wentry {
     int32_t ndim;
     int64_t shape[K3_ST_MAX_DIMS];
     size_t nbytes;
-    void *data;
+    void *data; /* NULL for a declared tensor (its bytes are streamed) */
 } st_wentry;
 
 struct k3_st_writer {
@@ -25,6 +25,7 @@ struct k3_st_writer {
     st_meta *meta;
     int32_t meta_count, meta_cap;
     st_index names, meta_keys; /* duplicate checks in O(1) */
+    int32_t declared;          /* how many entries were declared (no data) */
 };
 
 k3_status k3_st_writer_create(k3_st_writer **out) {
@@ -57,8 +58,9 @@ static char *dup_str(const char *s) {
     return d;
 }
 
-k3_status k3_st_writer_add(k3_st_writer *w, const char *name, k3_st_dtype dtype, int32_t ndim,
-                           const int64_t *shape, const void *data, char *err, size_t err_size) {
+/* Validates and appends one entry; data NULL with declared set: its bytes come later (streaming). */
+static k3_status add_entry(k3_st_writer *w, const char *name, k3_st_dtype dtype, int32_t ndim, const int64_t *shape,
+                           const void *data, int declared, char *err, size_t err_size) {
     if (!w) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_writer_add: writer is NULL");
     if (!name || !name[0])
         return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_writer_add: name must be non-empty");
@@ -80,7 +82,7 @@ k3_status k3_st_writer_add(k3_st_writer *w, const char *name, k3_st_dtype dtype,
     int ok = 1;
     size_t nb = k3_st_tensor_bytes(dtype, ndim, shape, &ok);
     if (!ok) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "tensor '%.200s': byte size overflows", name);
-    if (nb && !data)
+    if (nb && !data && !declared)
         return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "tensor '%.200s': data is NULL for %zu bytes", name,
                       nb);
     if (k3_st_index_get(&w->names, name) >= 0)
@@ -90,20 +92,31 @@ k3_status k3_st_writer_add(k3_st_writer *w, const char *name, k3_st_dtype dtype,
     st_wentry *e = &w->ents[w->count];
     memset(e, 0, sizeof *e);
     e->name = dup_str(name);
-    e->data = malloc(nb ? nb : 1);
-    if (!e->name || !e->data || !k3_st_index_put(&w->names, e->name, w->count)) {
+    if (!declared) e->data = malloc(nb ? nb : 1);
+    if (!e->name || (!declared && !e->data) || !k3_st_index_put(&w->names, e->name, w->count)) {
         free(e->name);
         free(e->data);
         return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "tensor '%.200s': out of memory for %zu bytes", name,
                       nb);
     }
-    if (nb) memcpy(e->data, data, nb);
+    if (nb && !declared) memcpy(e->data, data, nb);
     e->dtype = dtype;
     e->ndim = ndim;
     for (int32_t i = 0; i < ndim; i++) e->shape[i] = shape[i];
     e->nbytes = nb;
     w->count++;
+    w->declared += declared;
     return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_st_writer_add(k3_st_writer *w, const char *name, k3_st_dtype dtype, int32_t ndim,
+                           const int64_t *shape, const void *data, char *err, size_t err_size) {
+    return add_entry(w, name, dtype, ndim, shape, data, 0, err, err_size);
+}
+
+k3_status k3_st_writer_declare(k3_st_writer *w, const char *name, k3_st_dtype dtype, int32_t ndim,
+                               const int64_t *shape, char *err, size_t err_size) {
+    return add_entry(w, name, dtype, ndim, shape, NULL, 1, err, err_size);
 }
 
 k3_status k3_st_writer_set_metadata(k3_st_writer *w, const char *key, const char *value, char *err,
@@ -198,8 +211,7 @@ static int write_all(int fd, const void *p, size_t n) {
 /* The file is written to a fresh temporary name next to path (same folder, so the rename cannot cross file
  * systems), flushed to disk, then renamed over path: a failure at any point (disk full, a file size limit, a
  * signal) leaves whatever path held before untouched, and removes only the temporary file. */
-static k3_status write_atomic(const k3_st_writer *w, const char *path, const unsigned char lenb[8], const sbuf *b,
-                              char *err, size_t err_size) {
+static k3_status tmp_create(const char *path, char **tmp_out, int *fd_out, char *err, size_t err_size) {
     const size_t plen = strlen(path);
     char *tmp = malloc(plen + 64);
     if (!tmp) return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory", path);
@@ -217,12 +229,16 @@ static k3_status write_atomic(const k3_st_writer *w, const char *path, const uns
     }
     struct stat old;
     if (stat(path, &old) == 0 && S_ISREG(old.st_mode)) (void)fchmod(fd, old.st_mode & 07777); /* keep its mode */
-    int ok = write_all(fd, lenb, 8) && write_all(fd, b->p, b->n);
-    for (int32_t i = 0; ok && i < w->count; i++)
-        ok = w->ents[i].nbytes == 0 || write_all(fd, w->ents[i].data, w->ents[i].nbytes);
-    const char *step = "write failed";
-    if (ok && fsync(fd) != 0) ok = 0, step = "fsync failed";
-    int e = ok ? 0 : errno;
+    *tmp_out = tmp;
+    *fd_out = fd;
+    return K3_STATUS_SUCCESS;
+}
+
+/* Ends a temporary file: ok (everything written) -> fsync, close, rename over path; else (or when one of those
+ * fails) unlink it. e and step describe the failure that made ok 0. Frees tmp. */
+static k3_status tmp_finish(int fd, char *tmp, const char *path, int ok, int e, const char *step, char *err,
+                            size_t err_size) {
+    if (ok && fsync(fd) != 0) ok = 0, e = errno, step = "fsync failed";
     if (close(fd) != 0 && ok) ok = 0, e = errno, step = "close failed";
     if (ok && rename(tmp, path) != 0) ok = 0, e = errno, step = "cannot rename the temporary file over it";
     if (!ok) {
@@ -235,50 +251,215 @@ static k3_status write_atomic(const k3_st_writer *w, const char *path, const uns
     return K3_STATUS_SUCCESS;
 }
 
-k3_status k3_st_writer_save(const k3_st_writer *w, const char *path, char *err, size_t err_size) {
-    if (!w || !path) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_writer_save: NULL argument");
-    sbuf b = {0};
+static k3_status write_atomic(const k3_st_writer *w, const char *path, const unsigned char lenb[8], const sbuf *b,
+                              char *err, size_t err_size) {
+    char *tmp = NULL;
+    int fd = -1;
+    ST_TRY(tmp_create(path, &tmp, &fd, err, err_size));
+    int ok = write_all(fd, lenb, 8) && write_all(fd, b->p, b->n);
+    for (int32_t i = 0; ok && i < w->count; i++)
+        ok = w->ents[i].nbytes == 0 || write_all(fd, w->ents[i].data, w->ents[i].nbytes);
+    return tmp_finish(fd, tmp, path, ok, ok ? 0 : errno, "write failed", err, err_size);
+}
+
+/* The header: the JSON (padded with spaces so the data section starts 8-byte aligned) and its 8-byte length. */
+static k3_status build_header(const k3_st_writer *w, const char *path, sbuf *b, unsigned char lenb[8], char *err,
+                              size_t err_size) {
     char num[96];
-    sb_str(&b, "{");
+    sb_str(b, "{");
     int first = 1;
     if (w->meta_count) {
-        sb_str(&b, "\"__metadata__\":{");
+        sb_str(b, "\"__metadata__\":{");
         for (int32_t i = 0; i < w->meta_count; i++) {
-            if (i) sb_str(&b, ",");
-            sb_json_string(&b, w->meta[i].key);
-            sb_str(&b, ":");
-            sb_json_string(&b, w->meta[i].value);
+            if (i) sb_str(b, ",");
+            sb_json_string(b, w->meta[i].key);
+            sb_str(b, ":");
+            sb_json_string(b, w->meta[i].value);
         }
-        sb_str(&b, "}");
+        sb_str(b, "}");
         first = 0;
     }
     uint64_t off = 0;
     for (int32_t i = 0; i < w->count; i++) {
         const st_wentry *e = &w->ents[i];
-        if (!first) sb_str(&b, ",");
+        if (!first) sb_str(b, ",");
         first = 0;
-        sb_json_string(&b, e->name);
-        sb_str(&b, ":{\"dtype\":\"");
-        sb_str(&b, k3_st_dtype_name(e->dtype));
-        sb_str(&b, "\",\"shape\":[");
+        sb_json_string(b, e->name);
+        sb_str(b, ":{\"dtype\":\"");
+        sb_str(b, k3_st_dtype_name(e->dtype));
+        sb_str(b, "\",\"shape\":[");
         for (int32_t d = 0; d < e->ndim; d++) {
             snprintf(num, sizeof num, d ? ",%lld" : "%lld", (long long)e->shape[d]);
-            sb_str(&b, num);
+            sb_str(b, num);
         }
         snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
                  (unsigned long long)(off + e->nbytes));
-        sb_str(&b, num);
+        sb_str(b, num);
         off += e->nbytes;
     }
-    sb_str(&b, "}");
-    while (!b.oom && (b.n % 8) != 0) sb_put(&b, " ", 1); /* 8 + header length stays a multiple of 8 */
-    if (b.oom) {
-        free(b.p);
+    sb_str(b, "}");
+    while (!b->oom && (b->n % 8) != 0) sb_put(b, " ", 1); /* 8 + header length stays a multiple of 8 */
+    if (b->oom) {
+        free(b->p);
+        b->p = NULL;
         return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory building the header", path);
     }
+    for (int k = 0; k < 8; k++) lenb[k] = (unsigned char)(((uint64_t)b->n >> (8 * k)) & 0xffu);
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_st_writer_save(const k3_st_writer *w, const char *path, char *err, size_t err_size) {
+    if (!w || !path) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_writer_save: NULL argument");
+    if (w->declared)
+        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT,
+                         "%s: %d tensor(s) were declared without data: write them with k3_st_stream_open", path,
+                         (int)w->declared);
+    sbuf b = {0};
     unsigned char lenb[8];
-    for (int k = 0; k < 8; k++) lenb[k] = (unsigned char)(((uint64_t)b.n >> (8 * k)) & 0xffu);
+    ST_TRY(build_header(w, path, &b, lenb, err, err_size));
     k3_status st = write_atomic(w, path, lenb, &b, err, err_size);
     free(b.p);
     return st;
+}
+
+/* ---- streaming ------------------------------------------------------------------------------------- */
+
+struct k3_st_stream {
+    int fd;
+    char *tmp, *path;
+    char **names; /* copies: the writer may be gone */
+    size_t *sizes;
+    int32_t count, cur; /* cur: the tensor the next byte belongs to */
+    size_t cur_done;    /* bytes of tensor cur already written */
+    uint64_t written;
+    int dead;           /* a write failed: only abort is left */
+};
+
+static void stream_free(k3_st_stream *s) {
+    if (!s) return;
+    for (int32_t i = 0; i < s->count; i++) free(s->names[i]);
+    free(s->names);
+    free(s->sizes);
+    free(s->tmp);
+    free(s->path);
+    free(s);
+}
+
+/* Skips the empty tensors at cur (they need no bytes). */
+static void stream_settle(k3_st_stream *s) {
+    while (s->cur < s->count && s->cur_done == s->sizes[s->cur]) {
+        s->cur++;
+        s->cur_done = 0;
+    }
+}
+
+k3_status k3_st_stream_open(const k3_st_writer *w, const char *path, k3_st_stream **out, char *err,
+                            size_t err_size) {
+    if (!out) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_stream_open: out is NULL");
+    *out = NULL;
+    if (!w || !path) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_stream_open: NULL argument");
+    if (w->declared != w->count)
+        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT,
+                         "%s: a streamed file takes declared tensors only (%d of %d were added with data)", path,
+                         (int)(w->count - w->declared), (int)w->count);
+    k3_st_stream *s = calloc(1, sizeof *s);
+    if (!s) return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory", path);
+    s->fd = -1;
+    s->names = calloc((size_t)(w->count ? w->count : 1), sizeof *s->names);
+    s->sizes = calloc((size_t)(w->count ? w->count : 1), sizeof *s->sizes);
+    s->path = dup_str(path);
+    int fail = !s->names || !s->sizes || !s->path;
+    for (int32_t i = 0; !fail && i < w->count; i++) {
+        s->names[i] = dup_str(w->ents[i].name);
+        s->sizes[i] = w->ents[i].nbytes;
+        s->count = i + 1;
+        fail = !s->names[i];
+    }
+    if (fail) {
+        stream_free(s);
+        return k3_st_err(err, err_size, K3_STATUS_OUT_OF_MEMORY, "%s: out of memory", path);
+    }
+    sbuf b = {0};
+    unsigned char lenb[8];
+    k3_status st = build_header(w, path, &b, lenb, err, err_size);
+    if (st == K3_STATUS_SUCCESS) st = tmp_create(path, &s->tmp, &s->fd, err, err_size);
+    if (st == K3_STATUS_SUCCESS && !(write_all(s->fd, lenb, 8) && write_all(s->fd, b.p, b.n))) {
+        st = tmp_finish(s->fd, s->tmp, path, 0, errno, "write failed", err, err_size);
+        s->tmp = NULL;
+        s->fd = -1;
+    }
+    free(b.p);
+    if (st != K3_STATUS_SUCCESS) {
+        stream_free(s);
+        return st;
+    }
+    stream_settle(s);
+    *out = s;
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_st_stream_write(k3_st_stream *s, const void *data, size_t n, char *err, size_t err_size) {
+    if (!s || (n && !data))
+        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_stream_write: NULL argument");
+    if (s->dead)
+        return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "%s: an earlier write failed", s->path);
+    const unsigned char *c = data;
+    while (n) {
+        if (s->cur >= s->count) {
+            s->dead = 1;
+            return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT,
+                             "%s: %zu bytes more than the tensors declared (%llu bytes)", s->path, n,
+                             (unsigned long long)s->written);
+        }
+        const size_t room = s->sizes[s->cur] - s->cur_done, k = n < room ? n : room;
+        if (!write_all(s->fd, c, k)) {
+            const int e = errno;
+            s->dead = 1;
+            return k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: tensor '%.200s': write failed: %s", s->path,
+                             s->names[s->cur], e ? strerror(e) : "short write");
+        }
+        c += k;
+        n -= k;
+        s->cur_done += k;
+        s->written += k;
+        stream_settle(s);
+    }
+    return K3_STATUS_SUCCESS;
+}
+
+const char *k3_st_stream_current(const k3_st_stream *s) {
+    return s && s->cur < s->count ? s->names[s->cur] : NULL;
+}
+
+uint64_t k3_st_stream_written(const k3_st_stream *s) { return s ? s->written : 0; }
+
+k3_status k3_st_stream_commit(k3_st_stream *s, char *err, size_t err_size) {
+    if (!s) return k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "k3_st_stream_commit: NULL stream");
+    k3_status st;
+    if (s->dead || s->cur < s->count) {
+        if (s->dead)
+            k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT, "%s: an earlier write failed", s->path);
+        else
+            k3_st_err(err, err_size, K3_STATUS_INVALID_ARGUMENT,
+                      "%s: tensor '%.200s' got %zu of its %zu bytes (the file is incomplete)", s->path,
+                      s->names[s->cur], s->cur_done, s->sizes[s->cur]);
+        st = K3_STATUS_INVALID_ARGUMENT;
+        char sub[8];
+        (void)tmp_finish(s->fd, s->tmp, s->path, 0, 0, "", sub, sizeof sub);
+    } else {
+        st = tmp_finish(s->fd, s->tmp, s->path, 1, 0, "", err, err_size);
+    }
+    s->tmp = NULL; /* tmp_finish freed it */
+    stream_free(s);
+    return st;
+}
+
+void k3_st_stream_abort(k3_st_stream *s) {
+    if (!s) return;
+    if (s->tmp) {
+        char sub[8];
+        (void)tmp_finish(s->fd, s->tmp, s->path, 0, 0, "", sub, sizeof sub);
+        s->tmp = NULL;
+    }
+    stream_free(s);
 }
