@@ -15,6 +15,7 @@ or TypeError naming it; a library failure raises K3Error with the library's mess
     w = np.random.randn(256, 512).astype(np.float32)
     y = k3kernels.linear(x, w)                     # y = bf16(x) bf16(w)^T, one BF16 rounding
 """
+from ._checkpoint import load_moe_layer
 from ._ops import (K3Error, dequantize_mxfp4, dequantize_nvfp4, fused_moe, info, kda_proj, latent_moe, linear,
                    quantize_mxfp4, quantize_nvfp4, round_bf16, router)
 
@@ -26,4 +27,4 @@ if _torch_mod is not None:
     from . import _torch, _torch_fp4, _torch_kda, _torch_latent  # noqa: F401  (the k3kernels:: torch.library ops)
 
 __all__ = ["K3Error", "info", "linear", "router", "fused_moe", "quantize_nvfp4", "quantize_mxfp4",
-           "dequantize_nvfp4", "dequantize_mxfp4", "round_bf16", "kda_proj", "latent_moe"]
+           "dequantize_nvfp4", "dequantize_mxfp4", "round_bf16", "kda_proj", "latent_moe", "load_moe_layer"]
