@@ -16,8 +16,9 @@ or TypeError naming it; a library failure raises K3Error with the library's mess
     y = k3kernels.linear(x, w)                     # y = bf16(x) bf16(w)^T, one BF16 rounding
 """
 from ._checkpoint import load_moe_layer
-from ._ops import (K3Error, dequantize_mxfp4, dequantize_nvfp4, fused_moe, info, kda_proj, latent_moe, linear,
-                   quantize_mxfp4, quantize_nvfp4, round_bf16, router)
+from ._fp4 import dequantize_mxfp4, dequantize_nvfp4, quantize_mxfp4, quantize_nvfp4
+from ._moe import fused_moe, latent_moe
+from ._ops import K3Error, info, kda_proj, linear, round_bf16, router
 
 try:  # torch is optional: with it, torch tensors are taken and the ops are registered with torch.library
     import torch as _torch_mod  # noqa: F401

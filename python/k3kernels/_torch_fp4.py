@@ -11,6 +11,7 @@ from typing import Tuple
 import torch
 
 from . import _capi as C
+from . import _fp4 as F
 from . import _ops as O
 
 _lib = O._lib
@@ -58,7 +59,7 @@ def _scale_shape(x, fmt, scale_layout):
 
 @torch.library.custom_op("k3kernels::quantize_nvfp4", mutates_args=())
 def quantize_nvfp4_op(x: torch.Tensor, scale_layout: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    packed, scale, scale_2 = O.quantize_nvfp4(_float_input("quantize_nvfp4", x), scale_layout)
+    packed, scale, scale_2 = F.quantize_nvfp4(_float_input("quantize_nvfp4", x), scale_layout)
     return torch.from_numpy(packed), torch.from_numpy(scale), torch.from_numpy(scale_2)
 
 
@@ -73,7 +74,7 @@ def _(x, scale_layout):
 
 @torch.library.custom_op("k3kernels::quantize_mxfp4", mutates_args=())
 def quantize_mxfp4_op(x: torch.Tensor, scale_layout: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    packed, scale = O.quantize_mxfp4(_float_input("quantize_mxfp4", x), scale_layout)
+    packed, scale = F.quantize_mxfp4(_float_input("quantize_mxfp4", x), scale_layout)
     return torch.from_numpy(packed), torch.from_numpy(scale)
 
 
@@ -91,7 +92,7 @@ def dequantize_nvfp4_op(packed: torch.Tensor, scale: torch.Tensor, scale_2: torc
     _host(op, "scale_2", scale_2)
     if scale_2.dtype != torch.float32:
         raise TypeError("scale_2 must be torch.float32 (got %s)" % scale_2.dtype)
-    out = O.dequantize_nvfp4(_u8(op, "packed", packed), _u8(op, "scale", scale),
+    out = F.dequantize_nvfp4(_u8(op, "packed", packed), _u8(op, "scale", scale),
                              scale_2.detach().contiguous().numpy(), scale_layout)
     return torch.from_numpy(out)
 
@@ -105,7 +106,7 @@ def _(packed, scale, scale_2, scale_layout):
 @torch.library.custom_op("k3kernels::dequantize_mxfp4", mutates_args=())
 def dequantize_mxfp4_op(packed: torch.Tensor, scale: torch.Tensor, scale_layout: str) -> torch.Tensor:
     op = "dequantize_mxfp4"
-    return torch.from_numpy(O.dequantize_mxfp4(_u8(op, "packed", packed), _u8(op, "scale", scale), scale_layout))
+    return torch.from_numpy(F.dequantize_mxfp4(_u8(op, "packed", packed), _u8(op, "scale", scale), scale_layout))
 
 
 @dequantize_mxfp4_op.register_fake
