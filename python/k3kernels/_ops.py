@@ -68,9 +68,11 @@ def _plan(key, make):
     with _lock:
         p = _plans.get(key)
     if p is None:
-        p = make()
+        mine = make()
         with _lock:
-            p = _plans.setdefault(key, p)
+            p = _plans.setdefault(key, mine)
+        if p is not mine:  # another thread made the same plan first: keep one, free the other
+            mine.destroy(mine.handle)
     return p
 
 

@@ -42,9 +42,11 @@ def _plan(dev, key, make):
     with _lock:
         p = _plans.get((dev, key))
     if p is None:
-        p = make(_ctx(dev))
+        mine = make(_ctx(dev))
         with _lock:
-            p = _plans.setdefault((dev, key), p)
+            p = _plans.setdefault((dev, key), mine)
+        if p is not mine:  # another thread made the same plan first: keep one, free the other
+            mine.destroy(mine.handle)
     return p
 
 
