@@ -159,20 +159,15 @@ def _is_torch(a):
     return type(a).__module__.startswith("torch")
 
 
-_T = []  # the torch front end, imported on the first torch call
+TORCH_IMPLS = {}  # "direct" and each op's implementation on torch tensors, filled by _torch*.py at package import
 
 
 def _torch_call(name, tensors, *args):
     """A torch call: the implementation directly when nothing traces or intercepts the call (eager inference),
-    otherwise the registered op torch.ops.k3kernels.<name> (torch.compile, export, dispatch modes, autograd)."""
-    if not _T:
-        from . import _torch, _torch_kda, _torch_latent
-        _T.append((_torch.direct, {"linear": _torch.linear_impl, "router": _torch.router_impl,
-                                   "fused_moe": _torch.fused_moe_impl, "kda_proj": _torch_kda.kda_proj_impl,
-                                   "latent_moe": _torch_latent.latent_moe_impl}))
-    direct, impls = _T[0]
-    if direct(tensors):
-        return impls[name](*args)
+    otherwise the registered op torch.ops.k3kernels.<name> (torch.compile, export, dispatch modes, autograd). The
+    table is filled once at import, so torch.compile sees no state change between calls (no recompilation)."""
+    if TORCH_IMPLS["direct"](tensors):
+        return TORCH_IMPLS[name](*args)
     return getattr(_torch_ops(), name)(*args)
 
 

@@ -69,3 +69,6 @@ def _(x, packed_weight, f_b_weight, head_dim):
     m = x.shape[0]
     g = f_b_weight.shape[0]
     return (x.new_empty((m, 4 * g)), x.new_empty((m, packed_weight.shape[0] - 4 * g)), x.new_empty((m, g)))
+
+
+O.TORCH_IMPLS["kda_proj"] = kda_proj_impl

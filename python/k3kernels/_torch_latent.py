@@ -121,3 +121,6 @@ def _(x, gate_weight, bias, down_proj, w13, w2, norm_weight, up_proj, shared_gat
     m = x.shape[0]
     return (x.new_empty(x.shape), x.new_empty((m, top_k), dtype=torch.float32),
             x.new_empty((m, top_k), dtype=torch.int32))
+
+
+O.TORCH_IMPLS["latent_moe"] = latent_moe_impl

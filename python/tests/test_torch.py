@@ -285,8 +285,9 @@ def test_torch_compile_fullgraph_module_cpu():
     ops = [t.split(".")[1] for t in seen[0] if t.startswith("k3kernels.")]
     assert ops == ["router", "fused_moe", "linear"], seen[0]
     assert torch.equal(y, mod(x, w_out))
-    y2 = compiled(bf16_tensor(args[0] * 0.5), w_out)  # a second call reuses the graph
+    y2 = compiled(bf16_tensor(args[0] * 0.5), w_out)  # a second call reuses the graph: no recompilation
     assert len(seen) == 1 and torch.equal(y2, mod(bf16_tensor(args[0] * 0.5), w_out))
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 def test_torch_compile_kda_and_fp4_ops():
