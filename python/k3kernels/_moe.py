@@ -5,8 +5,9 @@ import ctypes
 import numpy as np
 
 from . import _capi as C
-from ._ops import (_MODES, _QUANT, _array, _bf16_rows, _bf16_to_f32, _check, _cpu_ctx, _f32_to_bf16, _is_torch,
-                   _layout, _lib, _make_plan, _p, _plan, _tokens, _torch_call)
+from ._ops import (_MODES, _QUANT, _array, _bf16_rows, _bf16_to_f32, _check, _check_expert_scales, _cpu_ctx,
+                   _expert_scale_bytes, _f32_to_bf16, _is_torch, _layout, _lib, _make_plan, _p, _plan, _tokens,
+                   _torch_call)
 
 
 def _experts(l, w13, w2, k, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2, scale_layout, activation, situ_beta,
@@ -75,6 +76,8 @@ def _experts(l, w13, w2, k, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
         s13 = np.ascontiguousarray(np.asarray(w13_scale, dtype=np.uint8))
         s2 = np.ascontiguousarray(np.asarray(w2_scale, dtype=np.uint8))
         keep += [s13, s2]
+        _check_expert_scales(e, _expert_scale_bytes(fmt, d.scale_layout, rows13, l, inter),
+                             [("w13_scale", s13.shape, s13.size), ("w2_scale", s2.shape, s2.size)])
     w = C.MoeWeights(_p(w13p), _p(s13), _p(s13_2), _p(in13), _p(w2p), _p(s2), _p(s2_2), _p(in2))
     key = (e, k, l, inter, fmt, d.scale_layout, d.w13_separate_scale_2, d.mode, activation, float(situ_beta),
            float(situ_linear_beta), max_tokens)

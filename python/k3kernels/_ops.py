@@ -287,6 +287,39 @@ _QUANT = {"nvfp4": C.WEIGHT_NVFP4, "mxfp4": C.WEIGHT_MXFP4, "bf16": C.WEIGHT_BF1
 _MODES = {"w4a16": C.MOE_W4A16, "w4a4": C.MOE_W4A4}
 
 
+def _expert_scale_bytes(fmt, layout, rows13, l, inter):
+    """(w13, w2) block-scale bytes of one expert, as the C API counts them (k3_fp4_scale_bytes); (0, 0) for BF16."""
+    if fmt == C.WEIGHT_BF16:
+        return 0, 0
+    f4 = C.FP4_NVFP4 if fmt == C.WEIGHT_NVFP4 else C.FP4_MXFP4
+    out = []
+    for rows, cols in ((rows13, l), (l, inter)):
+        n = ctypes.c_size_t()
+        if _lib.k3_fp4_scale_bytes(f4, layout, rows, cols, ctypes.byref(n)) != C.STATUS_SUCCESS:
+            raise ValueError("the experts' [%d, %d] matrices are not a whole number of %s blocks" %
+                             (rows, cols, "NVFP4 (16)" if f4 == C.FP4_NVFP4 else "MXFP4 (32)"))
+        out.append(n.value)
+    return tuple(out)
+
+
+def _check_expert_scales(e, per_expert, scales):
+    """The block scales hold exactly E times the bytes the C API reads for each expert, and the per-expert fp32
+    scales have their shapes: a short buffer would be read past its end. scales: (name, shape, size) of each
+    given one, in the order w13_scale, w2_scale, w13_scale_2, w2_scale_2, w13_input_scale, w2_input_scale."""
+    allowed = {"w13_scale_2": [(e,), (e, 2)], "w2_scale_2": [(e,)], "w13_input_scale": [(e,)],
+               "w2_input_scale": [(e,)]}
+    for name, shape, size in scales:
+        if name in allowed:
+            if tuple(shape) not in allowed[name]:
+                raise ValueError("%s must have shape %s (got %s)" % (name, " or ".join(map(str, allowed[name])),
+                                                                     tuple(shape)))
+            continue
+        per = per_expert[0] if name == "w13_scale" else per_expert[1]
+        if len(shape) < 1 or shape[0] != e or size != e * per:
+            raise ValueError("%s must hold %d bytes for each of the E = %d experts, [E, %d] (got shape %s)" %
+                             (name, per, e, per, tuple(shape)))
+
+
 def _tokens(m):
     """The plan's max_tokens for a batch of m: a power of two of at least 16, so a few plans serve every m."""
     return max(16, 1 << (m - 1).bit_length())

@@ -251,11 +251,15 @@ def fused_moe_impl(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_sca
         _lib.k3_act_desc_init(ctypes.byref(d.act), C.ACT[activation])
         if activation == "situ":
             d.act.situ_beta, d.act.situ_linear_beta = float(situ_beta), float(situ_linear_beta)
-        return _make(ctx, _lib.k3_moe_plan_create, _lib.k3_moe_plan_destroy, _lib.k3_moe_workspace_size, d)
+        p = _make(ctx, _lib.k3_moe_plan_create, _lib.k3_moe_plan_destroy, _lib.k3_moe_workspace_size, d)
+        p.scale_bytes = O._expert_scale_bytes(fmt, layout, rows13, l, inter)
+        return p
 
     key = ("moe", e, top_k, l, inter, fmt, layout, separate, mode, activation, float(situ_beta),
            float(situ_linear_beta), max_tokens)
     plan = _plan(dev, key, make)
+    if fmt != C.WEIGHT_BF16:
+        O._check_expert_scales(e, plan.scale_bytes, [(n, t.shape, t.numel()) for n, t in opt.items() if t is not None])
     ctx = plan.ctx
     w = C.MoeWeights(_ptr(w13), _ptr(opt["w13_scale"]), _ptr(opt["w13_scale_2"]), _ptr(opt["w13_input_scale"]),
                      _ptr(w2), _ptr(opt["w2_scale"]), _ptr(opt["w2_scale_2"]), _ptr(opt["w2_input_scale"]))

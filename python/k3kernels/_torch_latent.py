@@ -50,6 +50,13 @@ def latent_moe_impl(x, gate_weight, bias, down_proj, w13, w2, norm_weight, up_pr
     _t("w13", w13, wdt, 3, dev)
     _t("w2", w2, wdt, 3, dev)
     inter = w13.shape[1] // width
+    lw = l if fmt == C.WEIGHT_BF16 else l // 2
+    iw = inter if fmt == C.WEIGHT_BF16 else inter // 2
+    if (w13.shape[0] != e or w13.shape[1] != width * inter or w13.shape[2] != lw or
+            tuple(w2.shape) != (e, l, iw)):
+        raise ValueError("w13 must be [E, %dI, %s] and w2 [E, L, %s] with E = %d (gate_weight) and L = %d (down_proj) "
+                         "(got %s and %s)" % (width, "L" if lw == l else "L/2", "I" if iw == inter else "I/2", e, l,
+                                              tuple(w13.shape), tuple(w2.shape)))
     for name, t, dt, nd in (("w13_scale", w13_scale, torch.uint8, (1, 2)), ("w2_scale", w2_scale, torch.uint8, (1, 2)),
                             ("w13_scale_2", w13_scale_2, torch.float32, (1, 2)),
                             ("w2_scale_2", w2_scale_2, torch.float32, 1)):
@@ -78,13 +85,19 @@ def latent_moe_impl(x, gate_weight, bias, down_proj, w13, w2, norm_weight, up_pr
         if activation == "situ":
             ex.act.situ_beta, ex.act.situ_linear_beta = float(situ_beta), float(situ_linear_beta)
         d.shared_inter, d.shared_act, d.rms_eps, d.max_tokens = shared_inter, ex.act, float(rms_eps), max_tokens
-        return _make(ctx, _lib.k3_latent_moe_plan_create, _lib.k3_latent_moe_plan_destroy,
-                     _lib.k3_latent_moe_workspace_size, d)
+        p = _make(ctx, _lib.k3_latent_moe_plan_create, _lib.k3_latent_moe_plan_destroy,
+                  _lib.k3_latent_moe_workspace_size, d)
+        p.scale_bytes = O._expert_scale_bytes(fmt, layout, width * inter, l, inter)
+        return p
 
     key = ("latent", h, e, top_k, l, inter, fmt, layout, separate, gate_dtype, bool(renormalize),
            float(routed_scaling_factor), activation, float(situ_beta), float(situ_linear_beta), shared_inter,
            float(rms_eps), max_tokens)
     plan = _plan(dev, key, make)
+    if fmt != C.WEIGHT_BF16:
+        O._check_expert_scales(e, plan.scale_bytes, [(n, t.shape, t.numel()) for n, t in (
+            ("w13_scale", w13_scale), ("w2_scale", w2_scale), ("w13_scale_2", w13_scale_2),
+            ("w2_scale_2", w2_scale_2)) if t is not None])
     ctx = plan.ctx
     mw = C.MoeWeights(_ptr(w13), _ptr(w13_scale), _ptr(w13_scale_2), None, _ptr(w2), _ptr(w2_scale), _ptr(w2_scale_2),
                       None)

@@ -263,3 +263,32 @@ def test_compile_layer_module_fullgraph():
     x2 = (torch.randn(4, 512) * 0.5).to(torch.bfloat16).cuda()
     assert torch.equal(compiled(x2), mod(x2))
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_expert_shapes_and_scale_sizes_checked(device):
+    """A short scale buffer or mismatched expert shapes are refused before the C API would read past them."""
+    gen = torch.Generator().manual_seed(78)
+    w, ex = latent_setup(gen)
+    p13, s13, g13, p2, s2, g2 = (t.to(device) for t in ex)
+    x = torch.randn(2, 256, generator=gen).to(torch.bfloat16).to(device)
+    ids = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=device)
+    wts = torch.full((2, 2), 0.5, device=device)
+    kw = dict(quant="nvfp4", w13_scale=s13, w13_scale_2=g13, w2_scale=s2, w2_scale_2=g2)
+    k3.fused_moe(x, p13, p2, wts, ids, **kw)  # the valid call
+    with pytest.raises(ValueError, match="w13_scale must hold 2048 bytes for each of the E = 32 experts"):
+        k3.fused_moe(x, p13, p2, wts, ids, **dict(kw, w13_scale=s13[:, :-16].contiguous()))
+    with pytest.raises(ValueError, match="w2_scale_2 must have shape"):
+        k3.fused_moe(x, p13, p2, wts, ids, **dict(kw, w2_scale_2=g2[:-1].contiguous()))
+    d = {n: t.to(device) for n, t in w.items()}
+    xh = torch.randn(2, 512, generator=gen).to(torch.bfloat16).to(device)
+    args = (xh, d["gate"], d["down"])
+    with pytest.raises(ValueError, match="w2_scale must hold"):
+        k3.latent_moe(*args, p13, p2, d["norm"], d["up"], top_k=4, **dict(kw, w2_scale=s2[:, :8].contiguous()))
+    with pytest.raises(ValueError, match="w13 must be \\[E, 2I, L/2\\]"):
+        k3.latent_moe(*args, p13[:16].contiguous(), p2, d["norm"], d["up"], top_k=4, **kw)
+    if device == "cpu":  # the numpy front end checks the same
+        n = {k: v.numpy() for k, v in kw.items() if k != "quant"}
+        with pytest.raises(ValueError, match="w13_scale must hold"):
+            k3.fused_moe(x.float().numpy(), p13.numpy(), p2.numpy(), wts.numpy(), ids.numpy(), quant="nvfp4",
+                         **dict(n, w13_scale=n["w13_scale"][:, :-16]))
