@@ -182,6 +182,8 @@ def router_impl(x, gate_weight, bias, top_k, renormalize, routed_scaling_factor,
         raise ValueError("top_k must be in [1, min(E, 32)] = [1, %d] (got %d)" % (min(e, 32), top_k))
     if bias is not None:
         _t("e_score_correction_bias", bias, torch.float32, 1, dev)
+        if bias.shape[0] != e:
+            raise ValueError("e_score_correction_bias must be [E] = [%d] (got %s)" % (e, tuple(bias.shape)))
     gdt = C.DTYPE_BF16 if gate_weight.dtype == torch.bfloat16 else C.DTYPE_F32
     kind = C.ROUTER_SOFTMAX if softmax else C.ROUTER_SIGMOID_NOAUX_TC
     max_tokens = O._tokens(m)

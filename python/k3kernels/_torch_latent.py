@@ -41,8 +41,12 @@ def latent_moe_impl(x, gate_weight, bias, down_proj, w13, w2, norm_weight, up_pr
             raise ValueError("shared_gate_up must be [%dIs, H] and shared_down [H, Is]" % width)
     if bias is not None:
         _t("e_score_correction_bias", bias, torch.float32, 1, dev)
+        if bias.shape[0] != e:
+            raise ValueError("e_score_correction_bias must be [E] = [%d] (got %s)" % (e, tuple(bias.shape)))
     if residual is not None:
         _t("residual", residual, torch.bfloat16, 2, dev)
+        if residual.shape != x.shape:
+            raise ValueError("residual must be of shape %s (got %s)" % (tuple(x.shape), tuple(residual.shape)))
     fmt = O._QUANT.get(quant)
     if fmt is None or activation not in C.ACT:
         raise ValueError("quant %r or activation %r is unknown" % (quant, activation))

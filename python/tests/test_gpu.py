@@ -292,3 +292,9 @@ def test_expert_shapes_and_scale_sizes_checked(device):
         with pytest.raises(ValueError, match="w13_scale must hold"):
             k3.fused_moe(x.float().numpy(), p13.numpy(), p2.numpy(), wts.numpy(), ids.numpy(), quant="nvfp4",
                          **dict(n, w13_scale=n["w13_scale"][:, :-16]))
+    with pytest.raises(ValueError, match="e_score_correction_bias must be \\[E\\] = \\[32\\]"):
+        k3.latent_moe(*args, p13, p2, d["norm"], d["up"], top_k=4, e_score_correction_bias=d["bias"][:-1], **kw)
+    with pytest.raises(ValueError, match="residual must be of shape"):
+        k3.latent_moe(*args, p13, p2, d["norm"], d["up"], top_k=4, residual=xh[:1], **kw)
+    with pytest.raises(ValueError, match="e_score_correction_bias must be \\[E\\] = \\[32\\]"):
+        k3.router(xh, d["gate"], d["bias"][:-1], top_k=4)
