@@ -28,7 +28,8 @@ def load_moe_layer(path, layer):
     and stacked layouts, see include/k3.h) and returns a dict of numpy arrays named as fused_moe's and latent_moe's
     arguments: w13 uint8 [E, 2I, L/2] (gate; up), w13_scale uint8 [E, 2I * L / block] (linear layout), w2 uint8
     [E, L, I/2], w2_scale uint8 [E, L * I / block]; NVFP4 (block 16): w13_scale_2 float32 [E, 2] (gate, up) and
-    w2_scale_2 float32 [E]; w13_input_scale [E, 2] and w2_input_scale [E] when the checkpoint has them; and the
+    w2_scale_2 float32 [E]; w13_input_scale [E, 2] (gate, up) and w2_input_scale [E] when the checkpoint has them
+    (as stored: fused_moe's w4a4 mode takes one w13 input scale per expert, [E]); and the
     block's tensors when present: gate_weight float32 [E, H], e_score_correction_bias float32 [E], shared_gate_up
     [2Is, H], shared_down [H, Is], down_proj [L, H], norm_weight [L], up_proj [H, L] (BF16 tensors as float32 arrays
     holding their values). The format is NVFP4 when w13_scale_2 is present (quant="nvfp4"), else MXFP4. A missing,
