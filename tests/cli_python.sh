@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The Python package (python/k3kernels) over this build's libk3.so: the numpy tests of python/tests (pytest).
-# Skipped (77) without python3, numpy or pytest, and in the sanitizer build (an ASan libk3 cannot be loaded into
-# a python that was not started with the ASan runtime).
+# The Python package (python/k3kernels) over this build's libk3.so: the tests of python/tests (pytest): numpy, torch
+# (skipped inside pytest without torch), the GPU set (skipped without a CUDA device), the bitwise checks against
+# this build's `k3 run moe` (K3_CLI). Skipped (77) without python3, numpy or pytest, and in the sanitizer build (an
+# ASan libk3 cannot be loaded into a python that was not started with the ASan runtime).
 # usage: bash tests/cli_python.sh path/to/k3
 set -u
 src=${K3_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -17,4 +18,6 @@ if [ -z "$py" ] || ! "$py" -c 'import numpy, pytest' 2>/dev/null; then
 fi
 lib="$bin/libk3.so"
 [ -f "$lib" ] || { echo "FAIL: $lib not built"; exit 1; }
-cd "$src" && K3KERNELS_LIB="$lib" PYTHONPATH="$src/python" "$py" -m pytest -q -p no:cacheprovider python/tests
+cli=${1:-$bin/k3}
+cd "$src" && K3KERNELS_LIB="$lib" K3_CLI="$cli" PYTHONPATH="$src/python" "$py" -m pytest -q -p no:cacheprovider -rs \
+    python/tests

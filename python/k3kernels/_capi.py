@@ -82,6 +82,24 @@ class LatentMoeWeights(ctypes.Structure):
                 ("norm", c_void_p), ("up_proj", c_void_p), ("shared_gate_up", c_void_p), ("shared_down", c_void_p)]
 
 
+class MoeLayer(ctypes.Structure):
+    """k3_moe_layer: one checkpoint layer's MoE block in host memory, owned by the library."""
+    _u8p, _f32p, _u16p = ctypes.POINTER(ctypes.c_uint8), ctypes.POINTER(c_float), ctypes.POINTER(ctypes.c_uint16)
+    _fields_ = [("layer", c_int32), ("source_format", ctypes.c_int), ("fp4", ctypes.c_int), ("num_experts", c_int32),
+                ("latent", c_int64), ("inter", c_int64), ("w13", _u8p), ("w13_scale", _u8p), ("w2", _u8p),
+                ("w2_scale", _u8p), ("w13_bytes", c_size_t), ("w13_scale_bytes", c_size_t), ("w2_bytes", c_size_t),
+                ("w2_scale_bytes", c_size_t), ("w13_scale_2", _f32p), ("w2_scale_2", _f32p),
+                ("w13_input_scale", _f32p), ("w2_input_scale", _f32p), ("hidden", c_int64), ("shared_inter", c_int64),
+                ("gate_dtype", ctypes.c_int), ("gate", c_void_p), ("bias", _f32p), ("shared_gate_up", _u16p),
+                ("shared_down", _u16p), ("down_proj", _u16p), ("norm", _u16p), ("up_proj", _u16p),
+                ("gate_bytes", c_size_t), ("bias_bytes", c_size_t), ("shared_gate_up_bytes", c_size_t),
+                ("shared_down_bytes", c_size_t), ("down_proj_bytes", c_size_t), ("norm_bytes", c_size_t),
+                ("up_proj_bytes", c_size_t)]
+
+
+CHECKPOINT_FORMATS = {0: "ct_mxfp4", 1: "ct_nvfp4", 2: "modelopt_nvfp4", 3: "stacked"}
+
+
 def _candidates():
     env = os.environ.get("K3KERNELS_LIB")
     if env:
@@ -149,6 +167,10 @@ def _declare(lib):
         "k3_latent_moe_workspace_size": (ctypes.c_int, [c_void_p, P(c_size_t)]),
         "k3_latent_moe_run": (ctypes.c_int, [c_void_p, c_int64, c_void_p, P(LatentMoeWeights), c_void_p, c_void_p,
                                              c_void_p, c_void_p, c_void_p, c_size_t, c_void_p]),
+        "k3_checkpoint_open": (ctypes.c_int, [c_char_p, P(c_void_p), c_char_p, c_size_t]),
+        "k3_checkpoint_close": (None, [c_void_p]),
+        "k3_checkpoint_load_moe_layer": (ctypes.c_int, [c_void_p, c_int32, P(P(MoeLayer)), c_char_p, c_size_t]),
+        "k3_moe_layer_free": (None, [P(MoeLayer)]),
         "k3_fp4_scale_bytes": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, c_int64, c_int64, P(c_size_t)]),
         "k3_fp4_quantize": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, c_int64, c_int64, c_int64, c_void_p, c_void_p,
                                            c_void_p, c_void_p]),

@@ -42,9 +42,11 @@ def _plan(dev, key, make):
     with _lock:
         p = _plans.get((dev, key))
     if p is None:
-        p = make(_ctx(dev))
+        mine = make(_ctx(dev))
         with _lock:
-            p = _plans.setdefault((dev, key), p)
+            p = _plans.setdefault((dev, key), mine)
+        if p is not mine:  # another thread made the same plan first: keep one, free the other
+            mine.destroy(mine.handle)
     return p
 
 
@@ -62,10 +64,11 @@ atexit.register(_free_all)
 
 
 class _P:
-    """A plan handle and its workspace size; the workspace itself comes from torch at each call."""
+    """A plan handle, its context and its workspace size; the workspace itself comes from torch at each call (a
+    cached one would be shared by calls on different streams and by captured graphs)."""
 
-    def __init__(self, handle, destroy, ws_bytes):
-        self.handle, self.destroy, self.ws_bytes = handle, destroy, ws_bytes
+    def __init__(self, handle, destroy, ws_bytes, ctx):
+        self.handle, self.destroy, self.ws_bytes, self.ctx = handle, destroy, ws_bytes, ctx
 
 
 def _make(ctx, create, destroy, wsize, desc):
@@ -76,15 +79,38 @@ def _make(ctx, create, destroy, wsize, desc):
     if st != C.STATUS_SUCCESS:
         destroy(h)
         O._check(st, ctx)
-    return _P(h, destroy, n.value)
+    return _P(h, destroy, n.value, ctx)
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the handle without a Stream object
 
 
 def _stream(dev):
-    return torch.cuda.current_stream(dev[1]).cuda_stream if dev[0] == "cuda" else None
+    if dev[0] != "cuda":
+        return None
+    return _raw_stream(dev[1]) if _raw_stream is not None else torch.cuda.current_stream(dev[1]).cuda_stream
 
 
 def _ws(plan, like):
-    return torch.empty(max(plan.ws_bytes, 1), dtype=torch.uint8, device=like.device)
+    """The call's workspace from torch's allocator (stream-ordered); None when the plan needs none."""
+    return torch.empty(plan.ws_bytes, dtype=torch.uint8, device=like.device) if plan.ws_bytes else None
+
+
+_dispatch_depth = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def direct(tensors):
+    """True when an eager call may run the implementation itself instead of going through torch.ops (the custom-op
+    layer costs several microseconds of host time a call): not while torch.compile or export traces, not under a
+    TorchDispatchMode, only plain tensors, and no input that autograd would have to see."""
+    if torch.compiler.is_compiling() or _dispatch_depth():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:  # a non-tensor goes on to the implementation, whose checks name it
+        if isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or (grad and t.requires_grad)):
+            return False
+    return True
 
 
 def _t(name, t, dtype, ndim, dev):
@@ -126,15 +152,19 @@ def linear_impl(x, weight, residual):
         return _make(ctx, _lib.k3_linear_plan_create, _lib.k3_linear_plan_destroy, _lib.k3_linear_workspace_size, d)
 
     plan = _plan(dev, ("linear", n, k), make)
-    ctx = _ctx(dev)
+    ctx = plan.ctx
     y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     ws = _ws(plan, x)
     s = _stream(dev)
-    for r0 in range(0, m, 32):
+    if m <= 32:  # one call: no row views to make
+        O._check(_lib.k3_linear_run(plan.handle, m, x.data_ptr(), weight.data_ptr(), _ptr(residual), y.data_ptr(),
+                                    _ptr(ws), plan.ws_bytes, s), ctx)
+        return y
+    for r0 in range(0, m, 32):  # the plan takes up to 32 tokens a call
         r1 = min(m, r0 + 32)
         res = residual[r0:r1] if residual is not None else None
         O._check(_lib.k3_linear_run(plan.handle, r1 - r0, _ptr(x[r0:r1]), _ptr(weight), _ptr(res), _ptr(y[r0:r1]),
-                                    ws.data_ptr(), plan.ws_bytes, s), ctx)
+                                    _ptr(ws), plan.ws_bytes, s), ctx)
     return y
 
 
@@ -152,6 +182,8 @@ def router_impl(x, gate_weight, bias, top_k, renormalize, routed_scaling_factor,
         raise ValueError("top_k must be in [1, min(E, 32)] = [1, %d] (got %d)" % (min(e, 32), top_k))
     if bias is not None:
         _t("e_score_correction_bias", bias, torch.float32, 1, dev)
+        if bias.shape[0] != e:
+            raise ValueError("e_score_correction_bias must be [E] = [%d] (got %s)" % (e, tuple(bias.shape)))
     gdt = C.DTYPE_BF16 if gate_weight.dtype == torch.bfloat16 else C.DTYPE_F32
     kind = C.ROUTER_SOFTMAX if softmax else C.ROUTER_SIGMOID_NOAUX_TC
     max_tokens = O._tokens(m)
@@ -165,12 +197,12 @@ def router_impl(x, gate_weight, bias, top_k, renormalize, routed_scaling_factor,
 
     plan = _plan(dev, ("router", kind, e, top_k, h, gdt, bool(renormalize), float(routed_scaling_factor),
                        max_tokens), make)
-    ctx = _ctx(dev)
+    ctx = plan.ctx
     ids = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
     wts = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
     ws = _ws(plan, x)
     O._check(_lib.k3_router_run(plan.handle, m, _ptr(x), _ptr(gate_weight), _ptr(bias), _ptr(ids), _ptr(wts),
-                                ws.data_ptr(), plan.ws_bytes, _stream(dev)), ctx)
+                                _ptr(ws), plan.ws_bytes, _stream(dev)), ctx)
     return wts, ids
 
 
@@ -210,25 +242,33 @@ def fused_moe_impl(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_sca
         raise ValueError("w13_scale and w2_scale are required for quant=%r" % quant)
     if fmt == C.WEIGHT_NVFP4 and (opt["w13_scale_2"] is None or opt["w2_scale_2"] is None):
         raise ValueError("w13_scale_2 and w2_scale_2 are required for quant='nvfp4'")
-    d = C.MoeDesc()
-    _lib.k3_moe_desc_init(ctypes.byref(d))
-    d.num_experts, d.top_k, d.hidden, d.inter, d.format = e, topk_ids.shape[1], l, inter, fmt
-    d.scale_layout, d.mode, d.max_tokens = O._layout(scale_layout), O._MODES[mode], O._tokens(m)
-    d.w13_separate_scale_2 = int(opt["w13_scale_2"] is not None and opt["w13_scale_2"].dim() == 2)
-    _lib.k3_act_desc_init(ctypes.byref(d.act), C.ACT[activation])
-    if activation == "situ":
-        d.act.situ_beta, d.act.situ_linear_beta = float(situ_beta), float(situ_linear_beta)
-    key = ("moe", e, d.top_k, l, inter, fmt, d.scale_layout, d.w13_separate_scale_2, d.mode, activation,
-           float(situ_beta), float(situ_linear_beta), d.max_tokens)
-    plan = _plan(dev, key, lambda ctx: _make(ctx, _lib.k3_moe_plan_create, _lib.k3_moe_plan_destroy,
-                                             _lib.k3_moe_workspace_size, d))
-    ctx = _ctx(dev)
+    top_k, layout, max_tokens = topk_ids.shape[1], O._layout(scale_layout), O._tokens(m)
+    separate = int(opt["w13_scale_2"] is not None and opt["w13_scale_2"].dim() == 2)
+
+    def make(ctx):  # the descriptor is built only when the plan is not cached yet
+        d = C.MoeDesc()
+        _lib.k3_moe_desc_init(ctypes.byref(d))
+        d.num_experts, d.top_k, d.hidden, d.inter, d.format = e, top_k, l, inter, fmt
+        d.scale_layout, d.mode, d.max_tokens, d.w13_separate_scale_2 = layout, O._MODES[mode], max_tokens, separate
+        _lib.k3_act_desc_init(ctypes.byref(d.act), C.ACT[activation])
+        if activation == "situ":
+            d.act.situ_beta, d.act.situ_linear_beta = float(situ_beta), float(situ_linear_beta)
+        p = _make(ctx, _lib.k3_moe_plan_create, _lib.k3_moe_plan_destroy, _lib.k3_moe_workspace_size, d)
+        p.scale_bytes = O._expert_scale_bytes(fmt, layout, rows13, l, inter)
+        return p
+
+    key = ("moe", e, top_k, l, inter, fmt, layout, separate, mode, activation, float(situ_beta),
+           float(situ_linear_beta), max_tokens)
+    plan = _plan(dev, key, make)
+    if fmt != C.WEIGHT_BF16:
+        O._check_expert_scales(e, plan.scale_bytes, [(n, t.shape, t.numel()) for n, t in opt.items() if t is not None])
+    ctx = plan.ctx
     w = C.MoeWeights(_ptr(w13), _ptr(opt["w13_scale"]), _ptr(opt["w13_scale_2"]), _ptr(opt["w13_input_scale"]),
                      _ptr(w2), _ptr(opt["w2_scale"]), _ptr(opt["w2_scale_2"]), _ptr(opt["w2_input_scale"]))
     out = torch.empty((m, l), dtype=torch.bfloat16, device=x.device)
     ws = _ws(plan, x)
     O._check(_lib.k3_moe_run(plan.handle, m, _ptr(x), _ptr(topk_ids), _ptr(topk_weights), ctypes.byref(w), _ptr(out),
-                             None, ws.data_ptr(), plan.ws_bytes, _stream(dev)), ctx)
+                             None, _ptr(ws), plan.ws_bytes, _stream(dev)), ctx)
     return out
 
 
@@ -273,98 +313,4 @@ def _(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scal
     return x.new_empty(x.shape)
 
 
-def latent_moe_impl(x, gate_weight, bias, down_proj, w13, w2, norm_weight, up_proj, shared_gate_up, shared_down,
-                    residual, top_k, renormalize, routed_scaling_factor, quant, w13_scale, w13_scale_2, w2_scale,
-                    w2_scale_2, scale_layout, activation, situ_beta, situ_linear_beta, rms_eps):
-    dev = _device_key(x)
-    _t("hidden_states", x, torch.bfloat16, 2, dev)
-    m, h = x.shape
-    if gate_weight.dtype not in (torch.bfloat16, torch.float32):
-        raise TypeError("gate_weight must be bfloat16 or float32 (got %s)" % gate_weight.dtype)
-    _t("gate_weight", gate_weight, gate_weight.dtype, 2, dev)
-    for name, t, nd in (("down_proj", down_proj, 2), ("norm_weight", norm_weight, 1), ("up_proj", up_proj, 2)):
-        _t(name, t, torch.bfloat16, nd, dev)
-    l = down_proj.shape[0]
-    e = gate_weight.shape[0]
-    if (tuple(gate_weight.shape) != (e, h) or tuple(down_proj.shape) != (l, h) or tuple(norm_weight.shape) != (l,) or
-            tuple(up_proj.shape) != (h, l)):
-        raise ValueError("gate_weight [E, H], down_proj [L, H], norm_weight [L], up_proj [H, L] must agree with "
-                         "hidden_states [M, H = %d]" % h)
-    if (shared_gate_up is None) != (shared_down is None):
-        raise ValueError("shared_gate_up and shared_down come together (both or neither)")
-    width = 1 if activation == "relu2_no_mul" else 2
-    shared_inter = 0
-    if shared_gate_up is not None:
-        _t("shared_gate_up", shared_gate_up, torch.bfloat16, 2, dev)
-        _t("shared_down", shared_down, torch.bfloat16, 2, dev)
-        shared_inter = shared_down.shape[1]
-        if tuple(shared_gate_up.shape) != (width * shared_inter, h) or tuple(shared_down.shape) != (h, shared_inter):
-            raise ValueError("shared_gate_up must be [%dIs, H] and shared_down [H, Is]" % width)
-    if bias is not None:
-        _t("e_score_correction_bias", bias, torch.float32, 1, dev)
-    if residual is not None:
-        _t("residual", residual, torch.bfloat16, 2, dev)
-    fmt = O._QUANT.get(quant)
-    if fmt is None or activation not in C.ACT:
-        raise ValueError("quant %r or activation %r is unknown" % (quant, activation))
-    wdt = torch.bfloat16 if fmt == C.WEIGHT_BF16 else torch.uint8
-    _t("w13", w13, wdt, 3, dev)
-    _t("w2", w2, wdt, 3, dev)
-    inter = w13.shape[1] // width
-    max_tokens = O._tokens(m)
-    d = C.LatentMoeDesc()
-    _lib.k3_latent_moe_desc_init(ctypes.byref(d))
-    d.hidden = h
-    d.router.num_experts, d.router.top_k, d.router.hidden = e, top_k, h
-    d.router.gate_dtype = C.DTYPE_BF16 if gate_weight.dtype == torch.bfloat16 else C.DTYPE_F32
-    d.router.renormalize, d.router.scaling_factor, d.router.max_tokens = (int(bool(renormalize)),
-                                                                          float(routed_scaling_factor), max_tokens)
-    ex = d.experts
-    ex.num_experts, ex.top_k, ex.hidden, ex.inter, ex.format = e, top_k, l, inter, fmt
-    ex.scale_layout, ex.mode, ex.max_tokens = O._layout(scale_layout), C.MOE_W4A16, max_tokens
-    ex.w13_separate_scale_2 = int(w13_scale_2 is not None and w13_scale_2.dim() == 2)
-    _lib.k3_act_desc_init(ctypes.byref(ex.act), C.ACT[activation])
-    if activation == "situ":
-        ex.act.situ_beta, ex.act.situ_linear_beta = float(situ_beta), float(situ_linear_beta)
-    d.shared_inter, d.shared_act, d.rms_eps, d.max_tokens = shared_inter, ex.act, float(rms_eps), max_tokens
-    key = ("latent", h, e, top_k, l, inter, fmt, ex.scale_layout, ex.w13_separate_scale_2, d.router.gate_dtype,
-           bool(renormalize), float(routed_scaling_factor), activation, float(situ_beta), float(situ_linear_beta),
-           shared_inter, float(rms_eps), max_tokens)
-    plan = _plan(dev, key, lambda ctx: _make(ctx, _lib.k3_latent_moe_plan_create, _lib.k3_latent_moe_plan_destroy,
-                                             _lib.k3_latent_moe_workspace_size, d))
-    ctx = _ctx(dev)
-    mw = C.MoeWeights(_ptr(w13), _ptr(w13_scale), _ptr(w13_scale_2), None, _ptr(w2), _ptr(w2_scale), _ptr(w2_scale_2),
-                      None)
-    lw = C.LatentMoeWeights(_ptr(gate_weight), _ptr(bias), _ptr(down_proj), mw, _ptr(norm_weight), _ptr(up_proj),
-                            _ptr(shared_gate_up), _ptr(shared_down))
-    y = torch.empty((m, h), dtype=torch.bfloat16, device=x.device)
-    ids = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
-    wts = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
-    ws = _ws(plan, x)
-    O._check(_lib.k3_latent_moe_run(plan.handle, m, _ptr(x), ctypes.byref(lw), _ptr(residual), _ptr(y), _ptr(ids),
-                                    _ptr(wts), ws.data_ptr(), plan.ws_bytes, _stream(dev)), ctx)
-    return y, wts, ids
-
-
-@torch.library.custom_op("k3kernels::latent_moe", mutates_args=())
-def latent_moe_op(x: torch.Tensor, gate_weight: torch.Tensor, bias: Optional[torch.Tensor], down_proj: torch.Tensor,
-                  w13: torch.Tensor, w2: torch.Tensor, norm_weight: torch.Tensor, up_proj: torch.Tensor,
-                  shared_gate_up: Optional[torch.Tensor], shared_down: Optional[torch.Tensor],
-                  residual: Optional[torch.Tensor], top_k: int, renormalize: bool, routed_scaling_factor: float,
-                  quant: str, w13_scale: Optional[torch.Tensor], w13_scale_2: Optional[torch.Tensor],
-                  w2_scale: Optional[torch.Tensor], w2_scale_2: Optional[torch.Tensor], scale_layout: str,
-                  activation: str, situ_beta: float, situ_linear_beta: float,
-                  rms_eps: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return latent_moe_impl(x, gate_weight, bias, down_proj, w13, w2, norm_weight, up_proj, shared_gate_up,
-                           shared_down, residual, top_k, renormalize, routed_scaling_factor, quant, w13_scale,
-                           w13_scale_2, w2_scale, w2_scale_2, scale_layout, activation, situ_beta, situ_linear_beta,
-                           rms_eps)
-
-
-@latent_moe_op.register_fake
-def _(x, gate_weight, bias, down_proj, w13, w2, norm_weight, up_proj, shared_gate_up, shared_down, residual, top_k,
-      renormalize, routed_scaling_factor, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2, scale_layout,
-      activation, situ_beta, situ_linear_beta, rms_eps):
-    m = x.shape[0]
-    return (x.new_empty(x.shape), x.new_empty((m, top_k), dtype=torch.float32),
-            x.new_empty((m, top_k), dtype=torch.int32))
+O.TORCH_IMPLS.update(direct=direct, linear=linear_impl, router=router_impl, fused_moe=fused_moe_impl)

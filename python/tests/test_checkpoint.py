@@ -53,8 +53,10 @@ def make_layer(rng, prefix, ct):
             else:
                 want["w2"].append(w), want["w2_scale"].append(s)
                 g2[e], i2[e] = (np.float32(1) / np.float32(1 / g)) if ct else g, a
-    for k in ("w13", "w13_scale", "w2", "w2_scale"):
+    for k in ("w13", "w2"):
         want[k] = np.stack(want[k]).reshape(E, -1, want[k][0].shape[1])
+    for k in ("w13_scale", "w2_scale"):  # block scales as fused_moe takes them: [E, rows * cols / block]
+        want[k] = np.stack(want[k]).reshape(E, -1)
     want.update(w13_scale_2=g13, w2_scale_2=g2, w13_input_scale=i13, w2_input_scale=i2)
     dense = {"gate.weight": (E, H), "routed_expert_down_proj.weight": (L, H), "routed_expert_norm.weight": (L,),
              "routed_expert_up_proj.weight": (H, L), "shared_experts.gate_proj.weight": (IS, H),
@@ -66,8 +68,8 @@ def make_layer(rng, prefix, ct):
         t[prefix + name] = ("BF16", bf16(v))
     bias = rng.standard_normal(E).astype(np.float32)
     t[prefix + "gate.e_score_correction_bias"] = ("F32", bias)
-    want.update(gate=vals["gate.weight"], bias=bias, down_proj=vals["routed_expert_down_proj.weight"],
-                norm=vals["routed_expert_norm.weight"], up_proj=vals["routed_expert_up_proj.weight"],
+    want.update(gate_weight=vals["gate.weight"], e_score_correction_bias=bias,
+                down_proj=vals["routed_expert_down_proj.weight"], norm_weight=vals["routed_expert_norm.weight"], up_proj=vals["routed_expert_up_proj.weight"],
                 shared_gate_up=np.concatenate([vals["shared_experts.gate_proj.weight"],
                                                vals["shared_experts.up_proj.weight"]]),
                 shared_down=vals["shared_experts.down_proj.weight"])

@@ -284,3 +284,29 @@ def test_latent_moe_bf16_experts():
     assert y.shape == (m, h) and rel_l2(y, ref) <= 1e-2
     with pytest.raises(ValueError, match="both or neither"):
         k3.latent_moe(x, gate, down, w13, w2, norm, up, shared_gate_up=sgu, top_k=top_k, quant="bf16")
+
+
+def test_threads_share_a_plan_not_a_workspace():
+    """Calls of one plan from several threads at once (ctypes releases the GIL) give each call's own answer."""
+    import threading
+    rng = np.random.default_rng(41)
+    m, h, e, top_k = 4, 512, 256, 8
+    gate = (0.1 * rng.standard_normal((e, h))).astype(np.float32)
+    bias = (0.01 * rng.standard_normal(e)).astype(np.float32)
+    xs = [rng.standard_normal((m, h)).astype(np.float32) for _ in range(8)]
+    want = [k3.router(x, gate, bias, top_k=top_k) for x in xs]
+    bad = []
+
+    def work(t):
+        for i in range(40):
+            j = (t + i) % len(xs)
+            w, ids = k3.router(xs[j], gate, bias, top_k=top_k)
+            if not (np.array_equal(ids, want[j][1]) and np.array_equal(w, want[j][0])):
+                bad.append((t, i))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
