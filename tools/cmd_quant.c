@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "quant_summary.h"
 /* internals: the file format and the codecs (the checkpoint reader will give these a public call) */
 #include "core/formats.h"
 #include "io/safetensors.h"
@@ -12,10 +13,47 @@
 #define META_LAYOUT "k3.quant.scale_layout"
 #define MAX_NAMED 256
 
+/* The options both commands share, and their help (KEY: the JSON key of the converted tensors' names). */
+typedef struct out_opts {
+    int json, quiet;
+    float progress_after;
+} out_opts;
+#define OUTPUT_OPTIONS_HELP(KEY)                                                                                   \
+    "  --json                one JSON object on stdout when done: command, input, output, format, scale_layout,\n" \
+    "                        (dequant: dtype), tensors_in, " KEY "_count and " KEY " (names), copied_count and\n"   \
+    "                        copied (dequant: dropped_count, dropped: the scale tensors), tensors_out, bytes_in and\n" \
+    "                        bytes_out (file sizes), seconds; nothing else goes to stdout, messages to stderr\n"    \
+    "  --quiet               no progress lines and no closing summary line on stderr (notes and errors stay)\n"  \
+    "  --progress-after S    progress lines on stderr ('tensor I of N: NAME', at most two a second) start once\n" \
+    "                        the command has run S seconds (default 1; 0: a line for every tensor)\n\n"
+
+/* Parses --json, --quiet and --progress-after at argv[*i]: 1 when it was one (advancing *i), 0 when not, -1 on
+   a usage error (printed). */
+static int out_option(int argc, char **argv, int *i, out_opts *o) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--json")) {
+        o->json = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--quiet")) {
+        o->quiet = 1;
+        return 1;
+    }
+    if (strcmp(a, "--progress-after")) return 0;
+    const char *v = k3_cli_value(argc, argv, i, a);
+    if (!v || !k3_cli_parse_f32(v, a, &o->progress_after)) return -1;
+    if (!(o->progress_after >= 0.0f)) {
+        fprintf(stderr, "k3: --progress-after must be >= 0 seconds (got '%s')\n", v);
+        return -1;
+    }
+    return 1;
+}
+
 static void quant_help(void) {
     printf(
         "usage: k3 quant nvfp4|mxfp4 --input IN.safetensors --output OUT.safetensors\n"
-        "                [--tensor NAME ...] [--scale-layout linear|swizzled]\n\n"
+        "                [--tensor NAME ...] [--scale-layout linear|swizzled] [--json] [--quiet]\n"
+        "                [--progress-after S]\n\n"
         "Quantizes every BF16, F16 or F32 tensor of rank >= 2 (or only the ones named with --tensor, which may be\n"
         "repeated) to packed FP4. A tensor of shape [B..., R, C] is treated as prod(B) matrices of [R, C] (leading\n"
         "dimensions are a batch, e.g. experts); C must be a multiple of the block size (16 for nvfp4, 32 for\n"
@@ -38,12 +76,14 @@ static void quant_help(void) {
         "  --output PATH         safetensors file to write (may be the input: it is read whole first, and the\n"
         "                        output goes to a temporary file renamed over PATH only once it is complete)\n"
         "  --tensor NAME         quantize only this tensor (repeatable)\n"
-        "  --scale-layout L      linear (default) or swizzled\n\n"
+        "  --scale-layout L      linear (default) or swizzled\n"
+        OUTPUT_OPTIONS_HELP("quantized")
         "exit status: 0 success, 1 failure (unreadable or malformed file, bad tensor), 2 usage error\n");
 }
 
 static void dequant_help(void) {
-    printf("usage: k3 dequant --input IN.safetensors --output OUT.safetensors [--dtype f32|bf16]\n\n"
+    printf("usage: k3 dequant --input IN.safetensors --output OUT.safetensors [--dtype f32|bf16] [--json]\n"
+           "                  [--quiet] [--progress-after S]\n\n"
            "The inverse of k3 quant. Every U8 tensor NAME of shape [B..., R, P] that has a NAME_scale companion\n"
            "(F8_E4M3 scales -> nvfp4, which also needs an F32 NAME_scale_2; U8 scales -> mxfp4) is expanded to\n"
            "[B..., R, 2P] in the chosen dtype; NAME_scale and NAME_scale_2 are dropped. The scale layout follows\n"
@@ -57,7 +97,8 @@ static void dequant_help(void) {
            "element (nothing is written).\n\n"
            "  --input PATH     safetensors file to read\n"
            "  --output PATH    safetensors file to write\n"
-           "  --dtype D        f32 (default) or bf16\n\n"
+           "  --dtype D        f32 (default) or bf16\n"
+           OUTPUT_OPTIONS_HELP("dequantized")
            "exit status: 0 success, 1 failure (unreadable or malformed file, inconsistent tensors), 2 usage error\n");
 }
 
@@ -243,11 +284,16 @@ static k3_st_file *open_input(const char *path, const char *cmd) {
 }
 
 static int quant_main(int argc, char **argv) {
+    const double t_start = k3_cli_now();
     const char *fmt_s = NULL, *in = NULL, *out = NULL, *layout_s = "linear";
     const char *named[MAX_NAMED];
     int n_named = 0;
+    out_opts oo = {0, 0, 1.0f};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        const int oc = out_option(argc, argv, &i, &oo);
+        if (oc < 0) return K3_EXIT_USAGE;
+        if (oc > 0) continue;
         if (!strcmp(a, "--input")) {
             if (!(in = k3_cli_value(argc, argv, &i, a))) return K3_EXIT_USAGE;
         } else if (!strcmp(a, "--output")) {
@@ -291,11 +337,19 @@ static int quant_main(int argc, char **argv) {
     const k3_fp4_format fmt = !strcmp(fmt_s, "nvfp4") ? K3_FP4_NVFP4 : K3_FP4_MXFP4;
     const int64_t blk = fmt == K3_FP4_NVFP4 ? K3_NVFP4_BLOCK : K3_MXFP4_BLOCK;
 
+    const int64_t bytes_in = k3_quant_file_bytes(in); /* before the output may replace it */
     k3_st_file *f = open_input(in, "quant");
     if (!f) return K3_EXIT_FAIL;
     int rc = K3_EXIT_FAIL;
     k3_st_writer *w = NULL;
     char why[160], err[512];
+    unsigned char *fate = calloc((size_t)(k3_st_count(f) ? k3_st_count(f) : 1), 1);
+    k3_cli_progress pg;
+    k3_cli_progress_init(&pg, "k3 quant", oo.quiet ? -1.0 : oo.progress_after);
+    if (!fate) {
+        fprintf(stderr, "k3 quant: out of memory\n");
+        goto done;
+    }
     for (int k = 0; k < n_named; k++) {
         const k3_st_tensor *t = k3_st_find(f, named[k]);
         if (!t) {
@@ -322,6 +376,7 @@ static int quant_main(int argc, char **argv) {
     int quantized = 0;
     for (int32_t i = 0; i < k3_st_count(f); i++) {
         const k3_st_tensor *t = k3_st_at(f, i);
+        k3_cli_progress_item(&pg, i + 1, k3_st_count(f), t->name);
         int want = 0;
         if (n_named) {
             for (int k = 0; k < n_named; k++) want |= k3_st_find(f, named[k]) == t; /* O(1) per name */
@@ -346,16 +401,27 @@ static int quant_main(int argc, char **argv) {
             if (clash) goto done;
         }
         if (!quantize_tensor(w, t, fmt, layout)) goto done;
+        fate[i] = K3_QS_CONVERTED;
         quantized++;
     }
+    k3_cli_progress_step(&pg, "writing the output file");
     if (!save(w, out, "quant")) goto done;
-    fprintf(stderr, "k3 quant: %d tensor%s quantized to %s (%s scales), %d copied -> %s\n", quantized,
-            quantized == 1 ? "" : "s", fmt_s, layout_s, (int)k3_st_count(f) - quantized, out);
+    if (!oo.quiet)
+        fprintf(stderr, "k3 quant: %d tensor%s quantized to %s (%s scales), %d copied -> %s\n", quantized,
+                quantized == 1 ? "" : "s", fmt_s, layout_s, (int)k3_st_count(f) - quantized, out);
+    if (oo.json) {
+        k3_quant_summary qs = {"quant", "quantized", in, out, fmt_s, layout_s, NULL, f, fate, 0, bytes_in, 0, 0.0};
+        qs.tensors_out = (int64_t)k3_st_count(f) + (int64_t)quantized * (fmt == K3_FP4_NVFP4 ? 2 : 1);
+        qs.bytes_out = k3_quant_file_bytes(out);
+        qs.seconds = k3_cli_now() - t_start;
+        k3_quant_summary_print(&qs);
+    }
     rc = K3_EXIT_OK;
     goto done;
 werr:
     fprintf(stderr, "k3 quant: %s\n", err);
 done:
+    free(fate);
     k3_st_writer_destroy(w);
     k3_st_close(f);
     return rc;
@@ -508,9 +574,14 @@ out:
 }
 
 static int dequant_main(int argc, char **argv) {
+    const double t_start = k3_cli_now();
     const char *in = NULL, *out = NULL, *dtype = "f32";
+    out_opts oo = {0, 0, 1.0f};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        const int oc = out_option(argc, argv, &i, &oo);
+        if (oc < 0) return K3_EXIT_USAGE;
+        if (oc > 0) continue;
         if (!strcmp(a, "--input")) {
             if (!(in = k3_cli_value(argc, argv, &i, a))) return K3_EXIT_USAGE;
         } else if (!strcmp(a, "--output")) {
@@ -530,11 +601,15 @@ static int dequant_main(int argc, char **argv) {
         fprintf(stderr, "k3 dequant: --dtype must be f32 or bf16 (got '%s')\n", dtype);
         return K3_EXIT_USAGE;
     }
+    const int64_t bytes_in = k3_quant_file_bytes(in); /* before the output may replace it */
     k3_st_file *f = open_input(in, "dequant");
     if (!f) return K3_EXIT_FAIL;
     int rc = K3_EXIT_FAIL, expanded = 0;
+    unsigned seen_fmt = 0, seen_layout = 0; /* bit 0 nvfp4 / linear, bit 1 mxfp4 / swizzled */
+    k3_cli_progress pg;
+    k3_cli_progress_init(&pg, "k3 dequant", oo.quiet ? -1.0 : oo.progress_after);
     char err[512];
-    unsigned char *role = NULL; /* per tensor: 1 = packed FP4, 2 = a scale companion */
+    unsigned char *role = NULL; /* per tensor: K3_QS_CONVERTED = packed FP4, K3_QS_DROPPED = a scale companion */
     k3_st_writer *w = NULL;
     const char *mf = k3_st_metadata_get(f, META_FORMAT), *ml = k3_st_metadata_get(f, META_LAYOUT);
     if (k3_st_writer_create(&w) != K3_STATUS_SUCCESS) {
@@ -563,22 +638,25 @@ static int dequant_main(int argc, char **argv) {
         int r = quantized_info(f, k3_st_at(f, i), mf, ml, &q);
         if (r < 0) goto done;
         if (r == 0) continue;
-        role[i] |= 1;
-        role[q.scale - base] |= 2;
-        if (q.scale_2) role[q.scale_2 - base] |= 2;
+        role[i] |= K3_QS_CONVERTED;
+        role[q.scale - base] |= K3_QS_DROPPED;
+        if (q.scale_2) role[q.scale_2 - base] |= K3_QS_DROPPED;
     }
     for (int32_t i = 0; i < count; i++) {
         const k3_st_tensor *t = k3_st_at(f, i);
-        if (role[i] == 3) { /* both a quantized tensor and another's scale: ambiguous */
+        k3_cli_progress_item(&pg, i + 1, count, t->name);
+        if (role[i] == (K3_QS_CONVERTED | K3_QS_DROPPED)) { /* both a quantized tensor and another's scale: ambiguous */
             fprintf(stderr, "k3 dequant: %s is both a packed tensor and a scale of another one\n", t->name);
             goto done;
         }
-        if (role[i] == 1) {
+        if (role[i] == K3_QS_CONVERTED) {
             qinfo q;
             quantized_info(f, t, mf, ml, &q);
             if (!dequantize_tensor(w, t, &q, !strcmp(dtype, "bf16"))) goto done;
+            seen_fmt |= q.fmt == K3_FP4_NVFP4 ? 1u : 2u;
+            seen_layout |= q.layout == K3_SCALE_LINEAR ? 1u : 2u;
             expanded++;
-        } else if (role[i] == 0) {
+        } else if (role[i] == K3_QS_COPIED) {
             if (!copy_tensor(w, t, "dequant")) goto done;
         }
     }
@@ -586,9 +664,21 @@ static int dequant_main(int argc, char **argv) {
         fprintf(stderr, "k3 dequant: %s says " META_FORMAT "=%s but holds no NAME + NAME_scale pair\n", in, mf);
         goto done;
     }
+    k3_cli_progress_step(&pg, "writing the output file");
     if (!save(w, out, "dequant")) goto done;
-    fprintf(stderr, "k3 dequant: %d tensor%s expanded to %s -> %s\n", expanded, expanded == 1 ? "" : "s", dtype,
-            out);
+    if (!oo.quiet)
+        fprintf(stderr, "k3 dequant: %d tensor%s expanded to %s -> %s\n", expanded, expanded == 1 ? "" : "s", dtype,
+                out);
+    if (oo.json) {
+        static const char *const fmts[4] = {NULL, "nvfp4", "mxfp4", "mixed"};
+        static const char *const lays[4] = {NULL, "linear", "swizzled", "mixed"};
+        k3_quant_summary qs = {"dequant", "dequantized", in, out, fmts[seen_fmt], lays[seen_layout], dtype, f, role,
+                               0, bytes_in, 0, 0.0};
+        for (int32_t i = 0; i < count; i++) qs.tensors_out += role[i] != K3_QS_DROPPED;
+        qs.bytes_out = k3_quant_file_bytes(out);
+        qs.seconds = k3_cli_now() - t_start;
+        k3_quant_summary_print(&qs);
+    }
     rc = K3_EXIT_OK;
 done:
     free(role);
