@@ -299,9 +299,9 @@ static int check_small(k3_ctx *ctx, FILE *hu, k3_demo_check *rep) {
         rep->ran = 1, rep->ids_identical = ids_ok, rep->finite = finite, rep->rel_l2 = rel, rep->bar = bar;
         rep->pass = ok;
         fprintf(hu, "correctness (cuda): E %d top-%d L %d I %d H %d Is %d M %d vs the CPU reference backend: routing "
-               "ids %s, output %s, rel-L2 %.2e <= %.0e: %s\n",
-               E, TOPK, L, I, H, IS, M, ids_ok ? "identical" : "DIFFER", finite ? "finite" : "NOT FINITE", rel, bar,
-               ok ? "PASS" : "FAIL");
+                "ids %s, output %s, rel-L2 %.2e <= %.0e: %s\n",
+                E, TOPK, L, I, H, IS, M, ids_ok ? "identical" : "DIFFER", finite ? "finite" : "NOT FINITE", rel, bar,
+                ok ? "PASS" : "FAIL");
     } else {
         int rows_ok = 1;
         for (int t = 0; t < M && rows_ok; t++) {
@@ -313,9 +313,9 @@ static int check_small(k3_ctx *ctx, FILE *hu, k3_demo_check *rep) {
         ok = finite && rows_ok;
         rep->ran = 1, rep->ids_identical = rows_ok, rep->finite = finite, rep->pass = ok;
         fprintf(hu, "correctness (cpu, the reference backend): E %d top-%d L %d I %d H %d Is %d, M %d at once vs token "
-               "by token: %s, output %s: %s\n",
-               E, TOPK, L, I, H, IS, M, rows_ok ? "bitwise identical" : "DIFFER", finite ? "finite" : "NOT FINITE",
-               ok ? "PASS" : "FAIL");
+                "by token: %s, output %s: %s\n",
+                E, TOPK, L, I, H, IS, M, rows_ok ? "bitwise identical" : "DIFFER", finite ? "finite" : "NOT FINITE",
+                ok ? "PASS" : "FAIL");
     }
 done:
     block_free(&b);
@@ -370,7 +370,7 @@ int k3_cmd_demo(int argc, char **argv) {
     if (st == K3_STATUS_UNSUPPORTED && k3_ctx_backend(ctx) != K3_BACKEND_CPU) {
         rep.fell_back = 1;
         fprintf(hu, "note: this build's CUDA backend has no MoE yet (%s); running the CPU reference backend instead\n",
-               k3_ctx_last_error(ctx));
+                k3_ctx_last_error(ctx));
         k3_ctx_destroy(ctx);
         if (!(ctx = k3_cli_ctx("cpu"))) return K3_EXIT_FAIL;
         st = k3_latent_moe_plan_create(ctx, &b.d, &plan);
@@ -386,9 +386,9 @@ int k3_cmd_demo(int argc, char **argv) {
     rep.backend = on_cpu ? "cpu" : "cuda";
     rep.device = arch.device_name;
     fprintf(hu, "k3 demo: Kimi-K3 latent-MoE block, TP8 slice: H 7168, E 896 top-16, L 3584, I 384, shared Is 768\n"
-           "         NVFP4 experts (linear scales), W4A16, SiTU 4/25, sigmoid noaux_tc router, RMSNorm eps 1e-5\n"
-           "backend: %s (%s)\n",
-           on_cpu ? "cpu" : "cuda", arch.device_name);
+            "         NVFP4 experts (linear scales), W4A16, SiTU 4/25, sigmoid noaux_tc router, RMSNorm eps 1e-5\n"
+            "backend: %s (%s)\n",
+            on_cpu ? "cpu" : "cuda", arch.device_name);
 
     int rc = K3_EXIT_FAIL, in_ok = 1;
     k3_cli_mem mm;
@@ -417,8 +417,8 @@ int k3_cmd_demo(int argc, char **argv) {
     }
 
     rep.has_stages = on_cpu;
-    fprintf(hu, "\n%5s %9s %9s %9s %9s %9s %10s   %s\n", "M", "router", "down", "experts", "norm+up", "shared", "total ms",
-           "(k3_latent_moe_run)");
+    fprintf(hu, "\n%5s %9s %9s %9s %9s %9s %10s   %s\n", "M", "router", "down", "experts", "norm+up", "shared",
+            "total ms", "(k3_latent_moe_run)");
     const k3_cpu_latent *cpu = k3_latent_moe_plan_cpu(plan);
     for (int i = 0; i < nm; i++) {
         const int64_t m = ms[i];
@@ -444,7 +444,7 @@ int k3_cmd_demo(int argc, char **argv) {
         rep.nm++;
         if (on_cpu)
             fprintf(hu, "%5lld %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f\n", (long long)m, 1e3 * c.t[0], 1e3 * c.t[1],
-                   1e3 * c.t[2], 1e3 * c.t[3], 1e3 * c.t[4], 1e3 * total);
+                    1e3 * c.t[2], 1e3 * c.t[3], 1e3 * c.t[4], 1e3 * total);
         else /* the per-stage breakdown exists for the CPU form of the plan only */
             fprintf(hu, "%5lld %9s %9s %9s %9s %9s %10.3f\n", (long long)m, "-", "-", "-", "-", "-", 1e3 * total);
     }

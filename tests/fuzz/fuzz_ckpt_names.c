@@ -5,12 +5,12 @@
  *                   bits 5-6 fill (0 plausible values, 1 zeros, 2 0xFF bytes: NaN codes, 3 pseudo-random)
  *     rank bytes    the dimensions, each byte & 0x7F (so 10 is written 0x8A: no byte of a record is '\n')
  *     the rest      the tensor's name (any bytes; escaped into the header)
- * Tensors are tiny (at most 32 KiB each, 48 of them); records that do not fit are skipped. The file goes to the scratch memfd and is opened with
- * k3_ckpt_open; k3_ckpt_moe_detect runs for layers 0..2 and, where it succeeds, k3_ckpt_load_moe. A success must be
- * consistent: the detected format, prefix and expert count kept, sizes that are E x the per-expert shapes, block
- * sizes dividing L and I, global and input scales finite and > 0, no NaN block-scale code, and every expert's
- * bytes equal to the file's tensors it was stacked from (per-expert formats: gate, up, down; stacked: the four
- * tensors as they are). A failure must come with a message.
+ * Tensors are tiny (at most 32 KiB each, 48 of them); records that do not fit are skipped. The file goes to the
+ * scratch memfd and is opened with k3_ckpt_open; k3_ckpt_moe_detect runs for layers 0..2 and, where it succeeds,
+ * k3_ckpt_load_moe. A success must be consistent: the detected format, prefix and expert count kept, sizes that
+ * are E x the per-expert shapes, block sizes dividing L and I, global and input scales finite and > 0, no NaN
+ * block-scale code, and every expert's bytes equal to the file's tensors it was stacked from (per-expert formats:
+ * gate, up, down; stacked: the four tensors as they are). A failure must come with a message.
  */
 #define _GNU_SOURCE
 #include <math.h>
