@@ -51,12 +51,12 @@ test-asan:
 # build-fuzz/corpus/<target>/ (the committed seeds are not changed); a crash, leak, timeout or out-of-memory stops
 # that target with a non-zero exit and leaves its input in build-fuzz/artifacts/<target>/: copy it to
 # tests/fuzz/crashes/<target>/, where the replay tests of `make test` (fuzz_replay_*) run it from then on.
-# Targets run one after another; `make -j2 fuzz` runs them side by side. More targets (the index.json reader, the
-# checkpoint name mapper) are added to FUZZ_TARGETS as files tests/fuzz/fuzz_<name>.c when those readers exist.
+# Targets run one after another; `make -j2 fuzz` runs them side by side. A new target is a file
+# tests/fuzz/fuzz_<name>.c with seeds in tests/fuzz/corpus/fuzz_<name>/, added to FUZZ_TARGETS.
 FUZZ_BUILD    ?= build-fuzz
 FUZZ_CC       ?= clang
 FUZZ_SECONDS  ?= 60
-FUZZ_TARGETS  ?= fuzz_safetensors fuzz_table
+FUZZ_TARGETS  ?= fuzz_safetensors fuzz_table fuzz_index fuzz_ckpt_names
 FUZZ_MAX_LEN  ?= 65536
 FUZZ_RSS_MB   ?= 2048
 FUZZ_TIMEOUT  ?= 10

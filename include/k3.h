@@ -699,13 +699,14 @@ K3_API k3_status k3_moe_workspace_size(const k3_moe_plan *plan, size_t *out_byte
 K3_API k3_status k3_moe_plan_kernel(const k3_moe_plan *plan, int64_t m, k3_moe_launch_info *out);
 /*
  * out[m, L] = bf16( sum_j topk_weights[t, j] * W2_e(act(bf16(W13_e x_t))) ), e = topk_ids[t, j], fp32 sum.
- * x [m, L] BF16; topk_ids [m, top_k] int32 in [0, E); topk_weights [m, top_k] f32.
+ * x [m, L] BF16; topk_ids [m, top_k] int32; topk_weights [m, top_k] f32.
  * out_f32 (optional, may be NULL): the same sum before its BF16 rounding, [m, L] f32.
  * The activation output is rounded to BF16 (W4A16) or NVFP4 quantize-dequantized with gs = 1/w2_input_scale
  * (W4A4, where x is too, per row, with gs = 1/w13_input_scale); expert outputs are summed unrounded. A row of
- * out does not depend on the other tokens of the batch. An id outside [0, E) is K3_STATUS_INVALID_ARGUMENT
- * naming the token and slot on the CPU backend; on CUDA (ids live in device memory and are not read back, so the
- * call stays capturable) such a slot contributes nothing. CUDA requires L and I to be multiples of 32, x, w13 and
+ * out does not depend on the other tokens of the batch. Expert parallelism: id -1 means "not on this rank" and the
+ * slot contributes nothing; so does any other id outside [0, E), on both backends (ids are not checked: on CUDA
+ * they live in device memory and are not read back, so the call stays capturable). A token whose slots are all
+ * dropped gets a zero row. CUDA requires L and I to be multiples of 32, x, w13 and
  * w2 16-byte aligned and (NVFP4) the block-scale pointers 4-byte aligned. CUDA runs refuse host pointers with
  * INVALID_ARGUMENT (outside graph capture).
  */

@@ -5,8 +5,8 @@
  * BF16 weights, linear and swizzled scales, every activation, M 1..512, top-k 1..16, E 8 / 56 / 896 (and the
  * real K3 TP8 shape), experts with no tokens, all tokens on one expert; bitwise identical across two runs and
  * across the launch shapes the kernels choose between; CUDA-graph capture, then replay with new routing copied
- * into the captured buffers; the latent-MoE block. Every device output goes through the harness
- * (tests/k3t_harness.h): poisoned before each run, guard bytes around it, every element written, no NaN/Inf.
+ * into the captured buffers; ids -1 and outside [0, E) dropped (expert parallelism); the latent-MoE block. Every
+ * device output goes through the harness (tests/k3t_harness.h): poisoned before each run, guard bytes around it, every element written, no NaN/Inf.
  * One PASS/FAIL line per case with its numbers and seed. Exits 77 without a CUDA device; a 300 s alarm turns a
  * hang into a failure. Fixed seeds; K3T_SEED=<n> changes the base seed. */
 #define _POSIX_C_SOURCE 200809L
@@ -234,9 +234,9 @@ static void moe_case(const mcase *c) {
                 }
                 shape_facts_free(&as);
             }
-            /* top_k 1 (GEMM2 writes out itself, no combine): ids outside [0, E) are skipped by the CUDA kernels
-             * (the CPU refuses them), so their tokens' rows must come out zero, and every other row bitwise as
-             * above (each token's output depends on its own expert only) */
+            /* top_k 1 (GEMM2 writes out itself, no combine): ids outside [0, E) are skipped (on both backends; the
+             * ROUTE_EP cases compare such routings with the CPU), so their tokens' rows must come out zero, and
+             * every other row bitwise as above (each token's output depends on its own expert only) */
             if (K == 1 && M >= 2) {
                 int32_t *ids2 = (int32_t *)malloc((size_t)np * 4);
                 int32_t *dids2 = NULL;
@@ -299,7 +299,7 @@ static void moe_case(const mcase *c) {
                       k3_ctx_last_error(g_gpu), cudaGetErrorString(ce));
                 if (cst == K3_STATUS_SUCCESS && ce == cudaSuccess &&
                     k3t_cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate")) {
-                    fill_routing(c, ROUTE_RANDOM, &rng, ids, wts);
+                    fill_routing(c, route == ROUTE_EP ? ROUTE_EP : ROUTE_RANDOM, &rng, ids, wts);
                     for (int64_t i = 0; i < n; i++) x[i] = k3t_rand_bf16(&rng, 1.0f);
                     cudaMemcpyAsync(dx, x, (size_t)n * 2, cudaMemcpyHostToDevice, g_stream);
                     cudaMemcpyAsync(dids, ids, (size_t)np * 4, cudaMemcpyHostToDevice, g_stream);
@@ -359,6 +359,7 @@ static void moe_case(const mcase *c) {
            route == ROUTE_ONE_EXPERT    ? "one-expert"
            : route == ROUTE_LOW_EXPERTS ? "few-experts"
            : route == ROUTE_DUP         ? "dup-ids"
+           : route == ROUTE_EP          ? "ep-dropped"
                                         : "random",
            rel, rel_bf, tol, bitwise ? "bitwise equal" : "DIFFER", us, t_cpu, now_s() - t_start);
     const int sd = same[ALT_DISPATCH_PATH], su = same[ALT_UNPAIRED], st1 = same[ALT_ONE_TILE],
@@ -491,6 +492,15 @@ static const mcase k_moe_cases[] = {
     {{"early", {56, 4, 256, 1024}, 16, ROUTE_ONE_EXPERT, 368, K3T_OP_MOE_W4A16}, K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 1},
     {{"early", {8, 4, 512, 4096}, 4, ROUTE_DUP, 369, K3T_OP_MOE_W4A16}, K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A16, K3_ACT_SITU, 0},
     {{"early", {56, 8, 256, 1024}, 8, ROUTE_RANDOM, 370, K3T_OP_MOE_W4A16}, K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_RELU2_NO_MUL, 1},
+    /* expert parallelism: -1 and out-of-range ids drop their slots (token 1 entirely), compared with the CPU
+     * reference, which drops them too: the folded path (W4A16, few pairs), the dispatch kernel (W4A4, more pairs),
+     * top-k 1 (GEMM2 writes out directly), E 896 with swizzled scales, and a captured graph replayed with new
+     * dropped routing */
+    {{"ep-ids", {56, 8, 256, 128}, 4, ROUTE_EP, 371, K3T_OP_MOE_W4A16}, K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 0},
+    {{"ep-ids", {56, 8, 256, 128}, 40, ROUTE_EP, 372, K3T_OP_MOE_W4A4}, K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 1, K3_MOE_W4A4, K3_ACT_SITU, 0},
+    {{"ep-ids", {56, 1, 256, 128}, 16, ROUTE_EP, 373, K3T_OP_MOE_W4A16}, K3_WEIGHT_NVFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 0},
+    {{"ep-ids", {896, 16, 128, 64}, 8, ROUTE_EP, 374, K3T_OP_MOE_W4A16}, K3_WEIGHT_NVFP4, K3_SCALE_SWIZZLED, 1, K3_MOE_W4A16, K3_ACT_SITU, 0},
+    {{"ep-ids", {56, 8, 256, 128}, 16, ROUTE_EP, 375, K3T_OP_MOE_W4A16}, K3_WEIGHT_MXFP4, K3_SCALE_LINEAR, 0, K3_MOE_W4A16, K3_ACT_SITU, 1},
 };
 
 #define N_MOE_CASES ((int)(sizeof k_moe_cases / sizeof k_moe_cases[0]))

@@ -118,7 +118,7 @@ static inline void ref_fake_quant(double *x, int64_t n, double gs) {
     }
 }
 
-/* out[m, L] (fp64, unrounded) = sum over slots of w * expert(x). */
+/* out[m, L] (fp64, unrounded) = sum over slots of w * expert(x); slots with ids outside [0, E) add nothing. */
 static inline void ref_moe(const k3_moe_desc *d, const k3_moe_weights *w, int64_t m, const uint16_t *x,
                            const int32_t *ids, const float *wts, double *out) {
     const int64_t l = d->hidden, in = d->inter, w1 = (d->act.kind == K3_ACT_RELU2_NO_MUL ? 1 : 2) * in;
@@ -129,6 +129,7 @@ static inline void ref_moe(const k3_moe_desc *d, const k3_moe_weights *w, int64_
         for (int64_t c = 0; c < l; c++) out[t * l + c] = 0;
         for (int32_t j = 0; j < d->top_k; j++) {
             const int64_t e = ids[t * d->top_k + j];
+            if (e < 0 || e >= d->num_experts) continue; /* -1: an expert on another rank; out of range: the same */
             for (int64_t c = 0; c < l; c++) xv[c] = k3_bf16_to_f32(x[t * l + c]);
             if (d->mode == K3_MOE_W4A4) ref_fake_quant(xv, l, 1.0 / w->w13_input_scale[e]);
             for (int64_t r = 0; r < w1; r++) {

@@ -97,10 +97,41 @@ static void test_audit(void) {
           "a negative scale_2 named");
 }
 
+/* Expert ids in a file: -1 (an expert on another rank) drops its slot, exactly as a zero routing weight would;
+ * any other id outside [0, E) is refused, naming token and slot. */
+static void test_ids(void) {
+    char ypath[128];
+    path_of(ypath, sizeof ypath, "y_ids.safetensors");
+    const char *run = "%s run moe --weights %s/q_experts.safetensors --input %s/%s --output %s/%s";
+    const int32_t at_e = E, below = -2, none = -1;
+    const float zero = 0.0f;
+    const size_t slot = (size_t)(2 * K + 1); /* token 2, slot 1 */
+    CHECK(copy_patched("x_ids.safetensors", "ids_e.safetensors", "topk_ids", slot * 4, &at_e, 4), "write ids_e");
+    sh("rm -f %s", ypath);
+    CHECK(sh(run, g_k3, g_dir, g_dir, "ids_e.safetensors", g_dir, "y_ids.safetensors") == 1 &&
+              stderr_has("input: topk_ids[token 2][slot 1] = 16 is out of range: an id is -1 (not on this rank) or "
+                         "in [0, 16)") &&
+              access(ypath, F_OK) != 0,
+          "an id = E is refused, naming token and slot, no output");
+    CHECK(copy_patched("x_ids.safetensors", "ids_m2.safetensors", "topk_ids", slot * 4, &below, 4), "write ids_m2");
+    CHECK(sh(run, g_k3, g_dir, g_dir, "ids_m2.safetensors", g_dir, "y_ids.safetensors") == 1 &&
+              stderr_has("topk_ids[token 2][slot 1] = -2 is out of range"),
+          "an id of -2 is refused");
+    CHECK(copy_patched("x_ids.safetensors", "ids_m1.safetensors", "topk_ids", slot * 4, &none, 4), "write ids_m1");
+    CHECK(copy_patched("x_ids.safetensors", "wts_0.safetensors", "topk_weights", slot * 4, &zero, 4), "write wts_0");
+    CHECK(sh(run, g_k3, g_dir, g_dir, "ids_m1.safetensors", g_dir, "y_m1.safetensors") == 0, "an id of -1 runs");
+    CHECK(sh(run, g_k3, g_dir, g_dir, "wts_0.safetensors", g_dir, "y_w0.safetensors") == 0 &&
+              sh(run, g_k3, g_dir, g_dir, "x_ids.safetensors", g_dir, "y_all.safetensors") == 0,
+          "the zero-weight and the unpatched inputs run");
+    CHECK(same_bytes("y_m1.safetensors", "y_w0.safetensors"), "id -1 gives the output of a zero weight in that slot");
+    CHECK(!same_bytes("y_m1.safetensors", "y_all.safetensors"), "and the slot mattered (the control differs)");
+}
+
 int main(void) {
     const int st = run_moe_files_setup();
     if (st) return st;
     test_audit();
+    test_ids();
     run_moe_files_done();
     return k3t_finish();
 }

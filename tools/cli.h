@@ -48,4 +48,27 @@ int k3_cli_same_file(const char *a, const char *b);
 /* Creates a context for "cpu", "cuda" or "auto"; prints the failure and returns NULL on error. */
 k3_ctx *k3_cli_ctx(const char *device);
 
+/* ---- JSON output (tools/cli_util.c) ---- */
+/* Writes s as a JSON string: quotes, backslash and control characters escaped, other bytes as they are (names
+ * come from files whose reader checked them as UTF-8); NULL is written as null. */
+void k3_cli_json_string(FILE *f, const char *s);
+/* Writes v as a JSON number (%.17g keeps every double), or null when v is NaN or infinite (JSON has neither). */
+void k3_cli_json_number(FILE *f, double v);
+/* Seconds on the monotonic clock. */
+double k3_cli_now(void);
+
+/* ---- progress lines on stderr (tools/cli_util.c) ---- */
+typedef struct k3_cli_progress {
+    const char *cmd;   /* "k3 quant" */
+    double start, last;
+    double after;      /* seconds before the first line; a negative value: never */
+} k3_cli_progress;
+/* Starts the clock: lines begin once `after` seconds have passed (a negative value turns them off). */
+void k3_cli_progress_init(k3_cli_progress *p, const char *cmd, double after);
+/* "CMD: tensor I of N: NAME" once the command has run `after` seconds, then at most two lines a second (every
+ * item when after is 0). i counts from 1. */
+void k3_cli_progress_item(k3_cli_progress *p, int64_t i, int64_t n, const char *name);
+/* "CMD: STEP" under the same rule, for a step between items (writing the output file). */
+void k3_cli_progress_step(k3_cli_progress *p, const char *step);
+
 #endif

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <sys/stat.h>
 
@@ -143,4 +144,60 @@ int k3_cli_same_file(const char *a, const char *b) {
     if (!strcmp(a, b)) return 1;
     struct stat sa, sb;
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+void k3_cli_json_string(FILE *f, const char *s) {
+    if (!s) {
+        fputs("null", f);
+        return;
+    }
+    fputc('"', f);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        switch (*c) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        default:
+            if (*c < 0x20 || *c == 0x7f) fprintf(f, "\\u%04x", (unsigned)*c);
+            else fputc(*c, f);
+        }
+    }
+    fputc('"', f);
+}
+
+void k3_cli_json_number(FILE *f, double v) {
+    if (isfinite(v)) fprintf(f, "%.17g", v);
+    else fputs("null", f);
+}
+
+double k3_cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void k3_cli_progress_init(k3_cli_progress *p, const char *cmd, double after) {
+    p->cmd = cmd;
+    p->start = k3_cli_now();
+    p->last = -1e30;
+    p->after = after;
+}
+
+/* 1 when a line is due now (and marks it printed). */
+static int progress_due(k3_cli_progress *p) {
+    if (p->after < 0) return 0;
+    const double t = k3_cli_now();
+    if (t - p->start < p->after || (p->after > 0 && t - p->last < 0.5)) return 0;
+    p->last = t;
+    return 1;
+}
+
+void k3_cli_progress_item(k3_cli_progress *p, int64_t i, int64_t n, const char *name) {
+    if (progress_due(p)) fprintf(stderr, "%s: tensor %lld of %lld: %s\n", p->cmd, (long long)i, (long long)n, name);
+}
+
+void k3_cli_progress_step(k3_cli_progress *p, const char *step) {
+    if (progress_due(p)) fprintf(stderr, "%s: %s\n", p->cmd, step);
 }

@@ -8,24 +8,19 @@
  * W13, 0.051 for W2); BF16 dense weights are uniform with std 1/sqrt(K). Quantizing 5e9 fp32 values would
  * take minutes and tell nothing more about speed.
  */
-#define _POSIX_C_SOURCE 199309L /* clock_gettime */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "api/moe_internal.h" /* the plan's CPU form: the per-stage timings have no public call */
 #include "cli.h"
 #include "cli_mem.h"
+#include "demo_report.h"
 
 #define DEMO_SEED 0x4b33446d6fULL /* "K3Dmo" */
-#define MAX_M 64
+#define MAX_M K3_DEMO_MAX_M
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now_s(void) { return k3_cli_now(); }
 
 /* xorshift64*: fast enough to fill 2 GB in about a second. */
 typedef struct {
@@ -176,6 +171,8 @@ static void block_desc(k3_latent_moe_desc *d, int32_t e, int32_t k, int64_t h, i
     d->max_tokens = max_m;
 }
 
+_Static_assert(K3_LATENT_STAGE_COUNT == K3_DEMO_STAGES, "the report has one time per stage");
+
 typedef struct stage_clock {
     double last, t[K3_LATENT_STAGE_COUNT];
 } stage_clock;
@@ -188,7 +185,7 @@ static void on_stage(void *user, int32_t stage) {
 }
 
 static void demo_help(void) {
-    printf("usage: k3 demo [--device cpu|cuda|auto] [--m LIST]\n\n"
+    printf("usage: k3 demo [--device cpu|cuda|auto] [--m LIST] [--json]\n\n"
            "Runs the Kimi-K3 latent-MoE block at its TP8 shapes (H 7168, 896 experts top-16, L 3584, I 384, shared\n"
            "Is 768; NVFP4 experts, W4A16, SiTU 4/25; weights synthesized from a fixed printed seed) for each token\n"
            "count M (default 1,4,16), printing per-stage times (router, down, experts, norm+up, shared) and the\n"
@@ -198,7 +195,13 @@ static void demo_help(void) {
            "On a CUDA context the weights are copied to the device and the GPU block is timed (total only: the\n"
            "per-stage breakdown is measured on the CPU backend); a backend without the MoE falls back to the CPU.\n\n"
            "  --device D   cpu, cuda or auto (default auto)\n"
-           "  --m LIST     token counts, e.g. 1,4,16 or 1-8 (each 1..%d)\n\n"
+           "  --m LIST     token counts, e.g. 1,4,16 or 1-8 (each 1..%d)\n"
+           "  --json       one JSON object on stdout at the end (the lines above go to stderr instead): backend,\n"
+           "               device, cpu_fallback, seed, format, shape (experts, top_k, hidden, latent, inter,\n"
+           "               shared_inter), weights_seconds, weights_bytes_fp4 / _dense, copy_seconds (null on the\n"
+           "               CPU), m, runs (per M: router_ms, down_ms, experts_ms, norm_up_ms, shared_ms (null on\n"
+           "               CUDA), total_ms), correctness (against, shape, m, ids_identical or bitwise_identical,\n"
+           "               finite, rel_l2 and bar (CUDA; null on the CPU), pass), total_seconds, pass\n\n"
            "exit status: 0 success, 1 failure (including a failed correctness check), 2 usage error\n",
            MAX_M);
 }
@@ -261,7 +264,7 @@ static double rel_l2_bf16(const uint16_t *a, const uint16_t *b, int64_t n) {
  * comparison would be the code against itself; the line then checks what the reference promises beyond that:
  * finite output, and each token's row the same, bit for bit, whether run in the batch or alone.
  */
-static int check_small(k3_ctx *ctx) {
+static int check_small(k3_ctx *ctx, FILE *hu, k3_demo_check *rep) {
     enum { M = 4, E = 16, TOPK = 4, H = 512, L = 256, I = 64, IS = 128 };
     demo_block b;
     memset(&b, 0, sizeof b);
@@ -272,6 +275,10 @@ static int check_small(k3_ctx *ctx) {
     float wts[M * TOPK], rwts[M * TOPK];
     const int on_dev = k3_ctx_backend(ctx) == K3_BACKEND_CUDA;
     int ok = 0;
+    memset(rep, 0, sizeof *rep);
+    rep->shape = (k3_demo_shape){E, TOPK, H, L, I, IS};
+    rep->m = M;
+    rep->against_cpu = on_dev;
     if (!block_make(&b, &r)) {
         fprintf(stderr, "k3 demo: out of memory\n");
         goto done;
@@ -289,10 +296,12 @@ static int check_small(k3_ctx *ctx) {
         const int ids_ok = !memcmp(ids, rids, sizeof ids);
         const double bar = 1e-2; /* the GPU-vs-reference bar of the W4A16 experts */
         ok = finite && ids_ok && rel <= bar;
-        printf("correctness (cuda): E %d top-%d L %d I %d H %d Is %d M %d vs the CPU reference backend: routing "
-               "ids %s, output %s, rel-L2 %.2e <= %.0e: %s\n",
-               E, TOPK, L, I, H, IS, M, ids_ok ? "identical" : "DIFFER", finite ? "finite" : "NOT FINITE", rel, bar,
-               ok ? "PASS" : "FAIL");
+        rep->ran = 1, rep->ids_identical = ids_ok, rep->finite = finite, rep->rel_l2 = rel, rep->bar = bar;
+        rep->pass = ok;
+        fprintf(hu, "correctness (cuda): E %d top-%d L %d I %d H %d Is %d M %d vs the CPU reference backend: routing "
+                "ids %s, output %s, rel-L2 %.2e <= %.0e: %s\n",
+                E, TOPK, L, I, H, IS, M, ids_ok ? "identical" : "DIFFER", finite ? "finite" : "NOT FINITE", rel, bar,
+                ok ? "PASS" : "FAIL");
     } else {
         int rows_ok = 1;
         for (int t = 0; t < M && rows_ok; t++) {
@@ -302,10 +311,11 @@ static int check_small(k3_ctx *ctx) {
                       !memcmp(rwts + t * TOPK, wts + t * TOPK, sizeof(float) * TOPK);
         }
         ok = finite && rows_ok;
-        printf("correctness (cpu, the reference backend): E %d top-%d L %d I %d H %d Is %d, M %d at once vs token "
-               "by token: %s, output %s: %s\n",
-               E, TOPK, L, I, H, IS, M, rows_ok ? "bitwise identical" : "DIFFER", finite ? "finite" : "NOT FINITE",
-               ok ? "PASS" : "FAIL");
+        rep->ran = 1, rep->ids_identical = rows_ok, rep->finite = finite, rep->pass = ok;
+        fprintf(hu, "correctness (cpu, the reference backend): E %d top-%d L %d I %d H %d Is %d, M %d at once vs token "
+                "by token: %s, output %s: %s\n",
+                E, TOPK, L, I, H, IS, M, rows_ok ? "bitwise identical" : "DIFFER", finite ? "finite" : "NOT FINITE",
+                ok ? "PASS" : "FAIL");
     }
 done:
     block_free(&b);
@@ -315,7 +325,7 @@ done:
 int k3_cmd_demo(int argc, char **argv) {
     const char *device = "auto";
     int64_t ms[MAX_M] = {1, 4, 16};
-    int nm = 3;
+    int nm = 3, json = 0;
     if (k3_cli_wants_help(argc, argv)) {
         demo_help();
         return K3_EXIT_OK;
@@ -324,6 +334,8 @@ int k3_cmd_demo(int argc, char **argv) {
         if (!strcmp(argv[i], "--device")) {
             if (!(device = k3_cli_value(argc, argv, &i, "--device")) || !k3_cli_device_name_ok(device, "--device"))
                 return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--json")) {
+            json = 1;
         } else if (!strcmp(argv[i], "--m")) {
             const char *v = k3_cli_value(argc, argv, &i, "--m");
             if (!v || !(nm = k3_cli_parse_list(v, "--m", ms, MAX_M))) return K3_EXIT_USAGE;
@@ -341,6 +353,12 @@ int k3_cmd_demo(int argc, char **argv) {
         if (ms[i] > max_m) max_m = ms[i];
     }
     const double t_start = now_s();
+    FILE *hu = json ? stderr : stdout; /* the human-readable lines */
+    k3_demo_report rep;
+    memset(&rep, 0, sizeof rep);
+    rep.seed = DEMO_SEED;
+    rep.shape = (k3_demo_shape){896, 16, 7168, 3584, 384, 768};
+    rep.copy_s = -1.0;
     k3_ctx *ctx = k3_cli_ctx(device);
     if (!ctx) return K3_EXIT_FAIL;
 
@@ -350,8 +368,9 @@ int k3_cmd_demo(int argc, char **argv) {
     k3_latent_moe_plan *plan = NULL;
     k3_status st = k3_latent_moe_plan_create(ctx, &b.d, &plan);
     if (st == K3_STATUS_UNSUPPORTED && k3_ctx_backend(ctx) != K3_BACKEND_CPU) {
-        printf("note: this build's CUDA backend has no MoE yet (%s); running the CPU reference backend instead\n",
-               k3_ctx_last_error(ctx));
+        rep.fell_back = 1;
+        fprintf(hu, "note: this build's CUDA backend has no MoE yet (%s); running the CPU reference backend instead\n",
+                k3_ctx_last_error(ctx));
         k3_ctx_destroy(ctx);
         if (!(ctx = k3_cli_ctx("cpu"))) return K3_EXIT_FAIL;
         st = k3_latent_moe_plan_create(ctx, &b.d, &plan);
@@ -364,10 +383,12 @@ int k3_cmd_demo(int argc, char **argv) {
     k3_arch_info arch;
     k3_ctx_arch(ctx, &arch);
     const int on_cpu = k3_ctx_backend(ctx) == K3_BACKEND_CPU;
-    printf("k3 demo: Kimi-K3 latent-MoE block, TP8 slice: H 7168, E 896 top-16, L 3584, I 384, shared Is 768\n"
-           "         NVFP4 experts (linear scales), W4A16, SiTU 4/25, sigmoid noaux_tc router, RMSNorm eps 1e-5\n"
-           "backend: %s (%s)\n",
-           on_cpu ? "cpu" : "cuda", arch.device_name);
+    rep.backend = on_cpu ? "cpu" : "cuda";
+    rep.device = arch.device_name;
+    fprintf(hu, "k3 demo: Kimi-K3 latent-MoE block, TP8 slice: H 7168, E 896 top-16, L 3584, I 384, shared Is 768\n"
+            "         NVFP4 experts (linear scales), W4A16, SiTU 4/25, sigmoid noaux_tc router, RMSNorm eps 1e-5\n"
+            "backend: %s (%s)\n",
+            on_cpu ? "cpu" : "cuda", arch.device_name);
 
     int rc = K3_EXIT_FAIL, in_ok = 1;
     k3_cli_mem mm;
@@ -377,8 +398,10 @@ int k3_cmd_demo(int argc, char **argv) {
     demo_rng r = {DEMO_SEED};
     double t0 = now_s();
     if (!block_make(&b, &r)) goto oom;
-    printf("weights: synthesized from seed 0x%llx in %.2f s (%.2f GB NVFP4 experts + %.2f GB BF16 dense)\n",
-           (unsigned long long)DEMO_SEED, now_s() - t0, (double)b.bytes_fp4 / 1e9, (double)b.bytes_dense / 1e9);
+    rep.synth_s = now_s() - t0;
+    rep.bytes_fp4 = (double)b.bytes_fp4, rep.bytes_dense = (double)b.bytes_dense;
+    fprintf(hu, "weights: synthesized from seed 0x%llx in %.2f s (%.2f GB NVFP4 experts + %.2f GB BF16 dense)\n",
+            (unsigned long long)DEMO_SEED, rep.synth_s, (double)b.bytes_fp4 / 1e9, (double)b.bytes_dense / 1e9);
     k3_latent_moe_workspace_size(plan, &wsb);
     const size_t xb = sizeof(uint16_t) * (size_t)(max_m * 7168);
     if (!(x = malloc(xb))) goto oom;
@@ -388,10 +411,14 @@ int k3_cmd_demo(int argc, char **argv) {
     void *cws = k3_cli_mem_alloc(&mm, wsb), *cy = k3_cli_mem_alloc(&mm, xb);
     const void *cx = k3_cli_mem_in(&mm, x, xb, &in_ok);
     if (!block_weights_in(&b, &mm, &cw) || !in_ok || !cws || !cy) goto oom;
-    if (!on_cpu) printf("weights copied to the device in %.2f s\n", now_s() - t0);
+    if (!on_cpu) {
+        rep.copy_s = now_s() - t0;
+        fprintf(hu, "weights copied to the device in %.2f s\n", rep.copy_s);
+    }
 
-    printf("\n%5s %9s %9s %9s %9s %9s %10s   %s\n", "M", "router", "down", "experts", "norm+up", "shared", "total ms",
-           "(k3_latent_moe_run)");
+    rep.has_stages = on_cpu;
+    fprintf(hu, "\n%5s %9s %9s %9s %9s %9s %10s   %s\n", "M", "router", "down", "experts", "norm+up", "shared",
+            "total ms", "(k3_latent_moe_run)");
     const k3_cpu_latent *cpu = k3_latent_moe_plan_cpu(plan);
     for (int i = 0; i < nm; i++) {
         const int64_t m = ms[i];
@@ -412,15 +439,21 @@ int k3_cmd_demo(int argc, char **argv) {
         memset(&c, 0, sizeof c);
         c.last = now_s();
         if (on_cpu) k3_cpu_latent_run(cpu, m, x, &b.w, NULL, (uint16_t *)cy, NULL, NULL, cws, on_stage, &c);
+        rep.m[rep.nm] = m, rep.total_ms[rep.nm] = 1e3 * total;
+        for (int s = 0; s < K3_DEMO_STAGES; s++) rep.stage_ms[rep.nm][s] = 1e3 * c.t[s];
+        rep.nm++;
         if (on_cpu)
-            printf("%5lld %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f\n", (long long)m, 1e3 * c.t[0], 1e3 * c.t[1],
-                   1e3 * c.t[2], 1e3 * c.t[3], 1e3 * c.t[4], 1e3 * total);
+            fprintf(hu, "%5lld %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f\n", (long long)m, 1e3 * c.t[0], 1e3 * c.t[1],
+                    1e3 * c.t[2], 1e3 * c.t[3], 1e3 * c.t[4], 1e3 * total);
         else /* the per-stage breakdown exists for the CPU form of the plan only */
-            printf("%5lld %9s %9s %9s %9s %9s %10.3f\n", (long long)m, "-", "-", "-", "-", "-", 1e3 * total);
+            fprintf(hu, "%5lld %9s %9s %9s %9s %9s %10.3f\n", (long long)m, "-", "-", "-", "-", "-", 1e3 * total);
     }
-    printf("\n");
-    rc = check_small(ctx) ? K3_EXIT_OK : K3_EXIT_FAIL;
-    printf("demo total %.1f s\n", now_s() - t_start);
+    fprintf(hu, "\n");
+    rep.pass = check_small(ctx, hu, &rep.check);
+    rc = rep.pass ? K3_EXIT_OK : K3_EXIT_FAIL;
+    rep.total_s = now_s() - t_start;
+    fprintf(hu, "demo total %.1f s\n", rep.total_s);
+    if (json) k3_demo_report_print(&rep);
     goto done;
 oom:
     fprintf(stderr, "k3 demo: out of memory (the TP8 block needs about 2.1 GB of host memory)\n");

@@ -57,11 +57,13 @@ int k3_cmd_info(int argc, char **argv) {
         k3_ctx_destroy(ctx);
     }
     if (json) {
-        printf("{\"version\": \"%s\", \"backend\": \"%s\", \"device\": \"%s\", \"capability\": \"%d.%d\", "
+        printf("{\"version\": \"%s\", \"backend\": \"%s\", \"device\": ", k3_version(), backend);
+        k3_cli_json_string(stdout, a.device_name);
+        printf(", \"capability\": \"%d.%d\", "
                "\"sm_version\": %d, \"simulated\": %s, \"mixed_precision_bf16_fma\": %s, \"fp4_mma\": %s, "
                "\"table\": \"%s\", \"cuda_backend_usable\": %s, \"sm_count\": %d, \"l2_bytes\": %lld, "
                "\"driver_version\": %d, \"runtime_version\": %d}\n",
-               k3_version(), backend, a.device_name, (int)a.cc_major, (int)a.cc_minor, (int)a.sm_version,
+               (int)a.cc_major, (int)a.cc_minor, (int)a.sm_version,
                json_bool(a.simulated), json_bool(a.has_mixed_bf16_fma), json_bool(a.has_fp4_mma),
                k3_table_name(a.table), json_bool(a.cuda_backend_usable), (int)a.sm_count, (long long)a.l2_bytes,
                (int)a.driver_version, (int)a.runtime_version);

@@ -55,16 +55,6 @@ static const char *source_word(k3_choice_source s) {
     return "?";
 }
 
-static void json_string(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20) printf("\\u%04x", (unsigned)(unsigned char)*s);
-        else putchar(*s);
-    }
-    putchar('"');
-}
-
 static int same_choice(const k3_table_choice *a, k3_choice_source sa, const k3_table_choice *b, k3_choice_source sb) {
     return sa == sb && a->kernel == b->kernel && a->cfg == b->cfg && a->algo == b->algo;
 }
@@ -206,24 +196,24 @@ int k3_cmd_plan(int argc, char **argv) {
     const char *tname = t ? t->source : "none";
     if (json) {
         printf("{\"device\": ");
-        json_string(a.device_name);
+        k3_cli_json_string(stdout, a.device_name);
         printf(", \"capability\": \"%d.%d\", \"simulated\": %s, \"backend\": \"%s\", \"table\": ", (int)a.cc_major,
                (int)a.cc_minor, a.simulated ? "true" : "false",
                k3_ctx_backend(ctx) == K3_BACKEND_CUDA ? "cuda" : "cpu");
-        json_string(tname);
+        k3_cli_json_string(stdout, tname);
         if (t) {
             printf(", \"key\": {\"arch\": ");
-            json_string(t->key.arch);
+            k3_cli_json_string(stdout, t->key.arch);
             printf(", \"gpu\": ");
-            json_string(t->key.gpu);
+            k3_cli_json_string(stdout, t->key.gpu);
             printf(", \"sm_count\": %d, \"capability\": \"%d.%d\", \"driver\": %d, \"runtime\": %d, \"library\": ",
                    (int)t->key.sm_count, (int)t->key.cc_major, (int)t->key.cc_minor, (int)t->key.driver,
                    (int)t->key.runtime);
-            json_string(t->key.library);
+            k3_cli_json_string(stdout, t->key.library);
             printf(", \"date\": ");
-            json_string(t->key.date);
+            k3_cli_json_string(stdout, t->key.date);
             printf(", \"note\": ");
-            json_string(t->key.note);
+            k3_cli_json_string(stdout, t->key.note);
             printf("}");
         }
         printf(", \"max_m\": %lld, \"fallback\": \"cublaslt\", \"shapes\": [", (long long)max_m);

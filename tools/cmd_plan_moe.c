@@ -137,14 +137,16 @@ int k3_cmd_plan_moe(int argc, char **argv) {
     }
     k3_arch_info a;
     k3_ctx_arch(ctx, &a);
-    if (json)
-        printf("{\"device\": \"%s\", \"capability\": \"%d.%d\", \"simulated\": %s, \"sm_count\": %d, \"experts\": %d, "
+    if (json) {
+        fputs("{\"device\": ", stdout);
+        k3_cli_json_string(stdout, a.device_name);
+        printf(", \"capability\": \"%d.%d\", \"simulated\": %s, \"sm_count\": %d, \"experts\": %d, "
                "\"top_k\": %d, \"hidden\": %lld, \"inter\": %lld, \"format\": \"%s\", \"scale_layout\": \"%s\", "
                "\"mode\": \"%s\", \"force_shape\": %d, \"m\": [",
-               a.device_name, (int)a.cc_major, (int)a.cc_minor, a.simulated ? "true" : "false", (int)a.sm_count,
+               (int)a.cc_major, (int)a.cc_minor, a.simulated ? "true" : "false", (int)a.sm_count,
                (int)d.num_experts, (int)d.top_k, (long long)d.hidden, (long long)d.inter, formats[d.format],
                layouts[d.scale_layout], modes[d.mode], (int)d.force_shape);
-    else
+    } else
         printf("device %s (capability %d.%d%s), E %d, top-k %d, L %lld, I %lld, %s %s scales, %s%s\n"
                "%-4s %-8s %-40s %-11s %-44s %-11s %s\n",
                a.device_name, (int)a.cc_major, (int)a.cc_minor, a.simulated ? ", simulated" : "", (int)d.num_experts,

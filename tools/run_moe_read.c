@@ -283,6 +283,20 @@ int k3_run_read_input(const k3_st_file *xf, run_setup *s, const run_opts *o) {
             want(xf, X, "hidden_states", K3_ST_BF16, 2, shx);
             return 0;
         }
+        /* -1 marks an expert on another rank (the library skips it, as any id outside [0, E)); any other id out
+         * of range in a file is a mistake, refused here */
+        for (int64_t t = 0; t < s->m; t++)
+            for (int64_t j = 0; j < k; j++) {
+                int32_t id;
+                memcpy(&id, (const unsigned char *)ids->data + (size_t)(t * k + j) * sizeof id, sizeof id);
+                if (id < -1 || id >= s->e) {
+                    fprintf(stderr,
+                            CMD ": input: topk_ids[token %lld][slot %lld] = %d is out of range: an id is -1 (not on "
+                                "this rank) or in [0, %d)\n",
+                            (long long)t, (long long)j, (int)id, (int)s->e);
+                    return 0;
+                }
+            }
         s->ids = ids;
         s->md.top_k = (int32_t)k;
         return 1;

@@ -90,9 +90,10 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant="nvfp4", 
     """The routed experts: out[t] = bf16(sum_j w_j W2_e(act(bf16(W13_e x_t)))), e = topk_ids[t, j], fp32 sums.
     hidden_states [M, L] float32 (rounded to BF16); w13 = [gate; up]: packed uint8 [E, 2I, L/2] (nvfp4, mxfp4) or
     float32 [E, 2I, L] (bf16, rounded); w2 [E, L, I/2] or [E, L, I]; scales per expert as quantize_* returns them
-    (w13_scale [E, bytes], w13_scale_2 [E] or [E, 2] (gate, up)); topk_ids int32 [M, k] in [0, E), topk_weights
-    float32 [M, k]. Returns float32 [M, L] holding BF16 values. torch: hidden_states bfloat16, weights uint8 (packed)
-    or bfloat16, scales uint8 / float32, topk_ids int32, topk_weights float32, all on one device; returns bfloat16."""
+    (w13_scale [E, bytes], w13_scale_2 [E] or [E, 2] (gate, up)); topk_ids int32 [M, k] (an id outside [0, E),
+    such as -1 for an expert on another rank, drops its slot), topk_weights float32 [M, k]. Returns float32 [M, L]
+    holding BF16 values. torch: hidden_states bfloat16, weights uint8 (packed) or bfloat16, scales uint8 / float32,
+    topk_ids int32, topk_weights float32, all on one device; returns bfloat16."""
     if _is_torch(hidden_states):
         return _torch_call("fused_moe", (hidden_states, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2,
                                          w2_scale, w2_scale_2, w13_input_scale, w2_input_scale),

@@ -10,8 +10,6 @@
 k3_status k3_moe_desc_check(k3_ctx *ctx, const k3_moe_desc *d, const char *what);
 /* The run-time pointer rules of k3_moe_weights for a plan's format and mode (`what` prefixes the message). */
 k3_status k3_moe_weights_check(k3_ctx *ctx, const k3_moe_desc *d, const k3_moe_weights *w, const char *what);
-/* Every topk id of m tokens in [0, E); the first bad one is reported with its token and slot. */
-k3_status k3_moe_ids_check(k3_ctx *ctx, const k3_moe_desc *d, int64_t m, const int32_t *ids, const char *what);
 
 /* The CUDA launch a plan resolved for m tokens, or NULL (a plain CPU plan, or m out of range): the benchmark's
  * per-stage cuts (k3_cuda_moe_run_stages) run the plan's own launch. */

@@ -7,7 +7,8 @@
  *   a   = act(h) in fp32, then bf16 (W4A16) or NVFP4 fake-quantized with gs = 1 / w2_input_scale[e] (W4A4)
  *   o   = (a . Q2_e^T) * w2_scale_2                                        (fp32, not rounded)
  *   acc[t] += p * o                                                        (fp32)
- * and out = bf16(acc). Dot products accumulate in fp32 in a fixed order (8 interleaved partial sums).
+ * and out = bf16(acc). Dot products accumulate in fp32 in a fixed order (8 interleaved partial sums). A slot whose
+ * id is outside [0, E) (-1: expert parallelism, the expert lives on another rank) is skipped.
  *
  * Work is grouped by expert, in ascending expert id: each touched expert's weights are decoded once per call,
  * one row at a time into a small fp32 buffer, and dotted with every (token, slot) routed to it. So a token's
@@ -132,12 +133,15 @@ void k3_cpu_moe_run(const k3_cpu_moe *p, int64_t m, const uint16_t *x, const int
     float *h = (float *)(void *)(base + s.h), *a = (float *)(void *)(base + s.a);
     float *row = (float *)(void *)(base + s.row);
 
-    /* group the (token, slot) pairs by expert: a counting sort, stable in (token, slot) order */
+    /* group the (token, slot) pairs by expert: a counting sort, stable in (token, slot) order; a pair whose id is
+     * outside [0, E) (-1: the expert is on another rank) joins no group, so it adds nothing */
     memset(offs, 0, (size_t)(ne + 1) * sizeof *offs);
-    for (int64_t i = 0; i < np; i++) offs[ids[i] + 1]++;
+    for (int64_t i = 0; i < np; i++)
+        if (ids[i] >= 0 && ids[i] < ne) offs[ids[i] + 1]++;
     for (int32_t e = 0; e < ne; e++) offs[e + 1] += offs[e];
     memcpy(cur, offs, (size_t)ne * sizeof *cur);
-    for (int64_t i = 0; i < np; i++) pairs[cur[ids[i]]++] = (int32_t)i;
+    for (int64_t i = 0; i < np; i++)
+        if (ids[i] >= 0 && ids[i] < ne) pairs[cur[ids[i]]++] = (int32_t)i;
 
     memset(acc, 0, (size_t)(m * l) * sizeof *acc);
     const uint8_t *w13 = (const uint8_t *)w->w13, *w2 = (const uint8_t *)w->w2;

@@ -30,6 +30,13 @@ void fill_routing(const mcase *c, int32_t route, k3t_rng *rng, int32_t *ids, flo
             sum += wts[(int64_t)t * K + j];
         }
         for (int32_t j = 0; j < K; j++) wts[(int64_t)t * K + j] /= sum;
+        if (route != ROUTE_EP) continue;
+        for (int32_t j = 0; j < K; j++) { /* the weights stay the router's: the dropped share is another rank's */
+            const int32_t h = (int32_t)(((int64_t)t * K + j) % 7);
+            if (t == 1 || h == 1) row[j] = -1;
+            else if (h == 4) row[j] = t % 2 ? E : E + 100;
+            else if (h == 6 && t % 5 == 0) row[j] = INT32_MIN;
+        }
     }
 }
 

@@ -18,7 +18,9 @@ double now_s(void);
 
 /* ROUTE_DUP: every slot of a token names the same expert (3 % E): one expert gets M * k pairs, more than one
  * pass takes at decode sizes (a router never repeats an id; the kernels must still handle it) */
-enum { ROUTE_RANDOM = 0, ROUTE_ONE_EXPERT = 1, ROUTE_LOW_EXPERTS = 2, ROUTE_DUP = 3 };
+/* ROUTE_EP: random ids with some slots dropped as expert parallelism drops them: -1 (the expert is on another
+ * rank), E and beyond, INT32_MIN; token 1 has every slot -1 (a zero row). The CPU reference drops them too. */
+enum { ROUTE_RANDOM = 0, ROUTE_ONE_EXPERT = 1, ROUTE_LOW_EXPERTS = 2, ROUTE_DUP = 3, ROUTE_EP = 4 };
 
 typedef struct mcase {
     k3t_case c; /* name: the tag; shape = {E, top_k, L, I}; m = M; options = the routing (ROUTE_*) */
