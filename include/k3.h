@@ -952,6 +952,12 @@ typedef struct k3_moe_layer {
    NULL on failure. */
 K3_API k3_status k3_checkpoint_open(const char *path, k3_checkpoint **out, char *err, size_t err_size);
 K3_API void k3_checkpoint_close(k3_checkpoint *ck); /* NULL is accepted */
+/* The layout of a stacked file's 3-D block scales, for a file that does not record it (__metadata__
+ * k3.quant.scale_layout, which k3 writes) and whose scale shapes fit both layouts (rows a multiple of 128 and scale
+ * columns of 4, as every real K3 shape: engines keep swizzled scales in that shape too). Without it such a layer
+ * is refused with FORMAT_ERROR; a file that records its layout is read as recorded. The reader takes linear
+ * scales: K3_SCALE_SWIZZLED makes the load UNSUPPORTED instead of wrong. INVALID_ARGUMENT for another value. */
+K3_API k3_status k3_checkpoint_set_scale_layout(k3_checkpoint *ck, k3_scale_layout layout);
 /* Reads layer `layer` (>= 0): its experts (required) and whatever router, shared-expert and latent tensors it has.
    *out is NULL on failure. Stacked files with 128x4-swizzled scales are K3_STATUS_UNSUPPORTED. */
 K3_API k3_status k3_checkpoint_load_moe_layer(k3_checkpoint *ck, int32_t layer, k3_moe_layer **out, char *err,

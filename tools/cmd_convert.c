@@ -17,7 +17,7 @@
 static void convert_help(void) {
     printf(
         "usage: k3 convert --input CKPT --layer N --output OUT.safetensors [--format keep|nvfp4|mxfp4]\n"
-        "                  [--json] [--quiet] [--progress]\n\n"
+        "                  [--scale-layout linear|swizzled] [--json] [--quiet] [--progress]\n\n"
         "Writes layer N's MoE experts in this library's stacked layout (the names and layout `k3 run moe`\n"
         "reads), plus the layer's router, shared-expert and latent tensors when it has them, into one safetensors\n"
         "file. CKPT is a folder (its model.safetensors.index.json, or its only *.safetensors file), an index file,\n"
@@ -62,6 +62,10 @@ static void convert_help(void) {
         "  --json              one JSON summary object on stdout: input, layer, source_format, output_format,\n"
         "                      experts, L, I, bytes_written, seconds, mb_per_s, lossless, block_tensors\n"
         "  --quiet             no progress and no notes on stderr (errors are still printed)\n"
+        "  --scale-layout L    linear or swizzled: a stacked input's block-scale layout when the file does not\n"
+        "                      record it (k3.quant.scale_layout) and its 3-D scale shapes fit both layouts (rows\n"
+        "                      a multiple of 128, scale columns of 4); without it such an input is refused.\n"
+        "                      Per-expert checkpoints are linear by their format; swizzled is not converted\n"
         "  --progress          progress on stderr about once a second even when stderr is not a terminal\n"
         "                      (by default it is shown on a terminal only, for runs longer than a second)\n\n"
         "exit status: 0 success, 1 failure (unreadable or malformed input, a tensor that cannot be converted\n"
@@ -95,6 +99,7 @@ int k3_cmd_convert(int argc, char **argv) {
     }
     k3_convert_opts o;
     memset(&o, 0, sizeof o);
+    o.scale_layout = -1;
     const char *layer_s = NULL, *fmt_s = "keep";
     int progress_flag = 0;
     for (int i = 1; i < argc; i++) {
@@ -113,6 +118,15 @@ int k3_cmd_convert(int argc, char **argv) {
             o.quiet = 1;
         } else if (!strcmp(a, "--progress")) {
             progress_flag = 1;
+        } else if (!strcmp(a, "--scale-layout")) {
+            const char *v = k3_cli_value(argc, argv, &i, a);
+            if (!v) return K3_EXIT_USAGE;
+            if (!strcmp(v, "linear")) o.scale_layout = K3_SCALE_LINEAR;
+            else if (!strcmp(v, "swizzled")) o.scale_layout = K3_SCALE_SWIZZLED;
+            else {
+                fprintf(stderr, "k3 convert: --scale-layout must be linear or swizzled (got '%s')\n", v);
+                return K3_EXIT_USAGE;
+            }
         } else {
             fprintf(stderr, "k3 convert: unexpected argument '%s' (see k3 convert --help)\n", a);
             return K3_EXIT_USAGE;

@@ -3,18 +3,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/formats.h"
 #include "quant_common.h"
 #include "quant_summary.h"
 
 void k3_dequant_help(void) {
     printf("usage: k3 dequant --input IN.safetensors --output OUT.safetensors [--dtype f32|bf16] [--json]\n"
-           "                  [--quiet] [--progress-after S]\n\n"
+           "                  [--scale-layout linear|swizzled] [--quiet] [--progress-after S]\n\n"
            "The inverse of k3 quant. Every U8 tensor NAME of shape [B..., R, P] that has a NAME_scale companion\n"
            "(F8_E4M3 scales -> nvfp4, which also needs an F32 NAME_scale_2; U8 scales -> mxfp4) is expanded to\n"
-           "[B..., R, 2P] in the chosen dtype; NAME_scale and NAME_scale_2 are dropped. The scale layout follows\n"
-           "from NAME_scale's shape ([B..., R, 2P/block] = linear, [B..., S] = swizzled) and must agree with the\n"
-           "file's " K3_QUANT_META_FORMAT " / " K3_QUANT_META_LAYOUT " metadata when present (those keys are\n"
-           "removed from the output; other metadata is kept). NAME_scale_2 may hold one value per matrix or a\n"
+           "[B..., R, 2P] in the chosen dtype; NAME_scale and NAME_scale_2 are dropped. The scale layout is the\n"
+           "file's " K3_QUANT_META_LAYOUT " metadata (k3 writes it) or --scale-layout; a shape only one layout\n"
+           "can have decides it too ([B..., S] = swizzled; [B..., R, 2P/block] with R not a multiple of 128 or\n"
+           "2P/block not of 4 = linear); [B..., R, 2P/block] with both multiples fits both layouts and, with\n"
+           "neither the metadata nor the option, is an error. The format must agree with " K3_QUANT_META_FORMAT "\n"
+           "when present (the k3.quant.* keys are removed from the output; other metadata is kept). NAME_scale_2 may hold one value per matrix or a\n"
            "single shared one. Every other tensor is copied unchanged.\n"
            "Values: nvfp4 x = q * e4m3(scale) * scale_2; mxfp4 x = q * 2^(scale - 127); a BF16 output is the\n"
            "round-to-nearest-even of that fp32 value. A NaN scale code (E4M3 0x7F/0xFF, UE8M0 0xFF), a scale_2\n"
@@ -23,6 +26,7 @@ void k3_dequant_help(void) {
            "  --input PATH     safetensors file to read\n"
            "  --output PATH    safetensors file to write\n"
            "  --dtype D        f32 (default) or bf16\n"
+           "  --scale-layout L linear or swizzled, for a file that does not record its layout\n"
            K3_QUANT_OUTPUT_HELP("dequantized")
            "exit status: 0 success, 1 failure (unreadable or malformed file, inconsistent tensors), 2 usage error\n");
 }
@@ -125,6 +129,18 @@ static int quantized_info(const k3_st_file *f, const k3_st_tensor *t, const char
         return -1;
     }
     (void)lin;
+    if (q->layout == K3_SCALE_LINEAR && k3_scale_shape_ambiguous(q->rows, q->cols / blk)) {
+        /* a shape both layouts have: only the file (or --scale-layout) may say which */
+        if (!meta_layout) {
+            fprintf(stderr,
+                    "k3 dequant: %s: %s [..., %lld, %lld] has the same shape in the linear and the 128x4-swizzled "
+                    "layouts (engines keep swizzled scales in this shape too), and the file does not say which "
+                    "(" K3_QUANT_META_LAYOUT ", which k3 writes): give --scale-layout linear|swizzled\n",
+                    t->name, s->name, (long long)q->rows, (long long)(q->cols / blk));
+            return -1;
+        }
+        if (!strcmp(meta_layout, "swizzled")) q->layout = K3_SCALE_SWIZZLED;
+    }
     const char *ls = q->layout == K3_SCALE_LINEAR ? "linear" : "swizzled";
     if (meta_layout && strcmp(meta_layout, ls)) {
         fprintf(stderr, "k3 dequant: %s: %s's shape is the %s layout but the file's " K3_QUANT_META_LAYOUT " is '%s'\n",
@@ -198,7 +214,7 @@ out:
 
 int k3_dequant_main(int argc, char **argv) {
     const double t_start = k3_cli_now();
-    const char *in = NULL, *out = NULL, *dtype = "f32";
+    const char *in = NULL, *out = NULL, *dtype = "f32", *opt_layout = NULL;
     k3_quant_opts oo = {0, 0, 1.0f};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -211,6 +227,12 @@ int k3_dequant_main(int argc, char **argv) {
             if (!(out = k3_cli_value(argc, argv, &i, a))) return K3_EXIT_USAGE;
         } else if (!strcmp(a, "--dtype")) {
             if (!(dtype = k3_cli_value(argc, argv, &i, a))) return K3_EXIT_USAGE;
+        } else if (!strcmp(a, "--scale-layout")) {
+            if (!(opt_layout = k3_cli_value(argc, argv, &i, a))) return K3_EXIT_USAGE;
+            if (strcmp(opt_layout, "linear") && strcmp(opt_layout, "swizzled")) {
+                fprintf(stderr, "k3 dequant: --scale-layout must be linear or swizzled (got '%s')\n", opt_layout);
+                return K3_EXIT_USAGE;
+            }
         } else {
             fprintf(stderr, "k3 dequant: unexpected argument '%s' (see k3 dequant --help)\n", a);
             return K3_EXIT_USAGE;
@@ -235,6 +257,12 @@ int k3_dequant_main(int argc, char **argv) {
     unsigned char *role = NULL; /* per tensor: K3_QS_CONVERTED = packed FP4, K3_QS_DROPPED = a scale companion */
     k3_st_writer *w = NULL;
     const char *mf = k3_st_metadata_get(f, K3_QUANT_META_FORMAT), *ml = k3_st_metadata_get(f, K3_QUANT_META_LAYOUT);
+    if (ml && opt_layout && strcmp(ml, opt_layout)) {
+        fprintf(stderr, "k3 dequant: %s: the file's " K3_QUANT_META_LAYOUT " is '%s' but --scale-layout says %s\n", in,
+                ml, opt_layout);
+        goto done;
+    }
+    if (!ml) ml = opt_layout;
     if (k3_st_writer_create(&w) != K3_STATUS_SUCCESS) {
         fprintf(stderr, "k3 dequant: out of memory\n");
         goto done;

@@ -98,6 +98,16 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
             }
             o->layer = (int32_t)n;
             o->has_layer = 1;
+        } else if (!strcmp(a, "--scale-layout")) {
+            if (!strcmp(v, "linear"))
+                o->scale_layout = K3_SCALE_LINEAR;
+            else if (!strcmp(v, "swizzled"))
+                o->scale_layout = K3_SCALE_SWIZZLED;
+            else {
+                fprintf(stderr, CMD ": --scale-layout must be linear or swizzled (got '%s')\n", v);
+                return 0;
+            }
+            o->has_scale_layout = 1;
         } else if (!strcmp(a, "--tp")) {
             int64_t n = 0;
             if (!k3_cli_parse_i64(v, a, &n)) return 0;
@@ -405,6 +415,7 @@ static int run_moe(int argc, char **argv) {
     k3_ctx *ctx = NULL;
     run_setup s;
     memset(&s, 0, sizeof s);
+    s.scale_layout_given = o.has_scale_layout ? (int)o.scale_layout : -1;
     if (k3_st_open(o.input, &xf, err, sizeof err) != K3_STATUS_SUCCESS) {
         fprintf(stderr, CMD ": %s\n", err);
         goto done;
@@ -413,6 +424,7 @@ static int run_moe(int argc, char **argv) {
         if (!k3_run_only_known_input(xf)) goto done;
         fprintf(stderr, CMD ": reading layer %d of %s\n", (int)o.layer, o.weights);
         if (k3_checkpoint_open(o.weights, &ck, err, sizeof err) != K3_STATUS_SUCCESS ||
+            (o.has_scale_layout && k3_checkpoint_set_scale_layout(ck, o.scale_layout) != K3_STATUS_SUCCESS) ||
             k3_checkpoint_load_moe_layer(ck, o.layer, &ly, err, sizeof err) != K3_STATUS_SUCCESS) {
             fprintf(stderr, CMD ": %s: %s\n", o.weights, err);
             goto done;

@@ -344,6 +344,7 @@ static void cv_free(cv *c) {
 static int run(cv *c, k3_convert_result *r) {
     const k3_convert_opts *o = c->o;
     if (k3_ckpt_open(o->input, &c->ck, c->err, sizeof c->err) != K3_STATUS_SUCCESS) return 0;
+    k3_ckpt_set_scale_layout(c->ck, o->scale_layout);
     if (k3_ckpt_moe_describe(c->ck, o->layer, &c->m, c->err, sizeof c->err) != K3_STATUS_SUCCESS) return 0;
     c->E = c->m.num_experts, c->L = c->m.hidden, c->I = c->m.inter;
     const int in_nv = c->m.fp4 == K3_FP4_NVFP4;

@@ -11,6 +11,7 @@ typedef struct k3_convert_opts {
     int32_t layer;
     k3_convert_format format;
     int json, quiet, progress;
+    int scale_layout; /* --scale-layout: a stacked input's layout when it does not record it; -1 = not given */
 } k3_convert_opts;
 
 #define K3_CONVERT_MAX_BLOCK 8

@@ -19,6 +19,8 @@ typedef struct run_opts {
     int has_layer;
     int json;
     int32_t tp; /* --tp N: N tensor-parallel ranks on the CPU (0 or 1: one) */
+    k3_scale_layout scale_layout; /* --scale-layout, when has_scale_layout */
+    int has_scale_layout;
 } run_opts;
 
 /* Everything one run reads, resolved from the two files. */
@@ -34,6 +36,7 @@ typedef struct run_setup {
     const k3_moe_layer *layer; /* --layer: the tensors come from this checkpoint layer (not a file) */
     k3_st_tensor gate_t, bias_t; /* the layer's router as tensors (gate and bias point here) */
     float *w13_in_max;         /* --layer --mode w4a4: per expert max(gate, up) input scale (owned) */
+    int scale_layout_given;    /* --scale-layout: K3_SCALE_LINEAR or K3_SCALE_SWIZZLED, -1 = not given */
 } run_setup;
 
 /* 1 when every tensor of the weights and input files has a name k3 run moe knows, else 0 after printing the first

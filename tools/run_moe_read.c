@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "io/safetensors.h" /* internals: the file format (no public call yet) */
+#include "core/formats.h"
 #include "run_moe.h"
 
 /* "U8 [16, 256, 32]" */
@@ -187,9 +188,36 @@ int k3_run_read_experts(const k3_st_file *wf, run_setup *s, const k3_act_desc *a
                     (long long)l, (long long)inter, fmt_s, (long long)bs);
             return 0;
         }
-        const k3_scale_layout lay = s13->ndim == 2 ? K3_SCALE_SWIZZLED : K3_SCALE_LINEAR;
+        k3_scale_layout lay = s13->ndim == 2 ? K3_SCALE_SWIZZLED : K3_SCALE_LINEAR;
         const char *meta_lay = k3_st_metadata_get(wf, "k3.quant.scale_layout");
+        const char *opt_lay = s->scale_layout_given == K3_SCALE_LINEAR     ? "linear"
+                              : s->scale_layout_given == K3_SCALE_SWIZZLED ? "swizzled"
+                                                                            : NULL;
+        if (meta_lay && opt_lay && strcmp(meta_lay, opt_lay)) {
+            fprintf(stderr, CMD ": weights: __metadata__ k3.quant.scale_layout is '%s' but --scale-layout says %s\n",
+                    meta_lay, opt_lay);
+            return 0;
+        }
+        int swizzled_3d = 0; /* swizzled bytes kept in the linear layout's 3-D shape (as engines store them) */
+        if (s13->ndim != 2 && k3_scale_shape_ambiguous(rows13, l / bs) && k3_scale_shape_ambiguous(l, inter / bs)) {
+            const char *given = meta_lay ? meta_lay : opt_lay;
+            if (!given) {
+                fprintf(stderr,
+                        CMD ": weights: w13_weight_scale [%d, %lld, %lld] and w2_weight_scale [%d, %lld, %lld] have the "
+                            "same shapes in the linear and the 128x4-swizzled scale layouts (engines keep swizzled "
+                            "scales in these 3-D shapes too), and the file does not say which (__metadata__ "
+                            "k3.quant.scale_layout, which k3 writes): give --scale-layout linear|swizzled\n",
+                        (int)e, (long long)rows13, (long long)(l / bs), (int)e, (long long)l, (long long)(inter / bs));
+                return 0;
+            }
+            if (!strcmp(given, "swizzled")) lay = K3_SCALE_SWIZZLED, swizzled_3d = 1;
+        }
         const char *lay_s = lay == K3_SCALE_LINEAR ? "linear" : "swizzled";
+        if (!swizzled_3d && opt_lay && strcmp(opt_lay, lay_s)) {
+            fprintf(stderr, CMD ": weights: --scale-layout %s, but w13_weight_scale's %d-D shape is the %s layout's\n",
+                    opt_lay, (int)s13->ndim, lay_s);
+            return 0;
+        }
         if (meta_lay && strcmp(meta_lay, lay_s)) {
             fprintf(stderr,
                     CMD ": weights: __metadata__ k3.quant.scale_layout is '%s' but w13_weight_scale's "
@@ -206,8 +234,8 @@ int k3_run_read_experts(const k3_st_file *wf, run_setup *s, const k3_act_desc *a
             return 0;
         }
         int64_t sh13[3] = {e, rows13, l / bs}, sh2[3] = {e, l, inter / bs};
-        if (lay == K3_SCALE_SWIZZLED) sh13[1] = (int64_t)b13, sh2[1] = (int64_t)b2;
-        const int32_t sn = lay == K3_SCALE_LINEAR ? 3 : 2;
+        if (lay == K3_SCALE_SWIZZLED && !swizzled_3d) sh13[1] = (int64_t)b13, sh2[1] = (int64_t)b2;
+        const int32_t sn = lay == K3_SCALE_LINEAR || swizzled_3d ? 3 : 2;
         const k3_st_tensor *t13 = want(wf, W, "w13_weight_scale", sdt, sn, sh13);
         const k3_st_tensor *t2 = want(wf, W, "w2_weight_scale", sdt, sn, sh2);
         if (!t13 || !t2 || !check_values(t13, W, 0) || !check_values(t2, W, 0)) return 0;

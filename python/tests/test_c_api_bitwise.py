@@ -33,8 +33,10 @@ def run_cli(tmp_path, weights, inputs, device, top_k):
     w, x, y = (str(tmp_path / n) for n in ("w.safetensors", "x.safetensors", "y.safetensors"))
     st_io.write(w, weights)
     st_io.write(x, inputs)
+    # the files carry no k3.quant.scale_layout metadata and their scale shapes fit both layouts: say it
     r = subprocess.run([CLI, "run", "moe", "--weights", w, "--input", x, "--output", y, "--device", device,
-                        "--top-k", str(top_k)], capture_output=True, text=True, timeout=300)
+                        "--top-k", str(top_k), "--scale-layout", "linear"], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr
     return st_io.read(y)
 

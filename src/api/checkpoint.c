@@ -40,6 +40,12 @@ void k3_checkpoint_close(k3_checkpoint *ck) {
     free(ck);
 }
 
+k3_status k3_checkpoint_set_scale_layout(k3_checkpoint *ck, k3_scale_layout layout) {
+    if (!ck || (layout != K3_SCALE_LINEAR && layout != K3_SCALE_SWIZZLED)) return K3_STATUS_INVALID_ARGUMENT;
+    k3_ckpt_set_scale_layout(ck->ck, (int)layout);
+    return K3_STATUS_SUCCESS;
+}
+
 void k3_moe_layer_free(k3_moe_layer *layer) {
     if (!layer) return;
     moe_layer_owner *o = (moe_layer_owner *)layer;

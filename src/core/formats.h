@@ -33,6 +33,13 @@ extern "C" {
 #define K3_SWIZZLE_ROWS 128
 #define K3_SWIZZLE_COLS 4
 
+/* 1 when a [rows, scale_cols] block-scale matrix has the same shape in the linear and the swizzled layouts (rows a
+   multiple of 128 and scale columns of 4, as every real K3 shape is): such a shape cannot say which layout a file
+   holds (engines keep swizzled scales in that 3-D shape too), so a reader must be told. */
+static inline int k3_scale_shape_ambiguous(int64_t rows, int64_t scale_cols) {
+    return rows % K3_SWIZZLE_ROWS == 0 && scale_cols % K3_SWIZZLE_COLS == 0;
+}
+
 /* ---- E4M3 ---------------------------------------------------------------------------------------- */
 K3_HD float k3_e4m3_decode(uint8_t c) {
     uint32_t sign = (uint32_t)(c & 0x80u) << 24;

@@ -38,6 +38,7 @@ struct k3_ckpt {
     unsigned char *buf; /* k3_ckpt_find's tensor bytes (one tensor at a time) */
     size_t buf_cap;
     k3_st_tensor found; /* what k3_ckpt_find returned last: a header entry with data = buf */
+    int scale_layout;   /* k3_ckpt_set_scale_layout: a stacked file's 3-D scales' layout, -1 = not given */
 };
 
 static int ends_with(const char *s, const char *suf) {
@@ -281,6 +282,7 @@ k3_status k3_ckpt_open(const char *path, k3_ckpt **out, char *err, size_t err_si
     if (stat(path, &sb) != 0)
         return k3_st_err(err, err_size, K3_STATUS_IO_ERROR, "%s: cannot open: %s", path, strerror(errno));
     k3_ckpt *ck = calloc(1, sizeof *ck);
+    if (ck) ck->scale_layout = -1;
     if (!ck) return oom(err, err_size, path);
     for (int i = 0; i < CK_CACHE; i++) ck->cache[i].shard = -1;
     k3_status st = K3_STATUS_SUCCESS;
@@ -413,6 +415,12 @@ k3_status k3_ckpt_find(k3_ckpt *ck, const char *name, const k3_st_tensor **out, 
 }
 
 const char *k3_ckpt_path(const k3_ckpt *ck) { return ck ? ck->path : NULL; }
+
+void k3_ckpt_set_scale_layout(k3_ckpt *ck, int layout) {
+    if (ck) ck->scale_layout = layout;
+}
+
+int k3_ckpt_scale_layout(const k3_ckpt *ck) { return ck ? ck->scale_layout : -1; }
 
 const char *k3_ckpt_metadata(const k3_ckpt *ck, const char *key) {
     return ck && ck->single ? k3_st_metadata_get(ck->single, key) : NULL;

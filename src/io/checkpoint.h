@@ -48,6 +48,10 @@ const char *k3_ckpt_name_at(const k3_ckpt *ck, int32_t i); /* NULL when out of r
 int k3_ckpt_has(const k3_ckpt *ck, const char *name);     /* no file is opened */
 /* The index file or single safetensors file the checkpoint was opened from (messages). */
 const char *k3_ckpt_path(const k3_ckpt *ck);
+/* The layout of a stacked file's 3-D block scales where the file does not say it (k3.quant.scale_layout) and the
+   shape fits both layouts: K3_SCALE_LINEAR or K3_SCALE_SWIZZLED, -1 = not given (then such a file is refused). */
+void k3_ckpt_set_scale_layout(k3_ckpt *ck, int layout);
+int k3_ckpt_scale_layout(const k3_ckpt *ck);
 /* A __metadata__ value of a single-file checkpoint (the files k3 writes), or NULL. */
 const char *k3_ckpt_metadata(const k3_ckpt *ck, const char *key);
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/formats.h"
 #include "io/checkpoint.h"
 #include "io/st_common.h"
 
@@ -399,6 +400,21 @@ static k3_status describe_stacked(k3_ckpt *ck, k3_ckpt_moe *m, char *err, size_t
         return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR,
                          "%sw13_weight: L = %lld and I = %lld must be multiples of the %s block size %lld", P,
                          (long long)L, (long long)I, nvfp4 ? "NVFP4" : "MXFP4", (long long)bs);
+    if (!lay) { /* only a shape that one layout alone can have may decide it */
+        const int hint = k3_ckpt_scale_layout(ck);
+        if (hint == K3_SCALE_SWIZZLED)
+            return k3_st_err(err, err_size, K3_STATUS_UNSUPPORTED,
+                             "tensor '%.200s': the scales were given as 128x4-swizzled, which the checkpoint reader "
+                             "does not take (it reads linear scales: k3 dequant, then k3 quant, rewrites them)",
+                             name);
+        if (hint < 0 && k3_scale_shape_ambiguous(2 * I, L / bs) && k3_scale_shape_ambiguous(L, I / bs))
+            return k3_st_err(err, err_size, K3_STATUS_FORMAT_ERROR,
+                             "%s: tensor '%.200s' [E, %lld, %lld] has the same shape in the linear and the "
+                             "128x4-swizzled scale layouts (engines keep swizzled scales in this 3-D shape too), and "
+                             "the file does not say which (__metadata__ k3.quant.scale_layout, which k3 writes): "
+                             "give the layout (--scale-layout linear|swizzled; k3_checkpoint_set_scale_layout)",
+                             k3_ckpt_path(ck), name, (long long)(2 * I), (long long)(L / bs));
+    }
     ST_TRY(moe_sizes(m, err, err_size));
     char n13[400], n2[400];
     snprintf(n13, sizeof n13, "%sw13_input_scale", P);
