@@ -292,8 +292,9 @@
  *   d.scale_layout = K3_SCALE_LINEAR;
  *   d.w13_separate_scale_2 = layer->fp4 == K3_FP4_NVFP4; // scale_2 [E, 2]: gate and up apart
  *   d.max_tokens = 1;
- *   k3_moe_weights w = {layer->w13, layer->w13_scale, layer->w13_scale_2, NULL,
- *                       layer->w2,  layer->w2_scale,  layer->w2_scale_2,  NULL}; // no input scales: W4A16
+ *   k3_moe_weights w = {.w13 = layer->w13, .w13_scale = layer->w13_scale, .w13_scale_2 = layer->w13_scale_2,
+ *                       .w2 = layer->w2, .w2_scale = layer->w2_scale, .w2_scale_2 = layer->w2_scale_2};
+ *   // (no input scales: W4A16; fields left out are NULL)
  *   k3_ctx_options opt;
  *   k3_ctx_options_init(&opt);
  *   opt.backend = K3_BACKEND_CPU;
@@ -646,6 +647,9 @@ typedef struct k3_moe_desc {
     int32_t force_shape;   /* K3_MOE_FORCE_* bits: launch-shape choices of the CUDA plan turned off (tests and
                               benchmarks compare them; each gives bitwise the same output); default 0 = the plan's
                               own choice at every m. Ignored by the CPU backend. */
+    int32_t global_experts; /* expert parallelism: 0 (default) = topk_ids are this plan's experts, [0, E); > 0 =
+                              topk_ids are global ids in [0, global_experts) (the router's), turned into this
+                              rank's ids by k3_moe_weights.expert_map; E <= global_experts */
 } k3_moe_desc;
 
 /* Launch-shape choices of the CUDA routed experts that k3_moe_desc.force_shape can turn off. */
@@ -684,6 +688,9 @@ typedef struct k3_moe_weights {
     const void *w2_scale;
     const float *w2_scale_2;    /* [E] */
     const float *w2_input_scale;/* W4A4: [E] */
+    const int32_t *expert_map;  /* with global_experts > 0: [global_experts], global id -> this rank's id in [0, E)
+                                   or -1 = not on this rank (that slot contributes nothing); where the weights live
+                                   (device memory on CUDA); NULL otherwise */
 } k3_moe_weights;
 
 typedef struct k3_moe_plan k3_moe_plan;
@@ -722,7 +729,10 @@ typedef enum k3_parallel_layout {
                            * (w13's gate and up rows sharded alike, w2's columns), Is / size of the shared experts
                            * (shared_gate_up rows, shared_down columns), and the router and latent projections
                            * whole; the descriptor's experts.inter and shared_inter are this rank's slices */
-    K3_PARALLEL_EP = 2,   /* expert parallel: not supported yet (plans refuse it with UNSUPPORTED) */
+    K3_PARALLEL_EP = 2,   /* expert parallel: a rank holds a subset of whole experts (experts.num_experts of
+                           * them; experts.global_experts = the router's count; the weights' expert_map says which),
+                           * Is / size of the shared experts as in TP, and the router and latent projections whole;
+                           * tokens are replicated on every rank */
 } k3_parallel_layout;
 
 typedef struct k3_parallel_desc {

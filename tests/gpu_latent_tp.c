@@ -1,6 +1,7 @@
 /* The latent block split over tensor-parallel ranks on the GPU: TP2 ranks cut from one full block (two plans on
  * one device), each PRE_REDUCE on CUDA, the partials summed, POST_REDUCE on CUDA; against the CPU backend's same
- * stages and its unsharded block (the CPU stages are checked against an fp64 evaluation by test_latent_tp). Then
+ * stages and its unsharded block (the CPU stages are checked against an fp64 evaluation by test_latent_tp); the
+ * same with EP2 ranks (half the experts each, through the expert map on the device). Then
  * the library-driven mode through a one-rank NCCL communicator (the one machine has one GPU): the run with
  * parallel.nccl_comm against the stages, a CUDA graph of it replayed on a new x against the CPU block, and a
  * communicator that does not fit the plan refused. Exits 77 without a CUDA device. */
@@ -75,7 +76,7 @@ static void block_free(block *b) {
 /* Device copies of a rank's weights (the experts' sizes follow from its descriptor). */
 typedef struct dweights {
     k3_latent_moe_weights w;
-    void *p[14];
+    void *p[16];
     int n;
 } dweights;
 
@@ -105,6 +106,8 @@ static void dw_make(dweights *dw, const k3_latent_moe_desc *d, const k3_latent_m
     o->w2_scale = dw_put(dw, x->w2_scale, (size_t)(e * l * in / 16));
     o->w13_scale_2 = (const float *)dw_put(dw, x->w13_scale_2, (size_t)e * 4 * (d->experts.w13_separate_scale_2 ? 2 : 1));
     o->w2_scale_2 = (const float *)dw_put(dw, x->w2_scale_2, (size_t)e * 4);
+    if (d->experts.global_experts > 0)
+        o->expert_map = (const int32_t *)dw_put(dw, x->expert_map, (size_t)d->experts.global_experts * 4);
 }
 
 static void dw_free(dweights *dw) {
@@ -192,14 +195,18 @@ static int tp_stages(const block *b, const k3t_tp_shard *sh, const k3_latent_moe
     return ok;
 }
 
-static void test_tp_stages(const block *b, k3t_rng *r) {
-    k3t_case_enter("tp2 stages", 0);
+static void test_tp_stages(const block *b, k3t_rng *r, int ep) {
+    k3t_case_enter(ep ? "ep2 stages" : "tp2 stages", ep ? 1 : 0);
+    const char *tag = ep ? "ep2" : "tp2";
     const int64_t m = 4, h = b->d.hidden, k = b->d.experts.top_k, n = m * h;
     uint16_t *x = md_bf16_normal(r, n, 1.0), *res = md_bf16_normal(r, n, 1.0);
     k3t_tp_shard sh[TP];
     k3_latent_moe_weights hw[TP];
     for (int rk = 0; rk < TP; rk++) {
-        k3t_tp_cut(&sh[rk], &b->d, &b->hw.experts, b->sgu, b->sdown, rk, TP);
+        if (ep)
+            k3t_ep_cut(&sh[rk], &b->d, &b->hw.experts, b->sgu, b->sdown, rk, TP);
+        else
+            k3t_tp_cut(&sh[rk], &b->d, &b->hw.experts, b->sgu, b->sdown, rk, TP);
         hw[rk] = k3t_tp_weights(&sh[rk], &b->hw);
     }
     uint16_t *yc = (uint16_t *)malloc((size_t)n * 2), *yg = (uint16_t *)malloc((size_t)n * 2);
@@ -216,15 +223,18 @@ static void test_tp_stages(const block *b, k3t_rng *r) {
     okf = okf && k3_latent_moe_run(pf, m, x, &b->hw, res, yfull, idf, NULL, hws, wsf, NULL) == K3_STATUS_SUCCESS;
     CHECK(okf, "cpu unsharded block: %s", k3_ctx_last_error(g_cpu));
     if (okc && okg && okf) {
-        k3t_check_same("tp2 routing: cuda vs cpu", idg, idc, K3T_I32, m * k);
-        k3t_check_same("tp2 routing: cpu vs the unsharded block", idc, idf, K3T_I32, m * k);
-        const double e1 = k3t_check_close("tp2 y: cuda stages vs cpu stages", k3t_view1(yg, K3T_BF16, n),
-                                          k3t_view1(yc, K3T_BF16, n), K3T_OP_LATENT_MOE)
-                              .metric;
-        const double e2 = k3t_check_close("tp2 y: cuda stages vs the unsharded cpu block", k3t_view1(yg, K3T_BF16, n),
-                                          k3t_view1(yfull, K3T_BF16, n), K3T_OP_LATENT_MOE)
-                              .metric;
-        printf("tp2 stages: y rel-L2 %.3e vs the cpu stages, %.3e vs the unsharded cpu block\n", e1, e2);
+        char what[96];
+        snprintf(what, sizeof what, "%s routing: cuda vs cpu", tag);
+        k3t_check_same(what, idg, idc, K3T_I32, m * k);
+        snprintf(what, sizeof what, "%s routing: cpu vs the unsharded block", tag);
+        k3t_check_same(what, idc, idf, K3T_I32, m * k);
+        snprintf(what, sizeof what, "%s y: cuda stages vs cpu stages", tag);
+        const double e1 =
+            k3t_check_close(what, k3t_view1(yg, K3T_BF16, n), k3t_view1(yc, K3T_BF16, n), K3T_OP_LATENT_MOE).metric;
+        snprintf(what, sizeof what, "%s y: cuda stages vs the unsharded cpu block", tag);
+        const double e2 =
+            k3t_check_close(what, k3t_view1(yg, K3T_BF16, n), k3t_view1(yfull, K3T_BF16, n), K3T_OP_LATENT_MOE).metric;
+        printf("%s stages: y rel-L2 %.3e vs the cpu stages, %.3e vs the unsharded cpu block\n", tag, e1, e2);
     }
     k3_latent_moe_plan_destroy(pf);
     free(hws);
@@ -352,7 +362,8 @@ int main(void) {
     k3t_rng r = {k3t_seed_init("gpu_latent_tp", SEED)};
     block b;
     block_make(&b, &r);
-    test_tp_stages(&b, &r);
+    test_tp_stages(&b, &r, 0);
+    test_tp_stages(&b, &r, 1);
 #ifdef K3_HAVE_NCCL
     test_nccl_one_rank(&b, &r);
 #else

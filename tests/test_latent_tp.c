@@ -121,8 +121,18 @@ static void test_one_rank(const char *name, const k3_latent_moe_desc *d, k3t_rng
     fb_free(&b);
 }
 
-/* size ranks from one full block, against the fp64 reference of the unsharded block. */
+static void test_split(const char *name, const k3_latent_moe_desc *d, int32_t size, int64_t m, int ep, k3t_rng *r);
+
 static void test_tp(const char *name, const k3_latent_moe_desc *d, int32_t size, int64_t m, k3t_rng *r) {
+    test_split(name, d, size, m, 0, r);
+}
+
+static void test_ep(const char *name, const k3_latent_moe_desc *d, int32_t size, int64_t m, k3t_rng *r) {
+    test_split(name, d, size, m, 1, r);
+}
+
+/* size ranks (TP, or EP with ep) from one full block, against the fp64 reference of the unsharded block. */
+static void test_split(const char *name, const k3_latent_moe_desc *d, int32_t size, int64_t m, int ep, k3t_rng *r) {
     full_block b;
     fb_make(&b, d, r);
     const int64_t h = d->hidden, k = d->experts.top_k;
@@ -142,7 +152,10 @@ static void test_tp(const char *name, const k3_latent_moe_desc *d, int32_t size,
     size_t wsb[MAX_RANKS] = {0}, count = 0;
     int ok = 1, ids_same = 1;
     for (int32_t rk = 0; rk < size; rk++) {
-        k3t_tp_cut(&sh[rk], d, &b.w.experts, b.sgu, b.sdown, rk, size);
+        if (ep)
+            k3t_ep_cut(&sh[rk], d, &b.w.experts, b.sgu, b.sdown, rk, size);
+        else
+            k3t_tp_cut(&sh[rk], d, &b.w.experts, b.sgu, b.sdown, rk, size);
         sw[rk] = k3t_tp_weights(&sh[rk], &b.w);
         k3_status st = k3_latent_moe_plan_create(g_ctx, &sh[rk].d, &p[rk]);
         CHECK(st == K3_STATUS_SUCCESS, "%s: rank %d plan: %s", name, (int)rk, k3_ctx_last_error(g_ctx));
@@ -175,8 +188,8 @@ static void test_tp(const char *name, const k3_latent_moe_desc *d, int32_t size,
         const double e = ref_rel_l2(got, ref, m * h);
         CHECK(ids_same, "%s: routing ids of every rank identical to the fp64 router", name);
         CHECK(finite, "%s: output finite", name);
-        CHECK(e <= TOL, "%s: TP%d block output rel-L2 %.3g > %g", name, (int)size, e, TOL);
-        printf("  %-34s TP%d m=%-2lld rel-L2 vs fp64 %.2e\n", name, (int)size, (long long)m, e);
+        CHECK(e <= TOL, "%s: %s%d block output rel-L2 %.3g > %g", name, ep ? "EP" : "TP", (int)size, e, TOL);
+        printf("  %-34s %s%d m=%-2lld rel-L2 vs fp64 %.2e\n", name, ep ? "EP" : "TP", (int)size, (long long)m, e);
         /* a rank's plan holds part of the block: the one-call run is refused */
         if (size > 1) {
             st = k3_latent_moe_run(p[0], m, x, &sw[0], NULL, y, NULL, NULL, ws[0], wsb[0], NULL);
@@ -217,7 +230,9 @@ static void test_errors(k3t_rng *r) {
     k3_latent_moe_desc e = d;
     e.parallel.layout = K3_PARALLEL_EP;
     e.parallel.size = 2;
-    expect_plan("EP refused", &e, K3_STATUS_UNSUPPORTED, "EP");
+    expect_plan("EP without global_experts", &e, K3_STATUS_INVALID_ARGUMENT, "global_experts");
+    e.experts.global_experts = 8; /* not the router's 16 */
+    expect_plan("EP with global_experts != the router's", &e, K3_STATUS_INVALID_ARGUMENT, "router.num_experts");
     e = d;
     e.parallel.rank = 1;
     expect_plan("NONE with rank 1", &e, K3_STATUS_INVALID_ARGUMENT, "rank 0 of size 1");
@@ -312,6 +327,11 @@ int main(void) {
         test_tp("bf16 experts", &bf, size, 8, &r);
     }
     test_tp("mxfp4 experts", &mx, 4, 1, &r); /* I / 4 = 32: one MXFP4 block per row of w2 */
+    for (int32_t size = 2; size <= MAX_RANKS; size *= 2) {
+        test_ep("nvfp4 experts", &nv, size, 5, &r);
+        test_ep("bf16 experts", &bf, size, 8, &r);
+    }
+    test_ep("mxfp4 experts", &mx, 4, 4, &r);
     test_errors(&r);
     k3_ctx_destroy(g_ctx);
     return k3t_finish();

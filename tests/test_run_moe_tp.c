@@ -1,5 +1,5 @@
 /*
- * `k3 run moe --tp N` on the CPU backend: the ranks' shards are cut by the CLI from one full weights file (written
+ * `k3 run moe --tp N` and `--ep N` on the CPU backend: the ranks' shards are cut by the CLI from one full weights file (written
  * and quantized by `k3 quant` as in test_run_moe_file.c), reduced through the stage API (the latent block) or by
  * summing the experts' fp32 outputs, and the output must be the unsharded block's within the fp32 summation-order
  * budget: compared with an fp64 evaluation of the unsharded block written in the tests (tests/ref_moe.h) and with
@@ -67,6 +67,23 @@ static void test_latent_tp(void) {
         CHECK(e_one <= TOL, "latent --tp %d: rel-L2 %.3g vs the CLI's unsharded output (budget %g)", n, e_one, TOL);
         printf("  latent block --tp %d: rel-L2 %.2e vs fp64, %.2e vs --tp 1\n", n, e_ref, e_one);
     }
+    /* the same block as EP ranks: whole experts each, the shared experts split */
+    for (int n = 2; n <= 4; n *= 2) {
+        char out[32], opt[16];
+        snprintf(out, sizeof out, "ye%d.safetensors", n);
+        snprintf(opt, sizeof opt, "--ep %d", n);
+        const int ran = sh("%s run moe --top-k %d --weights %s/q_latent.safetensors --input %s/x_h.safetensors "
+                           "--output %s/%s %s",
+                           g_k3, K, g_dir, g_dir, g_dir, out, opt) == 0 &&
+                        read_output(out, H, yn, idsn);
+        CHECK(ran, "latent block --ep %d: exit 0 and an output", n);
+        if (!ran) continue;
+        const double e_ref = ref_rel_l2(yn, ref, M * H), e_one = ref_rel_l2(yn, y1, M * H);
+        CHECK(!memcmp(idsn, rids, sizeof rids), "latent --ep %d: routing equal to the fp64 router", n);
+        CHECK(e_ref <= TOL, "latent --ep %d: rel-L2 %.3g vs the fp64 unsharded block (budget %g)", n, e_ref, TOL);
+        CHECK(e_one <= TOL, "latent --ep %d: rel-L2 %.3g vs the CLI's unsharded output (budget %g)", n, e_one, TOL);
+        printf("  latent block --ep %d: rel-L2 %.2e vs fp64, %.2e vs --tp 1\n", n, e_ref, e_one);
+    }
     k3_st_close(q);
 }
 
@@ -85,14 +102,17 @@ static void test_experts_tp(const char *file, k3_weight_format fmt) {
     static double ref[M * L], y[M * L];
     ref_moe(&d, &w, M, xl, ids_in, wts_in, ref);
     for (int64_t i = 0; i < M * L; i++) ref[i] = ref_bf16(ref[i]);
-    const int ran = sh("%s run moe --weights %s/%s --input %s/x_ids.safetensors --output %s/ye.safetensors --tp 2",
-                       g_k3, g_dir, file, g_dir, g_dir) == 0 &&
-                    read_output("ye.safetensors", L, y, NULL);
-    CHECK(ran, "%s experts --tp 2: exit 0 and an output", file);
-    if (ran) {
-        const double e = ref_rel_l2(y, ref, M * L);
-        CHECK(e <= TOL, "%s experts --tp 2: rel-L2 %.3g vs fp64 (budget %g)", file, e, TOL);
-        printf("  %s experts --tp 2: rel-L2 %.2e vs fp64\n", file, e);
+    const char *opts[] = {"--tp 2", "--ep 2", "--ep 5"}; /* --ep 5: 16 experts as 3, 3, 3, 3, 4 */
+    for (int j = 0; j < 3; j++) {
+        const int ran = sh("%s run moe --weights %s/%s --input %s/x_ids.safetensors --output %s/ye.safetensors %s",
+                           g_k3, g_dir, file, g_dir, g_dir, opts[j]) == 0 &&
+                        read_output("ye.safetensors", L, y, NULL);
+        CHECK(ran, "%s experts %s: exit 0 and an output", file, opts[j]);
+        if (ran) {
+            const double e = ref_rel_l2(y, ref, M * L);
+            CHECK(e <= TOL, "%s experts %s: rel-L2 %.3g vs fp64 (budget %g)", file, opts[j], e, TOL);
+            printf("  %s experts %s: rel-L2 %.2e vs fp64\n", file, opts[j], e);
+        }
     }
     k3_st_close(q);
 }
@@ -118,6 +138,12 @@ static void test_refusals(void) {
                   2 &&
               stderr_has("--device cpu"),
           "--tp 2 on CUDA: usage error naming the CPU backend");
+    CHECK(sh(run, g_k3, g_dir, "q_experts.safetensors", g_dir, "x_ids.safetensors", g_dir, "--ep 17") == 1 &&
+              stderr_has("more ranks than"),
+          "--ep 17 with 16 experts: refused");
+    CHECK(sh(run, g_k3, g_dir, "q_experts.safetensors", g_dir, "x_ids.safetensors", g_dir, "--ep 2 --tp 2") == 2 &&
+              stderr_has("exclusive"),
+          "--ep with --tp: usage error");
     char yr[128];
     path_of(yr, sizeof yr, "yr.safetensors");
     CHECK(access(yr, F_OK) != 0, "no output written by a refused run");

@@ -108,14 +108,19 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
                 return 0;
             }
             o->has_scale_layout = 1;
-        } else if (!strcmp(a, "--tp")) {
+        } else if (!strcmp(a, "--tp") || !strcmp(a, "--ep")) {
             int64_t n = 0;
             if (!k3_cli_parse_i64(v, a, &n)) return 0;
             if (n < 1 || n > 64) {
-                fprintf(stderr, CMD ": --tp must be a rank count in 1..64 (got %s)\n", v);
+                fprintf(stderr, CMD ": %s must be a rank count in 1..64 (got %s)\n", a, v);
+                return 0;
+            }
+            if (o->tp && (o->ep != (a[2] == 'e'))) {
+                fprintf(stderr, CMD ": --tp and --ep are exclusive\n");
                 return 0;
             }
             o->tp = (int32_t)n;
+            o->ep = a[2] == 'e';
         } else if (!strcmp(a, "--mode")) {
             if (!strcmp(v, "w4a16"))
                 o->mode = K3_MOE_W4A16;
@@ -146,10 +151,10 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
         return 0;
     }
     if (o->tp > 1 && strcmp(o->device, "cpu") != 0) {
-        fprintf(stderr, CMD ": --tp %d runs the ranks on the CPU backend (give --device cpu); on GPUs, one per rank, "
+        fprintf(stderr, CMD ": --%s %d runs the ranks on the CPU backend (give --device cpu); on GPUs, one per rank, "
                             "the block reduces through NCCL (k3_parallel_desc.nccl_comm), which this command does "
                             "not drive yet\n",
-                (int)o->tp);
+                o->ep ? "ep" : "tp", (int)o->tp);
         return 0;
     }
     if (o->top_k < 1 || o->top_k > 32) {
@@ -270,7 +275,7 @@ static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_fil
     rd.gate_dtype = s->gate && s->gate->dtype == K3_ST_F32 ? K3_DTYPE_F32 : K3_DTYPE_BF16;
     rd.scaling_factor = o->scaling;
     rd.max_tokens = m;
-    if (o->tp > 1 && !k3_run_tp_check(s, o->tp)) goto done;
+    if (o->tp > 1 && !k3_run_tp_check(s, o->tp, o->ep)) goto done;
     if (s->latent) {
         k3_latent_moe_desc ld;
         k3_latent_moe_desc_init(&ld);
@@ -284,7 +289,7 @@ static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_fil
             s->lw.gate = cgate;
             s->lw.bias = cbias;
             s->lw.experts = s->mw;
-            if (!k3_run_tp(ctx, &ld, s, o->tp, cx, NULL, NULL, (uint16_t *)cy, cids, cwts)) goto done;
+            if (!k3_run_tp(ctx, &ld, s, o->tp, o->ep, cx, NULL, NULL, (uint16_t *)cy, cids, cwts)) goto done;
         } else if ((st = k3_latent_moe_plan_create(ctx, &ld, &lp)) != K3_STATUS_SUCCESS) {
             rc = plan_fail(ctx, "latent-MoE plan", st);
             goto done;
@@ -326,7 +331,7 @@ static int execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_fil
             }
         }
         if (o->tp > 1) {
-            if (!k3_run_tp(ctx, NULL, s, o->tp, cx, run_ids, run_wts, (uint16_t *)cy, NULL, NULL)) goto done;
+            if (!k3_run_tp(ctx, NULL, s, o->tp, o->ep, cx, run_ids, run_wts, (uint16_t *)cy, NULL, NULL)) goto done;
             st = K3_STATUS_SUCCESS;
         } else {
             st = k3_moe_run(mp, m, cx, run_ids, run_wts, &s->mw, cy, NULL, ws, wsb, NULL);

@@ -18,7 +18,8 @@ typedef struct run_opts {
     int32_t layer; /* --layer: the weights are a checkpoint and this its layer */
     int has_layer;
     int json;
-    int32_t tp; /* --tp N: N tensor-parallel ranks on the CPU (0 or 1: one) */
+    int32_t tp; /* --tp N / --ep N: N ranks on the CPU (0 or 1: one) */
+    int ep;     /* --ep: the N ranks are expert-parallel */
     k3_scale_layout scale_layout; /* --scale-layout, when has_scale_layout */
     int has_scale_layout;
 } run_opts;
@@ -70,13 +71,14 @@ int k3_run_output_outside(const char *weights, const char *output);
 /* The --json summary: one object on stdout. */
 void k3_run_print_json(const run_opts *o, const run_setup *s, const char *ran, const char *device, double seconds);
 
-/* ---- --tp N (tools/run_moe_tp.c) ---- */
-/* 0 after printing why the weights cannot be split n ways (activation layout, scale layout, divisibility). */
-int k3_run_tp_check(const run_setup *s, int32_t n);
+/* ---- --tp N / --ep N (tools/run_moe_tp.c) ---- */
+/* 0 after printing why the weights cannot be split n ways (activation layout, scale layout, divisibility; ep:
+   by whole experts). */
+int k3_run_tp_check(const run_setup *s, int32_t n, int ep);
 /* n CPU ranks on shards cut from s's host weights: the latent block ld (its router and latent weights in s->lw;
    routing into out_ids / out_wts), or with ld NULL the experts alone on the given routing; y [m, H or L]. 0 after
    printing. */
-int k3_run_tp(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup *s, int32_t n, const void *x,
+int k3_run_tp(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup *s, int32_t n, int ep, const void *x,
               const int32_t *ids, const float *wts, uint16_t *y, int32_t *out_ids, float *out_wts);
 
 #endif

@@ -269,7 +269,8 @@ void k3_run_print_json(const run_opts *o, const run_setup *s, const char *ran, c
     printf(", \"M\": %lld, \"top_k\": %d, \"act\": \"%s\", \"mode\": \"%s\", \"device\": \"%s\", \"ran\": \"%s\"",
            (long long)s->m, (int)s->md.top_k, k3_act_name(s->md.act.kind), s->md.mode == K3_MOE_W4A4 ? "w4a4" : "w4a16",
            device, ran);
-    printf(", \"tp\": %d, \"output\": ", o->tp > 1 ? (int)o->tp : 1);
+    printf(", \"tp\": %d, \"ep\": %d, \"output\": ", o->tp > 1 && !o->ep ? (int)o->tp : 1,
+           o->tp > 1 && o->ep ? (int)o->tp : 1);
     json_str(o->output);
     printf(", \"seconds\": %.6f}\n", seconds);
 }

@@ -1,6 +1,7 @@
-/* k3 run moe --tp N: the block (or the experts alone) as N tensor-parallel ranks in this process, on shards cut
- * here from the full weights (the experts' w13 gate and up rows sliced alike, w2's columns; the shared experts'
- * gate_up rows and down columns; the router and latent projections whole). The ranks' fp32 partials are summed in
+/* k3 run moe --tp N / --ep N: the block (or the experts alone) as N tensor- or expert-parallel ranks in this
+ * process, on shards cut here from the full weights (TP: the experts' w13 gate and up rows sliced alike, w2's
+ * columns; EP: contiguous ranges of whole experts with their expert maps; both: the shared experts' gate_up rows
+ * and down columns, the router and latent projections whole). The ranks' fp32 partials are summed in
  * rank order, as an all-reduce would, and finished as the library says: the latent block through its two stages
  * (k3_latent_moe_run_stage), the experts alone by one BF16 rounding of the summed fp32 output. CPU backend. */
 #include <stdio.h>
@@ -30,18 +31,82 @@ static uint8_t *cut_cols(const void *src, int64_t rows, size_t row_bytes, size_t
 
 /* One rank's cut weights. */
 typedef struct tp_rank {
-    uint8_t *w13, *w13s, *w2, *w2s, *sgu, *sdown;
+    uint8_t *w13, *w13s, *w2, *w2s, *sgu, *sdown, *g13, *g2, *in13, *in2;
+    int32_t *map;     /* EP: global id -> this rank's */
+    int32_t e0, ne;   /* EP: its experts [e0, e0 + ne) */
     k3_moe_weights mw;
     k3_latent_moe_weights lw;
 } tp_rank;
 
 static void tp_rank_free(tp_rank *r) {
     free(r->w13), free(r->w13s), free(r->w2), free(r->w2s), free(r->sgu), free(r->sdown);
+    free(r->g13), free(r->g2), free(r->in13), free(r->in2), free(r->map);
 }
 
-/* 0 after printing why the weights cannot be split n ways. */
-int k3_run_tp_check(const run_setup *s, int32_t n) {
+/* EP: rank `rank` of n holds the whole experts [rank * E / n, (rank + 1) * E / n): contiguous slices of every
+   stacked buffer, and its expert map. */
+static int ep_cut_experts(const run_setup *s, int32_t rank, int32_t n, tp_rank *r) {
     const k3_moe_desc *d = &s->md;
+    const int64_t e = s->e, e0 = rank * e / n, e1 = (rank + 1) * e / n, ne = e1 - e0;
+    const int64_t l = s->l, in = s->inter, w1 = (d->act.kind == K3_ACT_RELU2_NO_MUL ? 1 : 2) * in;
+    const k3_moe_weights *w = &s->mw;
+    size_t b13, b2, s13 = 0, s2 = 0; /* bytes per expert (either scale layout keeps an expert's scales together) */
+    if (d->format == K3_WEIGHT_BF16) {
+        b13 = (size_t)(w1 * l) * 2, b2 = (size_t)(l * in) * 2;
+    } else {
+        const k3_fp4_format ff = d->format == K3_WEIGHT_NVFP4 ? K3_FP4_NVFP4 : K3_FP4_MXFP4;
+        b13 = (size_t)(w1 * l / 2), b2 = (size_t)(l * in / 2);
+        if (k3_fp4_scale_bytes(ff, d->scale_layout, w1, l, &s13) != K3_STATUS_SUCCESS ||
+            k3_fp4_scale_bytes(ff, d->scale_layout, l, in, &s2) != K3_STATUS_SUCCESS)
+            return 0;
+    }
+    r->e0 = (int32_t)e0, r->ne = (int32_t)ne;
+    r->w13 = cut_cols(w->w13, 1, (size_t)e * b13, (size_t)e0 * b13, (size_t)ne * b13);
+    r->w2 = cut_cols(w->w2, 1, (size_t)e * b2, (size_t)e0 * b2, (size_t)ne * b2);
+    if (s13) {
+        r->w13s = cut_cols(w->w13_scale, 1, (size_t)e * s13, (size_t)e0 * s13, (size_t)ne * s13);
+        r->w2s = cut_cols(w->w2_scale, 1, (size_t)e * s2, (size_t)e0 * s2, (size_t)ne * s2);
+        if (!r->w13s || !r->w2s) return 0;
+    }
+    const size_t f = sizeof(float), f13 = (d->w13_separate_scale_2 ? 2 : 1) * f;
+    if (w->w13_scale_2) {
+        r->g13 = cut_cols(w->w13_scale_2, 1, (size_t)e * f13, (size_t)e0 * f13, (size_t)ne * f13);
+        r->g2 = cut_cols(w->w2_scale_2, 1, (size_t)e * f, (size_t)e0 * f, (size_t)ne * f);
+        if (!r->g13 || !r->g2) return 0;
+    }
+    if (w->w13_input_scale) {
+        r->in13 = cut_cols(w->w13_input_scale, 1, (size_t)e * f, (size_t)e0 * f, (size_t)ne * f);
+        r->in2 = cut_cols(w->w2_input_scale, 1, (size_t)e * f, (size_t)e0 * f, (size_t)ne * f);
+        if (!r->in13 || !r->in2) return 0;
+    }
+    r->map = (int32_t *)malloc(sizeof(int32_t) * (size_t)e);
+    if (!r->map || !r->w13 || !r->w2) return 0;
+    for (int64_t g = 0; g < e; g++) r->map[g] = g >= e0 && g < e1 ? (int32_t)(g - e0) : -1;
+    r->mw = *w;
+    r->mw.w13 = r->w13, r->mw.w13_scale = r->w13s, r->mw.w2 = r->w2, r->mw.w2_scale = r->w2s;
+    if (r->g13) r->mw.w13_scale_2 = (const float *)(void *)r->g13, r->mw.w2_scale_2 = (const float *)(void *)r->g2;
+    if (r->in13)
+        r->mw.w13_input_scale = (const float *)(void *)r->in13, r->mw.w2_input_scale = (const float *)(void *)r->in2;
+    r->mw.expert_map = r->map;
+    return 1;
+}
+
+/* 0 after printing why the weights cannot be split n ways (ep: by whole experts). */
+int k3_run_tp_check(const run_setup *s, int32_t n, int ep) {
+    const k3_moe_desc *d = &s->md;
+    if (ep) {
+        if (n > s->e) {
+            fprintf(stderr, CMD ": --ep %d: more ranks than the %d experts\n", (int)n, (int)s->e);
+            return 0;
+        }
+        if (s->latent && s->is % n != 0) {
+            fprintf(stderr, CMD ": --ep %d: the shared experts' intermediate Is = %lld is not a multiple of %d (EP "
+                                "ranks split the shared experts as TP does)\n",
+                    (int)n, (long long)s->is, (int)n);
+            return 0;
+        }
+        return 1;
+    }
     const int64_t block = d->format == K3_WEIGHT_NVFP4 ? 16 : d->format == K3_WEIGHT_MXFP4 ? 32 : 1;
     if (d->act.kind == K3_ACT_RELU2_NO_MUL || d->act.kind == K3_ACT_SWIGLUOAI) {
         fprintf(stderr, CMD ": --tp needs w13 rows as [gate; up] (--act %s is not split here)\n",
@@ -67,12 +132,14 @@ int k3_run_tp_check(const run_setup *s, int32_t n) {
     return 1;
 }
 
-static int tp_cut(const run_setup *s, int32_t rank, int32_t n, tp_rank *r) {
+static int tp_cut(const run_setup *s, int32_t rank, int32_t n, int ep, tp_rank *r) {
     memset(r, 0, sizeof *r);
     const k3_moe_desc *d = &s->md;
     const int64_t e = s->e, l = s->l, in = s->inter, ir = in / n, h = s->h, is = s->is, isr = is / n;
     const k3_moe_weights *w = &s->mw;
-    if (d->format == K3_WEIGHT_BF16) {
+    if (ep) {
+        if (!ep_cut_experts(s, rank, n, r)) return 0;
+    } else if (d->format == K3_WEIGHT_BF16) {
         r->w13 = cut_gated(w->w13, e, in, (size_t)l * 2, rank * ir, ir);
         r->w2 = cut_cols(w->w2, e * l, (size_t)in * 2, (size_t)(rank * ir) * 2, (size_t)ir * 2);
     } else {
@@ -83,8 +150,10 @@ static int tp_cut(const run_setup *s, int32_t rank, int32_t n, tp_rank *r) {
         r->w2s = cut_cols(w->w2_scale, e * l, (size_t)(in / bs), (size_t)(rank * ir / bs), (size_t)(ir / bs));
         if (!r->w13s || !r->w2s) return 0;
     }
-    r->mw = *w;
-    r->mw.w13 = r->w13, r->mw.w13_scale = r->w13s, r->mw.w2 = r->w2, r->mw.w2_scale = r->w2s;
+    if (!ep) {
+        r->mw = *w;
+        r->mw.w13 = r->w13, r->mw.w13_scale = r->w13s, r->mw.w2 = r->w2, r->mw.w2_scale = r->w2s;
+    }
     if (s->latent) {
         r->lw = s->lw;
         r->lw.experts = r->mw;
@@ -99,12 +168,12 @@ static int tp_cut(const run_setup *s, int32_t rank, int32_t n, tp_rank *r) {
 }
 
 static int tp_fail(k3_ctx *ctx, const char *what, int32_t rank, k3_status st) {
-    fprintf(stderr, CMD ": --tp rank %d: %s: %s: %s\n", (int)rank, what, k3_status_string(st), k3_ctx_last_error(ctx));
+    fprintf(stderr, CMD ": rank %d: %s: %s: %s\n", (int)rank, what, k3_status_string(st), k3_ctx_last_error(ctx));
     return 0;
 }
 
 /* The latent block as n ranks: each PRE_REDUCE, the partials summed, rank 0's POST_REDUCE. */
-static int tp_latent(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup *s, int32_t n, const void *x,
+static int tp_latent(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup *s, int32_t n, int ep, const void *x,
                      uint16_t *y, int32_t *ids, float *wts) {
     int ok = 1;
     float *sum = NULL, *part = NULL;
@@ -114,11 +183,14 @@ static int tp_latent(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup 
     for (int32_t r = 0; r < n && ok; r++) {
         tp_rank cut;
         k3_latent_moe_desc d = *ld;
-        d.parallel.layout = K3_PARALLEL_TP, d.parallel.rank = r, d.parallel.size = n;
-        d.experts.inter = s->inter / n, d.shared_inter = s->is / n;
+        d.parallel.layout = ep ? K3_PARALLEL_EP : K3_PARALLEL_TP, d.parallel.rank = r, d.parallel.size = n;
+        d.shared_inter = s->is / n;
         k3_latent_moe_plan *p = NULL;
         k3_status st;
-        if (!tp_cut(s, r, n, &cut)) {
+        const int cut_ok = tp_cut(s, r, n, ep, &cut);
+        if (ep) d.experts.num_experts = cut.ne, d.experts.global_experts = s->e;
+        else d.experts.inter = s->inter / n;
+        if (!cut_ok) {
             fprintf(stderr, CMD ": --tp: out of host memory cutting rank %d's shard\n", (int)r);
             ok = 0;
         } else if ((st = k3_latent_moe_plan_create(ctx, &d, &p)) != K3_STATUS_SUCCESS) {
@@ -162,7 +234,7 @@ static int tp_latent(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup 
 }
 
 /* The experts alone as n ranks: each one's fp32 output (its slice of I), summed, one BF16 rounding. */
-static int tp_experts(k3_ctx *ctx, const run_setup *s, int32_t n, const void *x, const int32_t *ids,
+static int tp_experts(k3_ctx *ctx, const run_setup *s, int32_t n, int ep, const void *x, const int32_t *ids,
                       const float *wts, uint16_t *y) {
     const size_t cnt = (size_t)(s->m * s->l);
     float *sum = (float *)calloc(cnt, sizeof(float)), *part = (float *)malloc(cnt * sizeof(float));
@@ -172,13 +244,15 @@ static int tp_experts(k3_ctx *ctx, const run_setup *s, int32_t n, const void *x,
     for (int32_t r = 0; r < n && ok; r++) {
         tp_rank cut;
         k3_moe_desc d = s->md;
-        d.inter = s->inter / n;
         d.max_tokens = s->m;
         k3_moe_plan *p = NULL;
         void *ws = NULL;
         size_t wsb = 0;
         k3_status st;
-        if (!tp_cut(s, r, n, &cut)) {
+        const int cut_ok = tp_cut(s, r, n, ep, &cut);
+        if (ep) d.num_experts = cut.ne, d.global_experts = s->e;
+        else d.inter = s->inter / n;
+        if (!cut_ok) {
             fprintf(stderr, CMD ": --tp: out of host memory cutting rank %d's shard\n", (int)r);
             ok = 0;
         } else if ((st = k3_moe_plan_create(ctx, &d, &p)) != K3_STATUS_SUCCESS) {
@@ -204,8 +278,8 @@ static int tp_experts(k3_ctx *ctx, const run_setup *s, int32_t n, const void *x,
     return ok;
 }
 
-int k3_run_tp(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup *s, int32_t n, const void *x,
+int k3_run_tp(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup *s, int32_t n, int ep, const void *x,
               const int32_t *ids, const float *wts, uint16_t *y, int32_t *out_ids, float *out_wts) {
-    if (ld) return tp_latent(ctx, ld, s, n, x, y, out_ids, out_wts);
-    return tp_experts(ctx, s, n, x, ids, wts, y);
+    if (ld) return tp_latent(ctx, ld, s, n, ep, x, y, out_ids, out_wts);
+    return tp_experts(ctx, s, n, ep, x, ids, wts, y);
 }

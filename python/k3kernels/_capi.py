@@ -54,7 +54,8 @@ class RouterDesc(ctypes.Structure):
 class MoeDesc(ctypes.Structure):
     _fields_ = [("num_experts", c_int32), ("top_k", c_int32), ("hidden", c_int64), ("inter", c_int64),
                 ("format", ctypes.c_int), ("scale_layout", ctypes.c_int), ("w13_separate_scale_2", c_int32),
-                ("mode", ctypes.c_int), ("act", ActDesc), ("max_tokens", c_int64), ("force_shape", c_int32)]
+                ("mode", ctypes.c_int), ("act", ActDesc), ("max_tokens", c_int64), ("force_shape", c_int32),
+                ("global_experts", c_int32)]
 
 
 class KdaProjDesc(ctypes.Structure):
@@ -65,7 +66,8 @@ class KdaProjDesc(ctypes.Structure):
 
 class MoeWeights(ctypes.Structure):
     _fields_ = [("w13", c_void_p), ("w13_scale", c_void_p), ("w13_scale_2", c_void_p), ("w13_input_scale", c_void_p),
-                ("w2", c_void_p), ("w2_scale", c_void_p), ("w2_scale_2", c_void_p), ("w2_input_scale", c_void_p)]
+                ("w2", c_void_p), ("w2_scale", c_void_p), ("w2_scale_2", c_void_p), ("w2_input_scale", c_void_p),
+                ("expert_map", c_void_p)]
 
 
 class ParallelDesc(ctypes.Structure):

@@ -61,9 +61,15 @@ static k3_status latent_check_desc(k3_ctx *ctx, const k3_latent_moe_desc *d) {
                  "latent plan: max_tokens must be in [1, 65536] (got %lld)", (long long)d->max_tokens);
     K3_CHECK_ARG(ctx, d->router.hidden == d->hidden, "latent plan: router.hidden (%lld) must equal hidden (%lld)",
                  (long long)d->router.hidden, (long long)d->hidden);
-    K3_CHECK_ARG(ctx, d->router.num_experts == d->experts.num_experts,
-                 "latent plan: router.num_experts (%d) must equal experts.num_experts (%d)", (int)d->router.num_experts,
-                 (int)d->experts.num_experts);
+    if (d->experts.global_experts > 0)
+        K3_CHECK_ARG(ctx, d->router.num_experts == d->experts.global_experts,
+                     "latent plan: router.num_experts (%d) must equal experts.global_experts (%d): the router chooses "
+                     "among every rank's experts",
+                     (int)d->router.num_experts, (int)d->experts.global_experts);
+    else
+        K3_CHECK_ARG(ctx, d->router.num_experts == d->experts.num_experts,
+                     "latent plan: router.num_experts (%d) must equal experts.num_experts (%d)",
+                     (int)d->router.num_experts, (int)d->experts.num_experts);
     K3_CHECK_ARG(ctx, d->router.top_k == d->experts.top_k,
                  "latent plan: router.top_k (%d) must equal experts.top_k (%d)", (int)d->router.top_k,
                  (int)d->experts.top_k);
@@ -78,12 +84,13 @@ static k3_status latent_check_desc(k3_ctx *ctx, const k3_latent_moe_desc *d) {
     K3_CHECK_ARG(ctx, isfinite(d->rms_eps) && d->rms_eps > 0.0f, "latent plan: rms_eps must be finite and > 0 (got %g)",
                  (double)d->rms_eps);
     const k3_parallel_desc *pd = &d->parallel;
-    if (pd->layout == K3_PARALLEL_EP)
-        return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "latent plan: parallel.layout EP is not supported yet (TP is)");
-    K3_CHECK_ARG(ctx, pd->layout == K3_PARALLEL_NONE || pd->layout == K3_PARALLEL_TP,
-                 "latent plan: parallel.layout must be K3_PARALLEL_NONE or K3_PARALLEL_TP (got %d)", (int)pd->layout);
-    K3_CHECK_ARG(ctx, !pd->nccl_comm || pd->layout == K3_PARALLEL_TP,
-                 "latent plan: parallel.nccl_comm is for a TP layout (layout is %d)", (int)pd->layout);
+    K3_CHECK_ARG(ctx, pd->layout == K3_PARALLEL_NONE || pd->layout == K3_PARALLEL_TP || pd->layout == K3_PARALLEL_EP,
+                 "latent plan: parallel.layout must be K3_PARALLEL_NONE, _TP or _EP (got %d)", (int)pd->layout);
+    K3_CHECK_ARG(ctx, pd->layout != K3_PARALLEL_EP || d->experts.global_experts > 0,
+                 "latent plan: an EP rank needs experts.global_experts (the router's expert count) and an expert_map in "
+                 "its weights");
+    K3_CHECK_ARG(ctx, !pd->nccl_comm || pd->layout != K3_PARALLEL_NONE,
+                 "latent plan: parallel.nccl_comm is for a TP or EP layout (layout is NONE)");
     K3_CHECK_ARG(ctx, !pd->nccl_comm || ctx->backend != K3_BACKEND_CPU,
                  "latent plan: parallel.nccl_comm needs a CUDA context (on the CPU backend, run the stages and sum the "
                  "partials)");

@@ -27,6 +27,7 @@ struct k3_moe_plan {
     k3_cuda_moe cuda;
     k3_moe_launch *launch; /* [max_tokens + 1], indexed by m: the CUDA launches (CUDA or simulated contexts) */
     size_t ws_bytes;
+    size_t ws_backend; /* the backend's part of ws_bytes (an expert map's local ids follow it) */
 };
 
 void k3_moe_desc_init(k3_moe_desc *d) {
@@ -51,9 +52,11 @@ static const char *format_name(k3_weight_format f) {
 k3_status k3_moe_desc_check(k3_ctx *ctx, const k3_moe_desc *d, const char *what) {
     K3_CHECK_ARG(ctx, d->num_experts >= 1 && d->num_experts <= K3_MOE_MAX_EXPERTS,
                  "%s: num_experts must be in [1, %d] (got %d)", what, K3_MOE_MAX_EXPERTS, (int)d->num_experts);
-    const int32_t kmax = d->num_experts < K3_MOE_MAX_TOPK ? d->num_experts : K3_MOE_MAX_TOPK;
+    /* with an expert map the router chooses among global_experts: top_k may exceed this rank's E */
+    const int32_t ne = d->global_experts > d->num_experts ? d->global_experts : d->num_experts;
+    const int32_t kmax = ne < K3_MOE_MAX_TOPK ? ne : K3_MOE_MAX_TOPK;
     K3_CHECK_ARG(ctx, d->top_k >= 1 && d->top_k <= kmax,
-                 "%s: top_k must be in [1, min(num_experts, %d)] = [1, %d] (got %d)", what, K3_MOE_MAX_TOPK, (int)kmax,
+                 "%s: top_k must be in [1, min(num_experts or global_experts, %d)] = [1, %d] (got %d)", what, K3_MOE_MAX_TOPK, (int)kmax,
                  (int)d->top_k);
     K3_CHECK_ARG(ctx, d->format == K3_WEIGHT_BF16 || d->format == K3_WEIGHT_NVFP4 || d->format == K3_WEIGHT_MXFP4,
                  "%s: format %d is unknown (expected K3_WEIGHT_BF16, K3_WEIGHT_NVFP4 or K3_WEIGHT_MXFP4)", what,
@@ -93,6 +96,12 @@ k3_status k3_moe_desc_check(k3_ctx *ctx, const k3_moe_desc *d, const char *what)
                  (unsigned)d->force_shape, (unsigned)K3_MOE_FORCE_ALL);
     K3_CHECK_ARG(ctx, d->max_tokens >= 1 && d->max_tokens <= K3_MOE_MAX_TOKENS,
                  "%s: max_tokens must be in [1, %d] (got %lld)", what, K3_MOE_MAX_TOKENS, (long long)d->max_tokens);
+    K3_CHECK_ARG(ctx, d->global_experts == 0 || (d->global_experts >= d->num_experts &&
+                                                  d->global_experts <= K3_MOE_MAX_EXPERTS),
+                 "%s: global_experts must be 0 (no expert map) or in [num_experts = %d, %d] (got %d)", what,
+                 (int)d->num_experts, K3_MOE_MAX_EXPERTS, (int)d->global_experts);
+    K3_CHECK_ARG(ctx, d->global_experts == 0 || d->top_k <= d->global_experts,
+                 "%s: top_k (%d) must be <= global_experts (%d)", what, (int)d->top_k, (int)d->global_experts);
     K3_CHECK_ARG(ctx, 2 * d->inter * d->hidden <= K3_MOE_MAX_EXPERT_ELEMS / d->num_experts,
                  "%s: E * 2I * L = %d * %lld * %lld elements is too large", what, (int)d->num_experts,
                  (long long)(2 * d->inter), (long long)d->hidden);
@@ -113,6 +122,11 @@ k3_status k3_moe_weights_check(k3_ctx *ctx, const k3_moe_desc *d, const k3_moe_w
         K3_CHECK_ARG(ctx, w->w13_scale_2 != NULL, "%s: weights w13_scale_2 is NULL (required for NVFP4)", what);
         K3_CHECK_ARG(ctx, w->w2_scale_2 != NULL, "%s: weights w2_scale_2 is NULL (required for NVFP4)", what);
     }
+    K3_CHECK_ARG(ctx, d->global_experts == 0 || w->expert_map != NULL,
+                 "%s: weights expert_map is NULL (global_experts is %d: the map of global ids to this rank's)", what,
+                 (int)d->global_experts);
+    K3_CHECK_ARG(ctx, k3_aligned(w->expert_map, 4), "%s: weights expert_map (%p) is not 4-byte aligned (int32)", what,
+                 (const void *)w->expert_map);
     if (d->mode == K3_MOE_W4A4) {
         K3_CHECK_ARG(ctx, w->w13_input_scale != NULL, "%s: weights w13_input_scale is NULL (required for W4A4)", what);
         K3_CHECK_ARG(ctx, w->w2_input_scale != NULL, "%s: weights w2_input_scale is NULL (required for W4A4)", what);
@@ -192,6 +206,9 @@ k3_status k3_moe_plan_create(k3_ctx *ctx, const k3_moe_desc *d, k3_moe_plan **ou
         p->ws_bytes = k3_cuda_moe_ws_bytes(&p->cuda);
     }
 #endif
+    /* with an expert map, the run's local ids follow the backend's part of the workspace (16-byte aligned) */
+    p->ws_backend = p->ws_bytes;
+    if (d->global_experts > 0) p->ws_bytes += 16 + (size_t)d->max_tokens * (size_t)d->top_k * sizeof(int32_t);
     st = moe_plan_launches(ctx, p);
     if (st != K3_STATUS_SUCCESS) {
         k3_moe_plan_destroy(p);
@@ -264,6 +281,17 @@ k3_status k3_moe_run(k3_moe_plan *plan, int64_t m, const void *x, const int32_t 
     K3_CHECK_ARG(ctx, ws != NULL, "moe run: ws is NULL (the plan needs %zu bytes)", plan->ws_bytes);
     /* ids are not checked: one outside [0, E) (-1 for an expert on another rank) contributes nothing, on both
      * backends (device ids could not be read without a sync) */
+    if (d->global_experts > 0) { /* global ids -> this rank's, into the workspace's tail */
+        int32_t *local = (int32_t *)(((uintptr_t)ws + plan->ws_backend + 15u) & ~(uintptr_t)15u);
+        const int32_t np = (int32_t)(m * d->top_k);
+#ifdef K3_HAVE_CUDA
+        if (plan->is_cuda)
+            K3_TRY(k3_cuda_moe_map_ids_launch(ctx, topk_ids, np, w->expert_map, d->global_experts, local, stream));
+        else
+#endif
+            k3_cpu_moe_map_ids(topk_ids, np, w->expert_map, d->global_experts, local);
+        topk_ids = local;
+    }
 #ifdef K3_HAVE_CUDA
     if (plan->is_cuda)
         return k3_cuda_moe_run(ctx, &plan->cuda, &plan->launch[m], m, x, topk_ids, topk_weights, w, out, out_f32, ws,

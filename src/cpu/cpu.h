@@ -52,6 +52,9 @@ size_t k3_cpu_moe_workspace_size(const k3_cpu_moe *p);
 void k3_cpu_moe_run(const k3_cpu_moe *p, int64_t m, const uint16_t *x, const int32_t *ids, const float *wts,
                     const k3_moe_weights *w, uint16_t *out, float *out_f32, void *ws);
 
+/* Expert parallelism: local[i] = map[ids[i]] for ids in [0, global_experts), else -1 (i < n). */
+void k3_cpu_moe_map_ids(const int32_t *ids, int32_t n, const int32_t *map, int32_t global_experts, int32_t *local);
+
 /* A validated latent-MoE block descriptor (router and experts take the block's max_tokens). */
 typedef struct k3_cpu_latent {
     k3_latent_moe_desc d;

@@ -26,7 +26,7 @@
 static size_t lat_align(size_t v) { return (v + (K3_LAT_ALIGN - 1)) & ~(size_t)(K3_LAT_ALIGN - 1); }
 
 typedef struct lat_ws_layout {
-    size_t ids, wts, rscratch, xl, u, v, z, g, gf, af, a, s, moe, total;
+    size_t ids, wts, rscratch, xl, u, v, z, g, gf, af, a, s, moe, local, total;
 } lat_ws_layout;
 
 static lat_ws_layout lat_layout(const k3_cpu_latent *p) {
@@ -49,6 +49,7 @@ static lat_ws_layout lat_layout(const k3_cpu_latent *p) {
     s.a = o, o += lat_align(mt * is * sizeof(uint16_t));
     s.s = o, o += lat_align(mt * h * sizeof(uint16_t));
     s.moe = o, o += lat_align(k3_cpu_moe_workspace_size(&p->experts));
+    s.local = o, o += d->experts.global_experts > 0 ? lat_align(mt * k * sizeof(int32_t)) : 0;
     s.total = o;
     return s;
 }
@@ -57,7 +58,7 @@ size_t k3_cpu_latent_workspace_size(const k3_cpu_latent *p) { return lat_layout(
 
 /* The workspace's buffers of one call. */
 typedef struct lat_bufs {
-    int32_t *ids;
+    int32_t *ids, *local; /* local: the ids mapped to this rank's experts (expert parallelism) */
     float *wts, *rscratch, *u, *gf, *af;
     uint16_t *xl, *v, *z, *g, *a, *sh;
     void *moe;
@@ -75,6 +76,7 @@ static lat_bufs lat_bind(const k3_cpu_latent *p, void *ws, int32_t *topk_ids, fl
     b.gf = (float *)(void *)(base + s.gf), b.af = (float *)(void *)(base + s.af);
     b.a = (uint16_t *)(void *)(base + s.a), b.sh = (uint16_t *)(void *)(base + s.s);
     b.moe = base + s.moe;
+    b.local = (int32_t *)(void *)(base + s.local);
     return b;
 }
 
@@ -87,7 +89,13 @@ static void lat_routed(const k3_cpu_latent *p, int64_t m, const uint16_t *x, con
     if (mark) mark(mark_user, K3_LATENT_STAGE_ROUTER);
     k3_cpu_linear(m, l, h, x, h, (const uint16_t *)w->down_proj, NULL, b->xl, l, K3_ACCUM_FP32);
     if (mark) mark(mark_user, K3_LATENT_STAGE_DOWN);
-    k3_cpu_moe_run(&p->experts, m, b->xl, b->ids, b->wts, &w->experts, NULL, u, b->moe);
+    const int32_t *ids = b->ids;
+    if (d->experts.global_experts > 0) { /* the router chose among all ranks' experts */
+        k3_cpu_moe_map_ids(b->ids, (int32_t)(m * d->experts.top_k), w->experts.expert_map, d->experts.global_experts,
+                           b->local);
+        ids = b->local;
+    }
+    k3_cpu_moe_run(&p->experts, m, b->xl, ids, b->wts, &w->experts, NULL, u, b->moe);
     if (mark) mark(mark_user, K3_LATENT_STAGE_EXPERTS);
 }
 

@@ -208,3 +208,7 @@ void k3_cpu_moe_run(const k3_cpu_moe *p, int64_t m, const uint16_t *x, const int
     if (out)
         for (int64_t i = 0; i < m * l; i++) out[i] = k3_f32_to_bf16_bits(acc[i]);
 }
+
+void k3_cpu_moe_map_ids(const int32_t *ids, int32_t n, const int32_t *map, int32_t global_experts, int32_t *local) {
+    for (int32_t i = 0; i < n; i++) local[i] = ids[i] >= 0 && ids[i] < global_experts ? map[ids[i]] : -1;
+}

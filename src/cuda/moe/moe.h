@@ -60,6 +60,12 @@ k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32_t np, int3
                                int32_t *act_off, int32_t *n_active, int32_t *list, const float *wts, float *wsort,
                                void *stream);
 
+/* Expert parallelism: local[i] = map[ids[i]] for ids in [0, global_experts), else -1 (i < n), on `stream`; the
+ * map is device memory (checked here: host memory is refused outside graph capture). One small kernel before the
+ * experts' launches, which then take local ids. */
+k3_status k3_cuda_moe_map_ids_launch(k3_ctx *ctx, const int32_t *ids, int32_t n, const int32_t *map,
+                                     int32_t global_experts, int32_t *local, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
