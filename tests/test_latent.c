@@ -246,7 +246,7 @@ static void test_errors(k3t_rng *r) {
     CHECK(k3_latent_moe_run(NULL, 2, x, &w, NULL, y, NULL, NULL, ws, wsb, NULL) == K3_STATUS_INVALID_ARGUMENT,
           "NULL plan");
     EXPECT_INVALID(k3_latent_moe_run(p, 0, x, &w, NULL, y, NULL, NULL, ws, wsb, NULL), "m must be in", "m = 0");
-    EXPECT_INVALID(k3_latent_moe_run(p, 5, x, &w, NULL, y, NULL, NULL, ws, wsb, NULL), "(got 5)", "m > max");
+    EXPECT_INVALID(k3_latent_moe_run(p, 5, x, &w, NULL, y, NULL, NULL, ws, wsb, NULL), "too many tokens for this plan: m = 5", "m > max");
     EXPECT_INVALID(k3_latent_moe_run(p, 2, NULL, &w, NULL, y, NULL, NULL, ws, wsb, NULL), "x is NULL", "x NULL");
     EXPECT_INVALID(k3_latent_moe_run(p, 2, x, &w, NULL, NULL, NULL, NULL, ws, wsb, NULL), "y is NULL", "y NULL");
     EXPECT_INVALID(k3_latent_moe_run(p, 2, x, NULL, NULL, y, NULL, NULL, ws, wsb, NULL), "weights is NULL", "w NULL");

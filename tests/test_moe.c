@@ -384,7 +384,7 @@ static void test_run_errors(k3t_rng *r) {
     CHECK(k3_moe_run(NULL, 2, x, ids, wts, &w, out, NULL, ws, wsb, NULL) == K3_STATUS_INVALID_ARGUMENT, "NULL plan");
     EXPECT_INVALID(k3_moe_run(p, 0, x, ids, wts, &w, out, NULL, ws, wsb, NULL), "m must be in [1, max_tokens = 4]",
                    "m=0");
-    EXPECT_INVALID(k3_moe_run(p, 5, x, ids, wts, &w, out, NULL, ws, wsb, NULL), "(got 5)", "m > max");
+    EXPECT_INVALID(k3_moe_run(p, 5, x, ids, wts, &w, out, NULL, ws, wsb, NULL), "too many tokens for this plan: m = 5", "m > max");
     EXPECT_INVALID(k3_moe_run(p, 2, NULL, ids, wts, &w, out, NULL, ws, wsb, NULL), "x is NULL", "x NULL");
     EXPECT_INVALID(k3_moe_run(p, 2, x, NULL, wts, &w, out, NULL, ws, wsb, NULL), "topk_ids is NULL", "ids NULL");
     EXPECT_INVALID(k3_moe_run(p, 2, x, ids, NULL, &w, out, NULL, ws, wsb, NULL), "topk_weights is NULL", "wts NULL");

@@ -338,7 +338,7 @@ static void test_validation(k3_ctx *ctx) {
         const char *needle;
     } rc[] = {
         {0, x, gate, NULL, ids, w, "m must be in [1, max_tokens = 3] (got 0)"},
-        {4, x, gate, NULL, ids, w, "m must be in [1, max_tokens = 3] (got 4)"},
+        {4, x, gate, NULL, ids, w, "too many tokens for this plan: m = 4, the plan was made for max_tokens = 3"},
         {-1, x, gate, NULL, ids, w, "(got -1)"},
         {1, NULL, gate, NULL, ids, w, "x is NULL"},
         {1, x, NULL, NULL, ids, w, "gate is NULL"},

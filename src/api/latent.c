@@ -415,6 +415,10 @@ static k3_status latent_check_run(k3_latent_moe_plan *plan, const char *what, in
     k3_ctx *ctx = plan->ctx;
     const k3_latent_moe_desc *d = &plan->cpu.d;
     const int pre = (parts & LAT_PRE) != 0, post = (parts & LAT_POST) != 0;
+    K3_CHECK_ARG(ctx, m <= d->max_tokens,
+                 "%s: too many tokens for this plan: m = %lld, the plan was made for max_tokens = %lld (plan for "
+                 "M, or run the batch in pieces of at most max_tokens)",
+                 what, (long long)m, (long long)d->max_tokens);
     K3_CHECK_ARG(ctx, m >= 1 && m <= d->max_tokens, "%s: m must be in [1, max_tokens = %lld] (got %lld)", what,
                  (long long)d->max_tokens, (long long)m);
     K3_CHECK_ARG(ctx, !pre || x != NULL, "%s: x is NULL", what);

@@ -262,6 +262,10 @@ k3_status k3_moe_run(k3_moe_plan *plan, int64_t m, const void *x, const int32_t 
     k3_ctx *ctx = plan->ctx;
     const k3_moe_desc *d = &plan->cpu.d;
     k3_clear_error(ctx);
+    K3_CHECK_ARG(ctx, m <= d->max_tokens,
+                 "moe run: too many tokens for this plan: m = %lld, the plan was made for max_tokens = %lld (plan for "
+                 "M, or run the batch in pieces of at most max_tokens)",
+                 (long long)m, (long long)d->max_tokens);
     K3_CHECK_ARG(ctx, m >= 1 && m <= d->max_tokens, "moe run: m must be in [1, max_tokens = %lld] (got %lld)",
                  (long long)d->max_tokens, (long long)m);
     K3_CHECK_ARG(ctx, x != NULL, "moe run: x is NULL");

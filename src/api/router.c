@@ -110,6 +110,10 @@ k3_status k3_router_run(k3_router_plan *plan, int64_t m, const void *x, const vo
     k3_ctx *ctx = plan->ctx;
     const k3_router_desc *d = &plan->desc;
     k3_clear_error(ctx);
+    K3_CHECK_ARG(ctx, m <= d->max_tokens,
+                 "router run: too many tokens for this plan: m = %lld, the plan was made for max_tokens = %lld (plan for "
+                 "M, or run the batch in pieces of at most max_tokens)",
+                 (long long)m, (long long)d->max_tokens);
     K3_CHECK_ARG(ctx, m >= 1 && m <= d->max_tokens, "router run: m must be in [1, max_tokens = %lld] (got %lld)",
                  (long long)d->max_tokens, (long long)m);
     K3_CHECK_ARG(ctx, x != NULL, "router run: x is NULL");
