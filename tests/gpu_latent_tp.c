@@ -90,9 +90,9 @@ static const void *dw_put(dweights *dw, const void *h, size_t bytes) {
 static void dw_make(dweights *dw, const k3_latent_moe_desc *d, const k3_latent_moe_weights *hw) {
     memset(dw, 0, sizeof *dw);
     const int64_t h = d->hidden, l = d->experts.hidden, in = d->experts.inter, is = d->shared_inter;
-    const int64_t e = d->experts.num_experts;
-    dw->w.gate = dw_put(dw, hw->gate, (size_t)(e * h) * 2);
-    dw->w.bias = (const float *)dw_put(dw, hw->bias, (size_t)e * 4);
+    const int64_t e = d->experts.num_experts, eg = d->router.num_experts; /* EP: the router's are global */
+    dw->w.gate = dw_put(dw, hw->gate, (size_t)(eg * h) * 2);
+    dw->w.bias = (const float *)dw_put(dw, hw->bias, (size_t)eg * 4);
     dw->w.down_proj = dw_put(dw, hw->down_proj, (size_t)(l * h) * 2);
     dw->w.norm = dw_put(dw, hw->norm, (size_t)l * 2);
     dw->w.up_proj = dw_put(dw, hw->up_proj, (size_t)(h * l) * 2);

@@ -55,7 +55,7 @@ static void test_latent_tp(void) {
     CHECK(sh(run, g_k3, K, g_dir, g_dir, g_dir, "y1.safetensors", 1) == 0 && read_output("y1.safetensors", H, y1, ids1),
           "latent block --tp 1");
     for (int n = 2; n <= 2; n++) { /* I = 32: --tp 4 would leave 8 columns, less than an NVFP4 block */
-        char out[32];
+        char out[48];
         snprintf(out, sizeof out, "y%d.safetensors", n);
         const int ran = sh(run, g_k3, K, g_dir, g_dir, g_dir, out, n) == 0 && read_output(out, H, yn, idsn);
         CHECK(ran, "latent block --tp %d: exit 0 and an output", n);
@@ -69,7 +69,7 @@ static void test_latent_tp(void) {
     }
     /* the same block as EP ranks: whole experts each, the shared experts split */
     for (int n = 2; n <= 4; n *= 2) {
-        char out[32], opt[16];
+        char out[48], opt[48];
         snprintf(out, sizeof out, "ye%d.safetensors", n);
         snprintf(opt, sizeof opt, "--ep %d", n);
         const int ran = sh("%s run moe --top-k %d --weights %s/q_latent.safetensors --input %s/x_h.safetensors "
