@@ -64,7 +64,7 @@ static void rank_case(const char *name, const k3_moe_desc *fd, const moe_data *m
     /* the reference: the full set, the weights of the slots whose expert is elsewhere set to 0 */
     const int64_t k = fd->top_k, l = fd->hidden;
     float rw[M * 4];
-    for (int64_t i = 0; i < M * k; i++) rw[i] = map[ids[i]] >= 0 ? wts[i] : 0.0f;
+    for (int64_t i = 0; i < M * k; i++) rw[i] = ids[i] >= 0 && ids[i] < EG && map[ids[i]] >= 0 ? wts[i] : 0.0f;
     double ref[M * 64];
     ref_moe(fd, &md->w, M, x, ids, rw, ref);
     k3_moe_plan *p = NULL;
