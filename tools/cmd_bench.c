@@ -303,8 +303,8 @@ static int bench_gemm(int argc, char **argv) {
 int k3_cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         FILE *f = argc < 2 ? stderr : stdout; /* no benchmark named is a usage error: its text goes to stderr */
-        fprintf(f, "usage: k3 bench gemm|kda|moe [OPTIONS]   (k3 bench gemm --help, k3 bench kda --help, "
-                   "k3 bench moe --help)\n\n");
+        fprintf(f, "usage: k3 bench gemm|kda|moe|block [OPTIONS]   (k3 bench gemm --help, k3 bench kda --help, "
+                   "k3 bench moe --help, k3 bench block --help)\n\n");
         bench_help(f);
         return argc < 2 ? K3_EXIT_USAGE : K3_EXIT_OK;
     }
@@ -320,6 +320,10 @@ int k3_cmd_bench(int argc, char **argv) {
         int k3_bench_moe(int argc, char **argv); /* tools/moe_bench.c */
         return k3_bench_moe(argc - 1, argv + 1);
     }
-    fprintf(stderr, "k3 bench: unknown benchmark '%s' (available: gemm, kda, moe)\n", argv[1]);
+    if (!strcmp(argv[1], "block")) {
+        int k3_bench_block(int argc, char **argv); /* tools/block_bench.c */
+        return k3_bench_block(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "k3 bench: unknown benchmark '%s' (available: gemm, kda, moe, block)\n", argv[1]);
     return K3_EXIT_USAGE;
 }

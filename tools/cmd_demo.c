@@ -15,161 +15,13 @@
 #include "api/moe_internal.h" /* the plan's CPU form: the per-stage timings have no public call */
 #include "cli.h"
 #include "cli_mem.h"
+#include "block_synth.h"
 #include "demo_report.h"
 
 #define DEMO_SEED 0x4b33446d6fULL /* "K3Dmo" */
 #define MAX_M K3_DEMO_MAX_M
 
 static double now_s(void) { return k3_cli_now(); }
-
-/* xorshift64*: fast enough to fill 2 GB in about a second. */
-typedef struct {
-    uint64_t s;
-} demo_rng;
-static uint64_t rng_next(demo_rng *r) {
-    r->s ^= r->s >> 12;
-    r->s ^= r->s << 25;
-    r->s ^= r->s >> 27;
-    return r->s * 0x2545F4914F6CDD1DULL;
-}
-/* uniform in [-1, 1) */
-static float rng_unit(demo_rng *r) { return (float)((double)(rng_next(r) >> 40) * (2.0 / 16777216.0) - 1.0); }
-
-static void fill_bytes(demo_rng *r, uint8_t *p, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t v = rng_next(r);
-        memcpy(p + i, &v, 8);
-    }
-    for (; i < n; i++) p[i] = (uint8_t)(rng_next(r) >> 56);
-}
-
-/* e4m3 codes 0x30..0x3f: 0.5 .. 1.875 (mean ~1.08, rms ~1.14) */
-static void fill_scales(demo_rng *r, uint8_t *p, size_t n) {
-    for (size_t i = 0; i < n; i += 16) {
-        uint64_t v = rng_next(r);
-        for (size_t j = 0; j < 16 && i + j < n; j++) p[i + j] = (uint8_t)(0x30 + ((v >> (4 * j)) & 15));
-    }
-}
-
-/* BF16 uniform values with standard deviation sd. */
-static void fill_bf16(demo_rng *r, uint16_t *p, size_t n, double sd) {
-    const float a = (float)(sd * sqrt(3.0));
-    for (size_t i = 0; i < n; i++) p[i] = k3_bf16_from_f32(a * rng_unit(r));
-}
-
-typedef struct demo_block {
-    k3_latent_moe_desc d;
-    k3_latent_moe_weights w;
-    void *buf[16];
-    size_t size[16];
-    int nbuf;
-    size_t bytes_fp4, bytes_dense;
-} demo_block;
-
-static void *block_alloc(demo_block *b, size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (p) {
-        b->size[b->nbuf] = n;
-        b->buf[b->nbuf++] = p;
-    }
-    return p;
-}
-
-static void block_free(demo_block *b) {
-    for (int i = 0; i < b->nbuf; i++) free(b->buf[i]);
-    b->nbuf = 0;
-}
-
-/* The size of the block's host buffer p (0 when p is not one of them, e.g. NULL). */
-static size_t block_size_of(const demo_block *b, const void *p) {
-    for (int i = 0; p && i < b->nbuf; i++)
-        if (b->buf[i] == p) return b->size[i];
-    return 0;
-}
-
-/* The block's weights as the context sees them (device copies on CUDA, the host buffers on the CPU). */
-static int block_weights_in(const demo_block *b, k3_cli_mem *mm, k3_latent_moe_weights *dw) {
-    int ok = 1;
-#define K3_DEMO_IN(field) (field) = k3_cli_mem_in(mm, (field), block_size_of(b, (field)), &ok)
-    *dw = b->w;
-    K3_DEMO_IN(dw->gate);
-    K3_DEMO_IN(dw->bias);
-    K3_DEMO_IN(dw->down_proj);
-    K3_DEMO_IN(dw->norm);
-    K3_DEMO_IN(dw->up_proj);
-    K3_DEMO_IN(dw->shared_gate_up);
-    K3_DEMO_IN(dw->shared_down);
-    K3_DEMO_IN(dw->experts.w13);
-    K3_DEMO_IN(dw->experts.w13_scale);
-    K3_DEMO_IN(dw->experts.w13_scale_2);
-    K3_DEMO_IN(dw->experts.w2);
-    K3_DEMO_IN(dw->experts.w2_scale);
-    K3_DEMO_IN(dw->experts.w2_scale_2);
-#undef K3_DEMO_IN
-    return ok;
-}
-
-/* Synthesizes the weights of descriptor b->d (NVFP4 experts, linear scales, shared scale_2). */
-static int block_make(demo_block *b, demo_rng *r) {
-    const k3_latent_moe_desc *d = &b->d;
-    const int64_t e = d->experts.num_experts, l = d->experts.hidden, in = d->experts.inter, h = d->hidden;
-    const int64_t is = d->shared_inter;
-    const size_t w13n = (size_t)(e * 2 * in * l), w2n = (size_t)(e * l * in);
-    uint8_t *w13 = block_alloc(b, w13n / 2), *w2 = block_alloc(b, w2n / 2);
-    uint8_t *s13 = block_alloc(b, w13n / 16), *s2 = block_alloc(b, w2n / 16);
-    float *g13 = block_alloc(b, sizeof(float) * (size_t)e), *g2 = block_alloc(b, sizeof(float) * (size_t)e);
-    uint16_t *gate = block_alloc(b, 2 * (size_t)(e * h)), *down = block_alloc(b, 2 * (size_t)(l * h));
-    uint16_t *norm = block_alloc(b, 2 * (size_t)l), *up = block_alloc(b, 2 * (size_t)(h * l));
-    uint16_t *sgu = block_alloc(b, 2 * (size_t)(2 * is * h)), *sd = block_alloc(b, 2 * (size_t)(h * is));
-    float *bias = block_alloc(b, sizeof(float) * (size_t)e);
-    if (b->nbuf != 13) return 0;
-    fill_bytes(r, w13, w13n / 2);
-    fill_bytes(r, w2, w2n / 2);
-    fill_scales(r, s13, w13n / 16);
-    fill_scales(r, s2, w2n / 16);
-    /* rms(code value) ~ 2.93 and rms(block scale) ~ 1.14: scale_2 = target / (2.93 * 1.14) */
-    for (int64_t i = 0; i < e; i++) {
-        g13[i] = (float)(1.0 / sqrt((double)l) / 3.34 * (0.9 + 0.1 * rng_unit(r)));
-        g2[i] = (float)(1.0 / sqrt((double)in) / 3.34 * (0.9 + 0.1 * rng_unit(r)));
-        bias[i] = 0.01f * rng_unit(r);
-    }
-    fill_bf16(r, gate, (size_t)(e * h), 1.0 / sqrt((double)h));
-    fill_bf16(r, down, (size_t)(l * h), 1.0 / sqrt((double)h));
-    for (int64_t i = 0; i < l; i++) norm[i] = k3_bf16_from_f32(1.0f + 0.1f * rng_unit(r));
-    fill_bf16(r, up, (size_t)(h * l), 1.0 / sqrt((double)l));
-    fill_bf16(r, sgu, (size_t)(2 * is * h), 1.0 / sqrt((double)h));
-    fill_bf16(r, sd, (size_t)(h * is), 1.0 / sqrt((double)is));
-    memset(&b->w, 0, sizeof b->w);
-    b->w.gate = gate;
-    b->w.bias = bias;
-    b->w.down_proj = down;
-    b->w.norm = norm;
-    b->w.up_proj = up;
-    b->w.shared_gate_up = sgu;
-    b->w.shared_down = sd;
-    b->w.experts.w13 = w13;
-    b->w.experts.w13_scale = s13;
-    b->w.experts.w13_scale_2 = g13;
-    b->w.experts.w2 = w2;
-    b->w.experts.w2_scale = s2;
-    b->w.experts.w2_scale_2 = g2;
-    b->bytes_fp4 = (w13n + w2n) / 2 + (w13n + w2n) / 16 + 8 * (size_t)e;
-    b->bytes_dense = 2 * (size_t)(e * h + 2 * l * h + l + 3 * is * h) + 4 * (size_t)e;
-    return 1;
-}
-
-static void block_desc(k3_latent_moe_desc *d, int32_t e, int32_t k, int64_t h, int64_t l, int64_t in, int64_t is,
-                       int64_t max_m) {
-    k3_latent_moe_desc_init(d);
-    d->hidden = d->router.hidden = h;
-    d->router.num_experts = d->experts.num_experts = e;
-    d->router.top_k = d->experts.top_k = k;
-    d->experts.hidden = l;
-    d->experts.inter = in;
-    d->shared_inter = is;
-    d->max_tokens = max_m;
-}
 
 _Static_assert(K3_LATENT_STAGE_COUNT == K3_DEMO_STAGES, "the report has one time per stage");
 
@@ -207,7 +59,7 @@ static void demo_help(void) {
 }
 
 /* Runs the small block once on ctx: m tokens of host x -> host y, ids, wts. 1 on success. */
-static int small_run(k3_ctx *ctx, const demo_block *b, int64_t m, const uint16_t *x, uint16_t *y, int32_t *ids,
+static int small_run(k3_ctx *ctx, const k3_synth_block *b, int64_t m, const uint16_t *x, uint16_t *y, int32_t *ids,
                      float *wts) {
     const int64_t h = b->d.hidden, k = b->d.router.top_k;
     const size_t xb = sizeof(uint16_t) * (size_t)(m * h), ib = sizeof(int32_t) * (size_t)(m * k);
@@ -227,7 +79,7 @@ static int small_run(k3_ctx *ctx, const demo_block *b, int64_t m, const uint16_t
     int32_t *cids = k3_cli_mem_alloc(&mm, ib);
     float *cwts = k3_cli_mem_alloc(&mm, wb);
     const void *cx = k3_cli_mem_in(&mm, x, xb, &in_ok);
-    if (!block_weights_in(b, &mm, &cw) || !in_ok || !cws || !cy || !cids || !cwts) {
+    if (!k3_synth_block_weights_in(b, &mm, &cw) || !in_ok || !cws || !cy || !cids || !cwts) {
         fprintf(stderr, "k3 demo: correctness run: out of memory\n");
         goto done;
     }
@@ -266,10 +118,10 @@ static double rel_l2_bf16(const uint16_t *a, const uint16_t *b, int64_t n) {
  */
 static int check_small(k3_ctx *ctx, FILE *hu, k3_demo_check *rep) {
     enum { M = 4, E = 16, TOPK = 4, H = 512, L = 256, I = 64, IS = 128 };
-    demo_block b;
+    k3_synth_block b;
     memset(&b, 0, sizeof b);
-    block_desc(&b.d, E, TOPK, H, L, I, IS, M);
-    demo_rng r = {DEMO_SEED ^ 0x5a5a5a5aULL};
+    k3_synth_block_desc(&b.d, E, TOPK, H, L, I, IS, M);
+    k3_synth_rng r = {DEMO_SEED ^ 0x5a5a5a5aULL};
     uint16_t x[M * H], y[M * H], yr[M * H]; /* 4 KB each */
     int32_t ids[M * TOPK], rids[M * TOPK];
     float wts[M * TOPK], rwts[M * TOPK];
@@ -279,11 +131,11 @@ static int check_small(k3_ctx *ctx, FILE *hu, k3_demo_check *rep) {
     rep->shape = (k3_demo_shape){E, TOPK, H, L, I, IS};
     rep->m = M;
     rep->against_cpu = on_dev;
-    if (!block_make(&b, &r)) {
+    if (!k3_synth_block_make(&b, &r)) {
         fprintf(stderr, "k3 demo: out of memory\n");
         goto done;
     }
-    fill_bf16(&r, x, (size_t)(M * H), 1.0);
+    k3_synth_bf16(&r, x, (size_t)(M * H), 1.0);
     if (!small_run(ctx, &b, M, x, y, ids, wts)) goto done;
     int finite = 1;
     for (int i = 0; i < M * H; i++) finite &= isfinite(k3_bf16_to_f32(y[i])) != 0;
@@ -318,7 +170,7 @@ static int check_small(k3_ctx *ctx, FILE *hu, k3_demo_check *rep) {
                 ok ? "PASS" : "FAIL");
     }
 done:
-    block_free(&b);
+    k3_synth_block_free(&b);
     return ok;
 }
 
@@ -362,9 +214,9 @@ int k3_cmd_demo(int argc, char **argv) {
     k3_ctx *ctx = k3_cli_ctx(device);
     if (!ctx) return K3_EXIT_FAIL;
 
-    demo_block b;
+    k3_synth_block b;
     memset(&b, 0, sizeof b);
-    block_desc(&b.d, 896, 16, 7168, 3584, 384, 768, max_m);
+    k3_synth_block_desc(&b.d, 896, 16, 7168, 3584, 384, 768, max_m);
     k3_latent_moe_plan *plan = NULL;
     k3_status st = k3_latent_moe_plan_create(ctx, &b.d, &plan);
     if (st == K3_STATUS_UNSUPPORTED && k3_ctx_backend(ctx) != K3_BACKEND_CPU) {
@@ -395,9 +247,9 @@ int k3_cmd_demo(int argc, char **argv) {
     k3_cli_mem_init(&mm, ctx);
     uint16_t *x = NULL;
     size_t wsb = 0;
-    demo_rng r = {DEMO_SEED};
+    k3_synth_rng r = {DEMO_SEED};
     double t0 = now_s();
-    if (!block_make(&b, &r)) goto oom;
+    if (!k3_synth_block_make(&b, &r)) goto oom;
     rep.synth_s = now_s() - t0;
     rep.bytes_fp4 = (double)b.bytes_fp4, rep.bytes_dense = (double)b.bytes_dense;
     fprintf(hu, "weights: synthesized from seed 0x%llx in %.2f s (%.2f GB NVFP4 experts + %.2f GB BF16 dense)\n",
@@ -405,12 +257,12 @@ int k3_cmd_demo(int argc, char **argv) {
     k3_latent_moe_workspace_size(plan, &wsb);
     const size_t xb = sizeof(uint16_t) * (size_t)(max_m * 7168);
     if (!(x = malloc(xb))) goto oom;
-    fill_bf16(&r, x, (size_t)(max_m * 7168), 1.0);
+    k3_synth_bf16(&r, x, (size_t)(max_m * 7168), 1.0);
     t0 = now_s();
     k3_latent_moe_weights cw; /* the weights as the context sees them (device copies on CUDA) */
     void *cws = k3_cli_mem_alloc(&mm, wsb), *cy = k3_cli_mem_alloc(&mm, xb);
     const void *cx = k3_cli_mem_in(&mm, x, xb, &in_ok);
-    if (!block_weights_in(&b, &mm, &cw) || !in_ok || !cws || !cy) goto oom;
+    if (!k3_synth_block_weights_in(&b, &mm, &cw) || !in_ok || !cws || !cy) goto oom;
     if (!on_cpu) {
         rep.copy_s = now_s() - t0;
         fprintf(hu, "weights copied to the device in %.2f s\n", rep.copy_s);
@@ -460,7 +312,7 @@ oom:
 done:
     k3_cli_mem_free(&mm);
     free(x);
-    block_free(&b);
+    k3_synth_block_free(&b);
     k3_latent_moe_plan_destroy(plan);
     k3_ctx_destroy(ctx);
     return rc;

@@ -1,0 +1,346 @@
+/* k3 bench block: the whole latent-MoE block (k3_latent_moe_run) as docs/benchmarks.md says (CUDA graph replay of
+ * back-to-back calls, weights rotated through copies larger than the L2, medians), with its bytes against the HBM
+ * read ceiling, and each stage timed alone in the same run (router, down, experts, norm+up, shared), their replays
+ * interleaved with the block's, so the cost of composing them is a printed number. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_graph.h"
+#include "block_synth.h"
+#include "cli.h"
+
+#define BB_CEILING 4.37e12 /* the H200's HBM read ceiling (docs/benchmarks.md) */
+#define BB_MAX_LIST 16
+#define BB_MAX_M 16 /* the CUDA block's linear plans take up to 32 tokens; decode sizes */
+#define BB_SEED 0x4b33426c6bULL /* "K3Blk" */
+#define BB_STAGES 6             /* block, router, down, experts, norm+up, shared */
+
+static void block_bench_help(void) {
+    printf("usage: k3 bench block [--config tp8|ep16] [--m LIST] [--reps R] [--json]\n\n"
+           "Times the Kimi-K3 latent-MoE block (k3_latent_moe_run: router, down projection, routed experts, RMSNorm,\n"
+           "up projection, shared experts on the aux stream, residual-free sum) on one GPU, per token count M:\n"
+           "  tp8   one TP8 rank: H 7168, 896 NVFP4 experts top-16 with L 3584 and I 384, shared Is 768 (default)\n"
+           "  ep16  one EP16 rank: the router over 896 experts, 56 whole experts here (I 3072, expert map),\n"
+           "        shared Is 384; tokens replicated\n"
+           "and, in the same run, each stage alone: the router; the down projection; the routed experts on the\n"
+           "block's routing; norm+up (RMSNorm, up projection and the final sum: the POST_REDUCE stage); the shared\n"
+           "experts' two projections (their activation, about a microsecond, left out). The stages' sum beside the\n"
+           "block's time is the composition cost (the shared experts overlap the routed path in the block, so the\n"
+           "sum can exceed it). Bytes = router gate + down + up + shared + the distinct experts the routing touches\n"
+           "(weights and block scales) + x + y; %% of the floor = bytes / 4.37 TB/s over the block's time.\n"
+           "Method: calls captured into a CUDA graph over weight copies exceeding 3x the L2, replayed R times\n"
+           "(default 11), the six variants' replays interleaved, median per call.\n"
+           "  --config C   tp8 (default) or ep16\n"
+           "  --m LIST     token counts (default 1,2,4,8,16; 1..%d, at most %d values)\n"
+           "  --reps R     graph replays per point (7..1000)\n"
+           "  --json       one JSON object: a row per M with every column\n"
+           "exit status: 0 measured, 1 failure (no GPU, a CUDA error), 2 usage\n",
+           BB_MAX_M, BB_MAX_LIST);
+}
+
+typedef struct bb_opts {
+    int64_t ms[BB_MAX_LIST];
+    int nm, json, ep;
+    int64_t reps;
+} bb_opts;
+
+static int bb_parse(int argc, char **argv, bb_opts *o) {
+    static const int64_t def_ms[] = {1, 2, 4, 8, 16};
+    memset(o, 0, sizeof *o);
+    memcpy(o->ms, def_ms, sizeof def_ms);
+    o->nm = 5, o->reps = 11;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (!strcmp(argv[i], "--json")) o->json = 1;
+        else if (!strcmp(argv[i], "--config")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--config"))) return K3_EXIT_USAGE;
+            if (!strcmp(v, "tp8")) o->ep = 0;
+            else if (!strcmp(v, "ep16")) o->ep = 1;
+            else {
+                fprintf(stderr, "k3 bench block: --config must be tp8 or ep16 (got '%s')\n", v);
+                return K3_EXIT_USAGE;
+            }
+        } else if (!strcmp(argv[i], "--m")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--m")) || !(o->nm = k3_cli_parse_list(v, "--m", o->ms, BB_MAX_LIST)))
+                return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--reps")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--reps")) || !k3_cli_parse_i64(v, "--reps", &o->reps))
+                return K3_EXIT_USAGE;
+        } else {
+            fprintf(stderr, "k3 bench block: unknown option '%s' (see k3 bench block --help)\n", argv[i]);
+            return K3_EXIT_USAGE;
+        }
+    }
+    for (int j = 0; j < o->nm; j++)
+        if (o->ms[j] < 1 || o->ms[j] > BB_MAX_M) {
+            fprintf(stderr, "k3 bench block: --m values must be in 1..%d (got %lld)\n", BB_MAX_M, (long long)o->ms[j]);
+            return K3_EXIT_USAGE;
+        }
+    if (o->reps < 7 || o->reps > 1000) {
+        fprintf(stderr, "k3 bench block: --reps must be 7..1000 (the median of >= 7 replays)\n");
+        return K3_EXIT_USAGE;
+    }
+    return K3_EXIT_OK;
+}
+
+#ifndef K3_HAVE_CUDA
+int k3_bench_block(int argc, char **argv) {
+    if (k3_cli_wants_help(argc, argv)) {
+        block_bench_help();
+        return K3_EXIT_OK;
+    }
+    bb_opts o;
+    const int pr = bb_parse(argc, argv, &o);
+    if (pr != K3_EXIT_OK) return pr;
+    fprintf(stderr, "k3 bench block: this build has no CUDA backend\n");
+    return K3_EXIT_FAIL;
+}
+#else
+#include <cuda_runtime.h>
+
+/* Everything the timed calls use; copy c of the weights in w[c]. */
+typedef struct bb {
+    k3_latent_moe_desc d;
+    int64_t m;
+    int32_t copies;
+    k3_latent_moe_weights *w; /* [copies], device */
+    k3_latent_moe_plan *lp;
+    k3_router_plan *rp;
+    k3_moe_plan *mp;
+    k3_linear_plan *down, *sgu, *sdown;
+    void *lws, *rws, *mws, *dws, *sgws, *sdws;
+    size_t lws_b, rws_b, mws_b, dws_b, sgws_b, sdws_b;
+    uint16_t *x, *y, *xl, *mo, *g, *a;
+    int32_t *ids;
+    float *wts, *partial, *uf;
+} bb;
+
+static k3_status st_of(k3_status st, char *err, size_t n, const char *what) {
+    if (st != K3_STATUS_SUCCESS) snprintf(err, n, "%s: %s", what, k3_status_string(st));
+    return st;
+}
+
+static k3_status call_block(void *u, int32_t c, void *s, char *err, size_t n) {
+    bb *b = (bb *)u;
+    return st_of(k3_latent_moe_run(b->lp, b->m, b->x, &b->w[c], NULL, b->y, NULL, NULL, b->lws, b->lws_b, s), err, n,
+                 "block");
+}
+static k3_status call_router(void *u, int32_t c, void *s, char *err, size_t n) {
+    bb *b = (bb *)u;
+    return st_of(k3_router_run(b->rp, b->m, b->x, b->w[c].gate, b->w[c].bias, b->ids, b->wts, b->rws, b->rws_b, s), err,
+                 n, "router");
+}
+static k3_status call_down(void *u, int32_t c, void *s, char *err, size_t n) {
+    bb *b = (bb *)u;
+    return st_of(k3_linear_run(b->down, b->m, b->x, b->w[c].down_proj, NULL, b->xl, b->dws, b->dws_b, s), err, n,
+                 "down");
+}
+static k3_status call_experts(void *u, int32_t c, void *s, char *err, size_t n) {
+    bb *b = (bb *)u;
+    return st_of(k3_moe_run(b->mp, b->m, b->xl, b->ids, b->wts, &b->w[c].experts, b->mo, b->uf, b->mws, b->mws_b, s),
+                 err, n, "experts");
+}
+static k3_status call_norm_up(void *u, int32_t c, void *s, char *err, size_t n) {
+    bb *b = (bb *)u;
+    return st_of(k3_latent_moe_run_stage(b->lp, K3_LATENT_POST_REDUCE, b->m, NULL, &b->w[c], NULL, b->y, b->partial,
+                                         NULL, NULL, b->lws, b->lws_b, s),
+                 err, n, "norm+up");
+}
+static k3_status call_shared(void *u, int32_t c, void *s, char *err, size_t n) {
+    bb *b = (bb *)u;
+    k3_status st = k3_linear_run(b->sgu, b->m, b->x, b->w[c].shared_gate_up, NULL, b->g, b->sgws, b->sgws_b, s);
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_linear_run(b->sdown, b->m, b->a, b->w[c].shared_down, NULL, b->y, b->sdws, b->sdws_b, s);
+    return st_of(st, err, n, "shared");
+}
+
+static k3_status bb_linear(k3_ctx *ctx, int64_t n, int64_t k, k3_linear_plan **p, void **ws, size_t *wsb) {
+    k3_linear_desc d;
+    k3_linear_desc_init(&d, n, k);
+    d.max_m = BB_MAX_M;
+    k3_status st = k3_linear_plan_create(ctx, &d, p);
+    if (st == K3_STATUS_SUCCESS) st = k3_linear_workspace_size(*p, wsb);
+    if (st != K3_STATUS_SUCCESS) return st;
+    return cudaMalloc(ws, *wsb ? *wsb : 16) == cudaSuccess ? K3_STATUS_SUCCESS : K3_STATUS_OUT_OF_MEMORY;
+}
+
+int k3_bench_block(int argc, char **argv) {
+    if (k3_cli_wants_help(argc, argv)) {
+        block_bench_help();
+        return K3_EXIT_OK;
+    }
+    bb_opts o;
+    const int pr = bb_parse(argc, argv, &o);
+    if (pr != K3_EXIT_OK) return pr;
+    k3_ctx *ctx = k3_cli_ctx("cuda");
+    if (!ctx) return K3_EXIT_FAIL;
+    int rc = K3_EXIT_FAIL;
+    bb b;
+    memset(&b, 0, sizeof b);
+    k3_synth_block hb;
+    memset(&hb, 0, sizeof hb);
+    k3_cli_mem mm[8];
+    int nmm = 0;
+    int32_t *dmap = NULL;
+    cudaStream_t s = NULL;
+    char err[512] = "";
+    k3_status st = K3_STATUS_SUCCESS;
+    /* the rank: TP8 (every expert, I / 8) or EP16 (56 whole experts, the router over all 896) */
+    const int32_t e_local = o.ep ? 56 : 896;
+    k3_synth_block_desc(&hb.d, e_local, 16, 7168, 3584, o.ep ? 3072 : 384, o.ep ? 384 : 768, BB_MAX_M);
+    if (o.ep) {
+        hb.d.router.num_experts = 896;
+        hb.d.experts.global_experts = 896;
+        hb.d.parallel.layout = K3_PARALLEL_NONE; /* one rank measured alone: its own partial is normalized */
+    }
+    k3_synth_rng r = {BB_SEED};
+    fprintf(stderr, "k3 bench block: synthesizing the %s rank's weights\n", o.ep ? "EP16" : "TP8");
+    if (!k3_synth_block_make(&hb, &r)) {
+        fprintf(stderr, "k3 bench block: out of host memory\n");
+        goto done;
+    }
+    b.d = hb.d;
+    k3_arch_info arch;
+    k3_ctx_arch(ctx, &arch);
+    b.copies = k3_bench_cold_copies((double)(hb.bytes_fp4 + hb.bytes_dense), arch.l2_bytes);
+    if (b.copies > 8) b.copies = 8;
+    b.w = (k3_latent_moe_weights *)calloc((size_t)b.copies, sizeof *b.w);
+    if (!b.w) goto oom;
+    fprintf(stderr, "k3 bench block: %d weight copies to the device (%.2f GB each)\n", (int)b.copies,
+            (double)(hb.bytes_fp4 + hb.bytes_dense) / 1e9);
+    int32_t hmap[896];
+    for (int32_t g = 0; g < 896; g++) hmap[g] = g < e_local ? g : -1; /* EP16: this rank holds experts 0..55 */
+    if (o.ep && (cudaMalloc((void **)&dmap, sizeof hmap) != cudaSuccess ||
+                 cudaMemcpy(dmap, hmap, sizeof hmap, cudaMemcpyHostToDevice) != cudaSuccess))
+        goto cuda_fail;
+    for (int32_t c = 0; c < b.copies; c++) {
+        k3_cli_mem_init(&mm[nmm], ctx);
+        if (!k3_synth_block_weights_in(&hb, &mm[nmm++], &b.w[c])) goto oom;
+        if (o.ep) b.w[c].experts.expert_map = dmap;
+    }
+    /* plans: the block, and each stage's own */
+    if ((st = k3_latent_moe_plan_create(ctx, &b.d, &b.lp)) != K3_STATUS_SUCCESS) goto plan_fail;
+    k3_latent_moe_workspace_size(b.lp, &b.lws_b);
+    k3_router_desc rd = b.d.router;
+    rd.max_tokens = BB_MAX_M;
+    if ((st = k3_router_plan_create(ctx, &rd, &b.rp)) != K3_STATUS_SUCCESS) goto plan_fail;
+    k3_router_workspace_size(b.rp, &b.rws_b);
+    k3_moe_desc md = b.d.experts;
+    md.max_tokens = BB_MAX_M;
+    if ((st = k3_moe_plan_create(ctx, &md, &b.mp)) != K3_STATUS_SUCCESS) goto plan_fail;
+    k3_moe_workspace_size(b.mp, &b.mws_b);
+    const int64_t H = b.d.hidden, L = b.d.experts.hidden, IS = b.d.shared_inter, K = b.d.experts.top_k;
+    if ((st = bb_linear(ctx, L, H, &b.down, &b.dws, &b.dws_b)) != K3_STATUS_SUCCESS ||
+        (st = bb_linear(ctx, 2 * IS, H, &b.sgu, &b.sgws, &b.sgws_b)) != K3_STATUS_SUCCESS ||
+        (st = bb_linear(ctx, H, IS, &b.sdown, &b.sdws, &b.sdws_b)) != K3_STATUS_SUCCESS)
+        goto plan_fail;
+    size_t pcount = 0;
+    k3_latent_moe_partial_count(b.lp, BB_MAX_M, &pcount);
+    const size_t mh = (size_t)(BB_MAX_M * H), ml = (size_t)(BB_MAX_M * L), mk = (size_t)(BB_MAX_M * K);
+    if (cudaMalloc(&b.lws, b.lws_b) != cudaSuccess || cudaMalloc(&b.rws, b.rws_b ? b.rws_b : 16) != cudaSuccess ||
+        cudaMalloc(&b.mws, b.mws_b) != cudaSuccess || cudaMalloc((void **)&b.x, mh * 2) != cudaSuccess ||
+        cudaMalloc((void **)&b.y, mh * 2) != cudaSuccess || cudaMalloc((void **)&b.xl, ml * 2) != cudaSuccess ||
+        cudaMalloc((void **)&b.mo, ml * 2) != cudaSuccess || cudaMalloc((void **)&b.uf, ml * 4) != cudaSuccess ||
+        cudaMalloc((void **)&b.g, (size_t)(BB_MAX_M * 2 * IS) * 2) != cudaSuccess ||
+        cudaMalloc((void **)&b.a, (size_t)(BB_MAX_M * IS) * 2) != cudaSuccess ||
+        cudaMalloc((void **)&b.ids, mk * 4) != cudaSuccess || cudaMalloc((void **)&b.wts, mk * 4) != cudaSuccess ||
+        cudaMalloc((void **)&b.partial, pcount * 4) != cudaSuccess ||
+        cudaMemset(b.a, 0, (size_t)(BB_MAX_M * IS) * 2) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
+        goto cuda_fail;
+    {
+        uint16_t *hx = (uint16_t *)malloc(mh * 2);
+        if (!hx) goto oom;
+        k3_synth_bf16(&r, hx, mh, 1.0);
+        const int ok = cudaMemcpy(b.x, hx, mh * 2, cudaMemcpyHostToDevice) == cudaSuccess;
+        free(hx);
+        if (!ok) goto cuda_fail;
+    }
+    if (!o.json)
+        printf("k3 bench block: %s rank on %s (%d SMs): H %lld, E %d of %d top-%lld, L %lld, I %lld, Is %lld, "
+               "NVFP4 W4A16 SiTU; %d weight copies, %lld replays\n"
+               "    M   block us  router    down  experts norm+up  shared  stages sum  compose   MB read  floor us  "
+               "%% floor\n",
+               o.ep ? "EP16" : "TP8", arch.device_name, (int)arch.sm_count, (long long)H, (int)e_local, 896,
+               (long long)K, (long long)L, (long long)b.d.experts.inter, (long long)IS, (int)b.copies,
+               (long long)o.reps);
+    else {
+        printf("{\"config\": \"%s\", \"gpu\": ", o.ep ? "ep16" : "tp8");
+        k3_cli_json_string(stdout, arch.device_name);
+        printf(", \"copies\": %d, \"reps\": %lld, \"rows\": [", (int)b.copies, (long long)o.reps);
+    }
+    const size_t per_expert = (size_t)(2 * b.d.experts.inter * L) / 2 + (size_t)(L * b.d.experts.inter) / 2 +
+                              (size_t)(2 * b.d.experts.inter * L) / 16 + (size_t)(L * b.d.experts.inter) / 16 + 8;
+    for (int j = 0; j < o.nm; j++) {
+        b.m = o.ms[j];
+        /* the routing the experts stage runs on, and the partial the norm+up stage reads: the block's own */
+        if ((st = k3_router_run(b.rp, b.m, b.x, b.w[0].gate, b.w[0].bias, b.ids, b.wts, b.rws, b.rws_b, s)) !=
+                K3_STATUS_SUCCESS ||
+            (st = k3_latent_moe_run_stage(b.lp, K3_LATENT_PRE_REDUCE, b.m, b.x, &b.w[0], NULL, NULL, b.partial, NULL,
+                                          NULL, b.lws, b.lws_b, s)) != K3_STATUS_SUCCESS ||
+            (st = k3_linear_run(b.down, b.m, b.x, b.w[0].down_proj, NULL, b.xl, b.dws, b.dws_b, s)) !=
+                K3_STATUS_SUCCESS)
+            goto plan_fail;
+        int32_t hids[BB_MAX_M * 16];
+        if (cudaMemcpyAsync(hids, b.ids, (size_t)(b.m * K) * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+            k3_bench_sync(s, err, sizeof err) != K3_STATUS_SUCCESS)
+            goto cuda_fail;
+        int32_t touched = 0;
+        unsigned char seen[896];
+        memset(seen, 0, sizeof seen);
+        for (int64_t i = 0; i < b.m * K; i++) {
+            const int32_t loc = hids[i] >= 0 && hids[i] < 896 ? hmap[hids[i]] : -1;
+            if (loc >= 0 && loc < e_local && !seen[loc]) seen[loc] = 1, touched++;
+        }
+        const double bytes = 2.0 * (double)(b.d.router.num_experts * H + 2 * L * H + 3 * IS * H + L) +
+                             (double)touched * (double)per_expert + 4.0 * (double)(b.m * H);
+        const k3_bench_variant v[BB_STAGES] = {{call_block, &b},   {call_router, &b},  {call_down, &b},
+                                               {call_experts, &b}, {call_norm_up, &b}, {call_shared, &b}};
+        const k3_bench_timing tm = {b.copies, b.copies * 4, 3, (int32_t)o.reps};
+        double us[BB_STAGES];
+        if ((st = k3_bench_graph_time_n(v, BB_STAGES, &tm, s, us, err, sizeof err)) != K3_STATUS_SUCCESS) {
+            fprintf(stderr, "k3 bench block: M %lld: %s\n", (long long)b.m, err);
+            goto done;
+        }
+        const double sum = us[1] + us[2] + us[3] + us[4] + us[5], floor_us = bytes / BB_CEILING * 1e6;
+        if (!o.json)
+            printf("%5lld %10.1f %7.1f %7.1f %8.1f %7.1f %7.1f %11.1f %8.1f %9.1f %9.1f %8.1f\n", (long long)b.m, us[0],
+                   us[1], us[2], us[3], us[4], us[5], sum, us[0] - sum, bytes / 1e6, floor_us,
+                   100.0 * floor_us / us[0]);
+        else
+            printf("%s{\"m\": %lld, \"block_us\": %.3f, \"router_us\": %.3f, \"down_us\": %.3f, \"experts_us\": %.3f, "
+                   "\"norm_up_us\": %.3f, \"shared_us\": %.3f, \"stages_sum_us\": %.3f, \"composition_us\": %.3f, "
+                   "\"experts_touched\": %d, \"bytes\": %.0f, \"floor_us\": %.3f, \"percent_of_floor\": %.2f}",
+                   j ? ", " : "", (long long)b.m, us[0], us[1], us[2], us[3], us[4], us[5], sum, us[0] - sum,
+                   (int)touched, bytes, floor_us, 100.0 * floor_us / us[0]);
+        fflush(stdout);
+    }
+    if (o.json) printf("]}\n");
+    rc = K3_EXIT_OK;
+    goto done;
+plan_fail:
+    fprintf(stderr, "k3 bench block: %s: %s\n", k3_status_string(st), k3_ctx_last_error(ctx));
+    goto done;
+cuda_fail:
+    fprintf(stderr, "k3 bench block: a CUDA call failed: %s %s\n", cudaGetErrorString(cudaGetLastError()), err);
+    goto done;
+oom:
+    fprintf(stderr, "k3 bench block: out of memory\n");
+done:
+    if (s) cudaStreamDestroy(s);
+    k3_latent_moe_plan_destroy(b.lp);
+    k3_router_plan_destroy(b.rp);
+    k3_moe_plan_destroy(b.mp);
+    k3_linear_plan_destroy(b.down);
+    k3_linear_plan_destroy(b.sgu);
+    k3_linear_plan_destroy(b.sdown);
+    void *dev[] = {b.lws, b.rws, b.mws, b.dws, b.sgws, b.sdws, b.x, b.y, b.xl, b.mo, b.g, b.a, b.ids, b.wts,
+                   b.partial, b.uf, dmap};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
+    for (int i = 0; i < nmm; i++) k3_cli_mem_free(&mm[i]);
+    free(b.w);
+    k3_synth_block_free(&hb);
+    k3_ctx_destroy(ctx);
+    return rc;
+}
+#endif
