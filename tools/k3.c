@@ -11,7 +11,7 @@ static const k3_cli_command commands[] = {
     {"run", "run an operation on safetensors inputs (run moe ...)", k3_cmd_run},
     {"demo", "the Kimi-K3 latent-MoE block at real shapes on the default backend", k3_cmd_demo},
     {"plan", "the resolved GEMM plan table for an architecture", k3_cmd_plan},
-    {"bench", "benchmarks against cuBLASLt (bench gemm ...)", k3_cmd_bench},
+    {"bench", "GPU benchmarks: bench gemm | kda | moe (cuBLASLt side by side) | block", k3_cmd_bench},
     {"tune", "measure this GPU and write its GEMM table", k3_cmd_tune},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
