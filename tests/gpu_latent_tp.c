@@ -16,8 +16,8 @@ int main(void) { K3T_SKIP("built without CUDA"); }
 #else
 
 #include "k3t_harness_cuda.h"
+#include "latent_data.h"
 #include "latent_shard.h"
-#include "moe_data.h"
 
 #ifdef K3_HAVE_NCCL
 #include <dlfcn.h>
@@ -35,10 +35,8 @@ static cudaStream_t g_stream;
 
 typedef struct block {
     k3_latent_moe_desc d;
-    moe_data md;
-    uint16_t *gate, *down, *norm, *up, *sgu, *sdown;
-    float *bias;
-    k3_latent_moe_weights hw; /* host */
+    lat_data ld;              /* its host tensors */
+    k3_latent_moe_weights hw; /* = ld.w */
 } block;
 
 static void block_make(block *b, k3t_rng *r) {
@@ -52,26 +50,11 @@ static void block_make(block *b, k3t_rng *r) {
     d->experts.inter = 256;
     d->shared_inter = 256;
     d->max_tokens = 8;
-    const int64_t h = d->hidden, l = d->experts.hidden, is = d->shared_inter, e = d->experts.num_experts;
-    md_make(&b->md, &d->experts, r);
-    b->gate = md_bf16_normal(r, e * h, 1.0 / sqrt((double)h));
-    b->bias = (float *)malloc(sizeof(float) * (size_t)e);
-    for (int64_t i = 0; i < e; i++) b->bias[i] = 0.05f * k3t_uniform(r);
-    b->down = md_bf16_normal(r, l * h, 1.0 / sqrt((double)h));
-    b->norm = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)l);
-    for (int64_t i = 0; i < l; i++) b->norm[i] = k3_bf16_from_f32((float)(1.0 + 0.2 * k3t_normal(r)));
-    b->up = md_bf16_normal(r, h * l, 1.0 / sqrt((double)l));
-    b->sgu = md_bf16_normal(r, 2 * is * h, 1.0 / sqrt((double)h));
-    b->sdown = md_bf16_normal(r, h * is, 1.0 / sqrt((double)is));
-    k3_latent_moe_weights *w = &b->hw;
-    w->gate = b->gate, w->bias = b->bias, w->down_proj = b->down, w->experts = b->md.w, w->norm = b->norm;
-    w->up_proj = b->up, w->shared_gate_up = b->sgu, w->shared_down = b->sdown;
+    ld_make(&b->ld, d, r, 1);
+    b->hw = b->ld.w;
 }
 
-static void block_free(block *b) {
-    md_free(&b->md);
-    free(b->gate), free(b->bias), free(b->down), free(b->norm), free(b->up), free(b->sgu), free(b->sdown);
-}
+static void block_free(block *b) { ld_free(&b->ld); }
 
 /* Device copies of a rank's weights (the experts' sizes follow from its descriptor). */
 typedef struct dweights {
@@ -204,9 +187,9 @@ static void test_tp_stages(const block *b, k3t_rng *r, int ep) {
     k3_latent_moe_weights hw[TP];
     for (int rk = 0; rk < TP; rk++) {
         if (ep)
-            k3t_ep_cut(&sh[rk], &b->d, &b->hw.experts, b->sgu, b->sdown, rk, TP);
+            k3t_ep_cut(&sh[rk], &b->d, &b->hw.experts, b->ld.sgu, b->ld.sdown, rk, TP);
         else
-            k3t_tp_cut(&sh[rk], &b->d, &b->hw.experts, b->sgu, b->sdown, rk, TP);
+            k3t_tp_cut(&sh[rk], &b->d, &b->hw.experts, b->ld.sgu, b->ld.sdown, rk, TP);
         hw[rk] = k3t_tp_weights(&sh[rk], &b->hw);
     }
     uint16_t *yc = (uint16_t *)malloc((size_t)n * 2), *yg = (uint16_t *)malloc((size_t)n * 2);

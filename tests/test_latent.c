@@ -3,6 +3,7 @@
  * activations, with and without shared experts and residual; determinism; every validation error. */
 #include <string.h>
 
+#include "latent_data.h"
 #include "moe_data.h"
 #include "ref_moe.h"
 #include "test_util.h"
@@ -11,60 +12,6 @@
 #define TOL 1e-3
 
 static k3_ctx *g_ctx;
-
-typedef struct lat_data {
-    moe_data md;
-    void *gate;
-    float *bias;
-    uint16_t *down, *norm, *up, *sgu, *sdown;
-    k3_latent_moe_weights w;
-} lat_data;
-
-static void ld_make(lat_data *ld, const k3_latent_moe_desc *d, k3t_rng *r, int with_bias) {
-    memset(ld, 0, sizeof *ld);
-    const int64_t h = d->hidden, l = d->experts.hidden, is = d->shared_inter;
-    const int64_t sr = (d->shared_act.kind == K3_ACT_RELU2_NO_MUL ? 1 : 2) * is;
-    const int32_t e = d->experts.num_experts;
-    md_make(&ld->md, &d->experts, r);
-    if (d->router.gate_dtype == K3_DTYPE_F32) {
-        float *g = (float *)malloc(sizeof(float) * (size_t)(e * h));
-        for (int64_t i = 0; i < e * h; i++) g[i] = (float)(k3t_normal(r) / sqrt((double)h));
-        ld->gate = g;
-    } else {
-        ld->gate = md_bf16_normal(r, e * h, 1.0 / sqrt((double)h));
-    }
-    if (with_bias) {
-        ld->bias = (float *)malloc(sizeof(float) * (size_t)e);
-        for (int32_t i = 0; i < e; i++) ld->bias[i] = 0.1f * k3t_uniform(r);
-    }
-    ld->down = md_bf16_normal(r, l * h, 1.0 / sqrt((double)h));
-    ld->norm = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)l);
-    for (int64_t i = 0; i < l; i++) ld->norm[i] = k3_bf16_from_f32((float)(1.0 + 0.2 * k3t_normal(r)));
-    ld->up = md_bf16_normal(r, h * l, 1.0 / sqrt((double)l));
-    if (is > 0) {
-        ld->sgu = md_bf16_normal(r, sr * h, 1.0 / sqrt((double)h));
-        ld->sdown = md_bf16_normal(r, h * is, 1.0 / sqrt((double)is));
-    }
-    ld->w.gate = ld->gate;
-    ld->w.bias = ld->bias;
-    ld->w.down_proj = ld->down;
-    ld->w.experts = ld->md.w;
-    ld->w.norm = ld->norm;
-    ld->w.up_proj = ld->up;
-    ld->w.shared_gate_up = ld->sgu;
-    ld->w.shared_down = ld->sdown;
-}
-
-static void ld_free(lat_data *ld) {
-    md_free(&ld->md);
-    free(ld->gate);
-    free(ld->bias);
-    free(ld->down);
-    free(ld->norm);
-    free(ld->up);
-    free(ld->sgu);
-    free(ld->sdown);
-}
 
 static k3_latent_moe_desc make_desc(int32_t e, int32_t k, int64_t h, int64_t l, int64_t in, int64_t is,
                                     k3_weight_format f) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "moe_data.h"
+#include "latent_data.h"
 #include "latent_shard.h"
 #include "ref_moe.h"
 #include "test_util.h"
@@ -30,48 +31,6 @@ static k3_latent_moe_desc make_desc(k3_weight_format f) {
     return d;
 }
 
-/* The full block's weights (one allocation per tensor). */
-typedef struct full_block {
-    moe_data md;
-    uint16_t *gate, *down, *norm, *up, *sgu, *sdown;
-    float *bias;
-    k3_latent_moe_weights w;
-} full_block;
-
-static void fb_make(full_block *b, const k3_latent_moe_desc *d, k3t_rng *r) {
-    const int64_t h = d->hidden, l = d->experts.hidden, is = d->shared_inter, e = d->experts.num_experts;
-    memset(b, 0, sizeof *b);
-    md_make(&b->md, &d->experts, r);
-    b->gate = md_bf16_normal(r, e * h, 1.0 / sqrt((double)h));
-    b->bias = (float *)malloc(sizeof(float) * (size_t)e);
-    for (int64_t i = 0; i < e; i++) b->bias[i] = 0.1f * k3t_uniform(r);
-    b->down = md_bf16_normal(r, l * h, 1.0 / sqrt((double)h));
-    b->norm = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)l);
-    for (int64_t i = 0; i < l; i++) b->norm[i] = k3_bf16_from_f32((float)(1.0 + 0.2 * k3t_normal(r)));
-    b->up = md_bf16_normal(r, h * l, 1.0 / sqrt((double)l));
-    b->sgu = md_bf16_normal(r, 2 * is * h, 1.0 / sqrt((double)h));
-    b->sdown = md_bf16_normal(r, h * is, 1.0 / sqrt((double)is));
-    b->w.gate = b->gate;
-    b->w.bias = b->bias;
-    b->w.down_proj = b->down;
-    b->w.experts = b->md.w;
-    b->w.norm = b->norm;
-    b->w.up_proj = b->up;
-    b->w.shared_gate_up = b->sgu;
-    b->w.shared_down = b->sdown;
-}
-
-static void fb_free(full_block *b) {
-    md_free(&b->md);
-    free(b->gate);
-    free(b->bias);
-    free(b->down);
-    free(b->norm);
-    free(b->up);
-    free(b->sgu);
-    free(b->sdown);
-}
-
 static void *ws_for(k3_latent_moe_plan *p, size_t *bytes) {
     *bytes = 0;
     k3_latent_moe_workspace_size(p, bytes);
@@ -82,8 +41,8 @@ static void *ws_for(k3_latent_moe_plan *p, size_t *bytes) {
 
 /* One rank (size 1): PRE then POST equals k3_latent_moe_run bit for bit, with and without a residual. */
 static void test_one_rank(const char *name, const k3_latent_moe_desc *d, k3t_rng *r) {
-    full_block b;
-    fb_make(&b, d, r);
+    lat_data b;
+    ld_make(&b, d, r, 1);
     const int64_t m = 5, h = d->hidden;
     uint16_t *x = md_bf16_normal(r, m * h, 1.0), *res = md_bf16_normal(r, m * h, 1.0);
     uint16_t *y1 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(m * h));
@@ -118,7 +77,7 @@ static void test_one_rank(const char *name, const k3_latent_moe_desc *d, k3t_rng
     free(res);
     free(y1);
     free(y2);
-    fb_free(&b);
+    ld_free(&b);
 }
 
 static void test_split(const char *name, const k3_latent_moe_desc *d, int32_t size, int64_t m, int ep, k3t_rng *r);
@@ -133,8 +92,8 @@ static void test_ep(const char *name, const k3_latent_moe_desc *d, int32_t size,
 
 /* size ranks (TP, or EP with ep) from one full block, against the fp64 reference of the unsharded block. */
 static void test_split(const char *name, const k3_latent_moe_desc *d, int32_t size, int64_t m, int ep, k3t_rng *r) {
-    full_block b;
-    fb_make(&b, d, r);
+    lat_data b;
+    ld_make(&b, d, r, 1);
     const int64_t h = d->hidden, k = d->experts.top_k;
     uint16_t *x = md_bf16_normal(r, m * h, 1.0), *res = md_bf16_normal(r, m * h, 1.0);
     uint16_t *y = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(m * h));
@@ -214,7 +173,7 @@ static void test_split(const char *name, const k3_latent_moe_desc *d, int32_t si
     free(ids);
     free(rw);
     free(wts);
-    fb_free(&b);
+    ld_free(&b);
 }
 
 static void expect_plan(const char *what, const k3_latent_moe_desc *d, k3_status want, const char *needle) {
@@ -248,12 +207,12 @@ static void test_errors(k3t_rng *r) {
     e.parallel.layout = (k3_parallel_layout)7;
     expect_plan("unknown layout", &e, K3_STATUS_INVALID_ARGUMENT, "parallel.layout");
 
-    full_block b;
-    fb_make(&b, &d, r);
+    lat_data b;
+    ld_make(&b, &d, r, 1);
     k3_latent_moe_plan *p = NULL;
     if (k3_latent_moe_plan_create(g_ctx, &d, &p) != K3_STATUS_SUCCESS) {
         CHECK(0, "errors: plan: %s", k3_ctx_last_error(g_ctx));
-        fb_free(&b);
+        ld_free(&b);
         return;
     }
     size_t wsb = 0, count = 0;
@@ -308,7 +267,7 @@ static void test_errors(k3t_rng *r) {
     free(y);
     free(ws);
     k3_latent_moe_plan_destroy(p);
-    fb_free(&b);
+    ld_free(&b);
 }
 
 int main(void) {

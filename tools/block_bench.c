@@ -83,15 +83,22 @@ static int bb_parse(int argc, char **argv, bb_opts *o) {
     return K3_EXIT_OK;
 }
 
-#ifndef K3_HAVE_CUDA
-int k3_bench_block(int argc, char **argv) {
+/* --help (1 with *rc = 0), a usage error (1 with *rc = 2), or options to run with (0), in every build alike. */
+static int bb_front(int argc, char **argv, bb_opts *o, int *rc) {
     if (k3_cli_wants_help(argc, argv)) {
         block_bench_help();
-        return K3_EXIT_OK;
+        *rc = K3_EXIT_OK;
+        return 1;
     }
+    *rc = bb_parse(argc, argv, o);
+    return *rc != K3_EXIT_OK;
+}
+
+#ifndef K3_HAVE_CUDA
+int k3_bench_block(int argc, char **argv) {
     bb_opts o;
-    const int pr = bb_parse(argc, argv, &o);
-    if (pr != K3_EXIT_OK) return pr;
+    int rc;
+    if (bb_front(argc, argv, &o, &rc)) return rc;
     fprintf(stderr, "k3 bench block: this build has no CUDA backend\n");
     return K3_EXIT_FAIL;
 }
@@ -165,13 +172,9 @@ static k3_status bb_linear(k3_ctx *ctx, int64_t n, int64_t k, k3_linear_plan **p
 }
 
 int k3_bench_block(int argc, char **argv) {
-    if (k3_cli_wants_help(argc, argv)) {
-        block_bench_help();
-        return K3_EXIT_OK;
-    }
     bb_opts o;
-    const int pr = bb_parse(argc, argv, &o);
-    if (pr != K3_EXIT_OK) return pr;
+    int front_rc;
+    if (bb_front(argc, argv, &o, &front_rc)) return front_rc;
     k3_ctx *ctx = k3_cli_ctx("cuda");
     if (!ctx) return K3_EXIT_FAIL;
     int rc = K3_EXIT_FAIL;
