@@ -7,7 +7,8 @@
  *     the rest      the tensor's name (any bytes; escaped into the header)
  * Tensors are tiny (at most 32 KiB each, 48 of them); records that do not fit are skipped. The file goes to the
  * scratch memfd and is opened with k3_ckpt_open; k3_ckpt_moe_detect runs for layers 0..2 and, where it succeeds,
- * k3_ckpt_load_moe. A success must be consistent: the detected format, prefix and expert count kept, sizes that
+ * k3_ckpt_load_moe, then, after a loaded MoE, k3_ckpt_load_block (the router, shared and latent tensors). A success
+ * must be consistent: the detected format, prefix and expert count kept, sizes that
  * are E x the per-expert shapes, block sizes dividing L and I, global and input scales finite and > 0, no NaN
  * block-scale code, and every expert's bytes equal to the file's tensors it was stacked from (per-expert formats:
  * gate, up, down; stacked: the four tensors as they are). A failure must come with a message.
@@ -224,6 +225,44 @@ static void check_load(k3_ckpt *ck, const k3_ckpt_moe_info *info, const k3_ckpt_
         }
 }
 
+/* The layer's router, shared and latent tensors: a success has each present group's buffers at its shapes' sizes
+ * and nothing for an absent one; a failure says why and keeps nothing. */
+static void check_block(k3_ckpt *ck, int32_t layer, const k3_ckpt_moe *m) {
+    k3_ckpt_block b;
+    char err[512] = "";
+    const k3_status st = k3_ckpt_load_block(ck, layer, m->num_experts, m->hidden, &b, err, sizeof err);
+    FUZZ_TRACE_PRINT("layer %d: block: %s\n", (int)layer, st == K3_STATUS_SUCCESS ? "success" : err);
+    if (st != K3_STATUS_SUCCESS) {
+        fuzz_check(TARGET, err[0] != '\0', "a failed block load without a message");
+        fuzz_check(TARGET, !b.gate && !b.bias && !b.shared_gate_up && !b.shared_down && !b.down_proj && !b.norm &&
+                               !b.up_proj,
+                   "a failed block load kept buffers");
+        return;
+    }
+    const k3_ckpt_block_info *in = &b.info;
+    const size_t e = (size_t)m->num_experts, l = (size_t)m->hidden, h = (size_t)in->hidden, is = (size_t)in->shared_inter;
+    if (in->has[K3_CKPT_BLOCK_ROUTER]) {
+        const size_t es = b.gate_dtype == K3_ST_F32 ? 4 : 2;
+        fuzz_check(TARGET, b.gate && b.gate_bytes == e * h * es, "the router gate is not [E, H]");
+        fuzz_check(TARGET, !b.bias || b.bias_bytes == e * 4, "the correction bias is not [E]");
+    } else {
+        fuzz_check(TARGET, !b.gate && !b.bias, "a router without its group");
+    }
+    if (in->has[K3_CKPT_BLOCK_SHARED])
+        fuzz_check(TARGET, b.shared_gate_up && b.shared_down && b.shared_gate_up_bytes == 2 * is * h * 2 &&
+                               b.shared_down_bytes == h * is * 2,
+                   "the shared experts are not [2 Is, H] and [H, Is]");
+    else
+        fuzz_check(TARGET, !b.shared_gate_up && !b.shared_down, "shared experts without their group");
+    if (in->has[K3_CKPT_BLOCK_LATENT])
+        fuzz_check(TARGET, b.down_proj && b.norm && b.up_proj && b.down_proj_bytes == l * h * 2 && b.norm_bytes == l * 2 &&
+                               b.up_proj_bytes == h * l * 2,
+                   "the latent projections are not [L, H], [L] and [H, L]");
+    else
+        fuzz_check(TARGET, !b.down_proj && !b.norm && !b.up_proj, "latent tensors without their group");
+    k3_ckpt_block_free(&b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     buf file = {0};
     build_file(data, size, &file);
@@ -251,6 +290,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_TRACE_PRINT("layer %d: load: %s\n", (int)layer, st == K3_STATUS_SUCCESS ? "success" : err);
         if (st == K3_STATUS_SUCCESS) {
             check_load(ck, &info, &m);
+            check_block(ck, layer, &m);
         } else {
             fuzz_check(TARGET, err[0] != '\0', "a failed load without a message");
             fuzz_check(TARGET, !m.w13 && !m.w2 && !m.w13_scale && !m.w2_scale, "a failed load kept buffers");

@@ -126,3 +126,31 @@ out(T, "bad_names_escaped.bin", records([rec('q"uote\\back\x01', "U8", [2]), rec
                                          rec("tab\there", "F32", [2, 2])]))
 out(T, "bad_empty.bin", b"")
 out(T, "bad_wrong_dtype.bin", records(per_expert("", 1, 16, 16, "mo")[1:] + [rec("experts.0.gate_proj.weight", "BF16", [16, 8])]))
+
+
+def block(prefix, e_count, l, h, si, stacked_names=False, bias=True):
+    """The block's router, shared-expert and latent tensors (published or stacked names)."""
+    if stacked_names:
+        rs = [rec(prefix + "gate_weight", "BF16", [e_count, h]), rec(prefix + "shared_gate_up_weight", "BF16", [2 * si, h]),
+              rec(prefix + "shared_down_weight", "BF16", [h, si]), rec(prefix + "down_proj_weight", "BF16", [l, h]),
+              rec(prefix + "norm_weight", "BF16", [l]), rec(prefix + "up_proj_weight", "BF16", [h, l])]
+        if bias:
+            rs.append(rec(prefix + "e_score_correction_bias", "F32", [e_count]))
+        return rs
+    rs = [rec(prefix + "gate.weight", "BF16", [e_count, h]),
+          rec(prefix + "shared_experts.gate_proj.weight", "BF16", [si, h]),
+          rec(prefix + "shared_experts.up_proj.weight", "BF16", [si, h]),
+          rec(prefix + "shared_experts.down_proj.weight", "BF16", [h, si]),
+          rec(prefix + "routed_expert_down_proj.weight", "BF16", [l, h]),
+          rec(prefix + "routed_expert_norm.weight", "BF16", [l]),
+          rec(prefix + "routed_expert_up_proj.weight", "BF16", [h, l])]
+    if bias:
+        rs.append(rec(prefix + "gate.e_score_correction_bias", "F32", [e_count]))
+    return rs
+
+
+out(T, "valid_block_modelopt.bin", records(per_expert("model.layers.0.mlp.", 2, 16, 32, "mo") +
+                                           block("model.layers.0.mlp.", 2, 32, 64, 16)))
+out(T, "valid_block_stacked.bin", records(stacked("", 2, 16, 32, True) + block("", 2, 32, 64, 16, stacked_names=True)))
+out(T, "bad_block_partial.bin", records(per_expert("", 2, 16, 32, "mo") + block("", 2, 32, 64, 16)[:3]))
+out(T, "bad_block_shape.bin", records(per_expert("", 2, 16, 32, "mo") + block("", 3, 32, 64, 16)))
