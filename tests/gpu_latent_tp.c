@@ -242,10 +242,15 @@ static void test_nccl_one_rank(const block *b, k3t_rng *r) {
     uid_fn get_uid = (uid_fn)dlsym(lib, "ncclGetUniqueId");
     init_fn init = (init_fn)dlsym(lib, "ncclCommInitRank");
     destroy_fn destroy = (destroy_fn)dlsym(lib, "ncclCommDestroy");
+    typedef const char *(*errstr_fn)(ncclResult_t);
+    errstr_fn errstr = (errstr_fn)dlsym(lib, "ncclGetErrorString");
     ncclUniqueId uid;
     ncclComm_t comm = NULL;
-    const int made = get_uid && init && destroy && get_uid(&uid) == ncclSuccess && init(&comm, 1, uid, 0) == ncclSuccess;
-    CHECK(made, "a one-rank NCCL communicator");
+    ncclResult_t e1 = ncclSuccess, e2 = ncclSuccess;
+    const int made = get_uid && init && destroy && (e1 = get_uid(&uid)) == ncclSuccess &&
+                     (e2 = init(&comm, 1, uid, 0)) == ncclSuccess;
+    CHECK(made, "a one-rank NCCL communicator: ncclGetUniqueId %s, ncclCommInitRank %s",
+          errstr ? errstr(e1) : "?", errstr ? errstr(e2) : "?");
     if (!made) {
         dlclose(lib);
         return;

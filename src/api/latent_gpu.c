@@ -1,0 +1,260 @@
+/* The latent-MoE block composed on a CUDA context (see latent_gpu.h). CUDA builds only. */
+#include "api/latent_gpu.h"
+
+#ifdef K3_HAVE_CUDA
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/moe_internal.h"
+#include "api/ptr_align.h"
+#include "comm/nccl.h"
+#include "core/act.h"
+#include "cuda/common/fork_join.h"
+#include "cuda/common/ptr_check.h"
+#include "cuda/gemm/cublaslt.h"
+#include "cuda/latent/kernels.h"
+
+/* Re-prefixes the message a sub-check left on the context. */
+static k3_status prefix_error(k3_ctx *ctx, k3_status st, const char *prefix) {
+    char msg[K3_ERROR_MAX];
+    memcpy(msg, ctx->last_error, sizeof msg);
+    return k3_fail(ctx, st, "%s: %s", prefix, msg);
+}
+
+#define LATENT_WS_ALIGN ((size_t)256)
+
+static size_t latent_align_up(size_t v) { return (v + (LATENT_WS_ALIGN - 1)) & ~(LATENT_WS_ALIGN - 1); }
+
+struct k3_latent_gpu {
+    int64_t sr; /* rows of shared_gate_up */
+    k3_router_plan *router;
+    k3_moe_plan *moe;
+    k3_linear_plan *down, *up, *sgu, *sdown;
+    k3_lt_plan *sdown_f32; /* the shared down projection with fp32 output: a rank's partial (the stage API) */
+    k3_nccl *nccl;         /* the caller's communicator (library-driven TP), or NULL */
+    size_t partial_count;  /* floats of the partial at max_tokens */
+    k3_fork_join *fj;
+    size_t ws_router, ws_moe, ws_down, ws_up, ws_sgu, ws_sdown, ws_sdown_f32;
+    /* offsets into the workspace, from its first LATENT_WS_ALIGN-aligned byte */
+    size_t o_ids, o_wts, o_router, o_xl, o_u, o_mo, o_moe, o_v, o_z, o_g, o_a, o_s, o_down, o_up, o_sgu, o_sdown,
+        o_sdown_f32, o_partial, total;
+};
+
+void k3_latent_gpu_destroy(k3_latent_gpu *p) {
+    if (!p) return;
+    k3_router_plan_destroy(p->router);
+    k3_moe_plan_destroy(p->moe);
+    k3_linear_plan_destroy(p->down);
+    k3_linear_plan_destroy(p->up);
+    k3_linear_plan_destroy(p->sgu);
+    k3_linear_plan_destroy(p->sdown);
+    k3_lt_plan_destroy(p->sdown_f32);
+    k3_nccl_close(p->nccl);
+    k3_fork_join_destroy(p->fj);
+    free(p);
+}
+
+static k3_status latent_make_linear(k3_ctx *ctx, int64_t n, int64_t k, int64_t max_m, k3_linear_plan **plan,
+                                    size_t *ws, const char *what) {
+    k3_linear_desc ld;
+    k3_linear_desc_init(&ld, n, k);
+    ld.max_m = max_m;
+    k3_status st = k3_linear_plan_create(ctx, &ld, plan);
+    if (st == K3_STATUS_SUCCESS) st = k3_linear_workspace_size(*plan, ws);
+    if (st != K3_STATUS_SUCCESS) {
+        char msg[K3_ERROR_MAX];
+        memcpy(msg, ctx->last_error, sizeof msg);
+        return k3_fail(ctx, st, "latent plan: %s projection: %s", what, msg);
+    }
+    return K3_STATUS_SUCCESS;
+}
+
+/* d: validated, its router and experts max_tokens equal to the block's. */
+k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_latent_gpu **out) {
+    *out = NULL;
+    if (d->max_tokens > 32)
+        return k3_fail(ctx, K3_STATUS_UNSUPPORTED,
+                       "latent plan: the CUDA block runs up to 32 tokens (its BF16 projections use the linear plan, "
+                       "max_m <= 32); got max_tokens = %lld",
+                       (long long)d->max_tokens);
+    k3_latent_gpu *p = (k3_latent_gpu *)calloc(1, sizeof *p);
+    if (!p) return k3_fail(ctx, K3_STATUS_OUT_OF_MEMORY, "latent plan: out of host memory");
+    const int64_t mt = d->max_tokens, h = d->hidden, l = d->experts.hidden, is = d->shared_inter;
+    p->sr = is > 0 ? k3_act_width_factor(d->shared_act.kind) * is : 0;
+    k3_status st = k3_router_plan_create(ctx, &d->router, &p->router);
+    if (st == K3_STATUS_SUCCESS) st = k3_router_workspace_size(p->router, &p->ws_router);
+    if (st == K3_STATUS_SUCCESS) st = k3_moe_plan_create(ctx, &d->experts, &p->moe);
+    if (st == K3_STATUS_SUCCESS) st = k3_moe_workspace_size(p->moe, &p->ws_moe);
+    if (st == K3_STATUS_SUCCESS) st = latent_make_linear(ctx, l, h, mt, &p->down, &p->ws_down, "down");
+    if (st == K3_STATUS_SUCCESS) st = latent_make_linear(ctx, h, l, mt, &p->up, &p->ws_up, "up");
+    if (st == K3_STATUS_SUCCESS && is > 0)
+        st = latent_make_linear(ctx, p->sr, h, mt, &p->sgu, &p->ws_sgu, "shared gate_up");
+    if (st == K3_STATUS_SUCCESS && is > 0)
+        st = latent_make_linear(ctx, h, is, mt, &p->sdown, &p->ws_sdown, "shared down");
+    if (st == K3_STATUS_SUCCESS && is > 0) {
+        st = k3_lt_plan_create(ctx, h, is, mt, is, h, 1, &p->sdown_f32);
+        if (st == K3_STATUS_SUCCESS) p->ws_sdown_f32 = k3_lt_workspace_size(p->sdown_f32);
+        else st = prefix_error(ctx, st, "latent plan: shared down projection (fp32 partial)");
+    }
+    if (st == K3_STATUS_SUCCESS && is > 0) st = k3_fork_join_create(ctx, &p->fj);
+    if (st == K3_STATUS_SUCCESS && d->parallel.nccl_comm)
+        st = k3_nccl_open(ctx, d->parallel.nccl_comm, d->parallel.rank, d->parallel.size, "latent plan", &p->nccl);
+    if (st != K3_STATUS_SUCCESS) {
+        k3_latent_gpu_destroy(p);
+        return st;
+    }
+    /* every buffer starts on a LATENT_WS_ALIGN boundary (mt <= 32 and dims <= 2^24: no overflow) */
+    const size_t k = (size_t)d->experts.top_k;
+    size_t o = 0;
+    p->o_ids = o, o += latent_align_up((size_t)mt * k * 4);
+    p->o_wts = o, o += latent_align_up((size_t)mt * k * 4);
+    p->o_router = o, o += latent_align_up(p->ws_router);
+    p->o_xl = o, o += latent_align_up((size_t)(mt * l) * 2);
+    p->o_u = o, o += latent_align_up((size_t)(mt * l) * 4);
+    p->o_mo = o, o += latent_align_up((size_t)(mt * l) * 2);
+    p->o_moe = o, o += latent_align_up(p->ws_moe);
+    p->o_v = o, o += latent_align_up((size_t)(mt * l) * 2);
+    p->o_z = o, o += latent_align_up((size_t)(mt * h) * 2);
+    p->o_g = o, o += latent_align_up((size_t)(mt * p->sr) * 2);
+    p->o_a = o, o += latent_align_up((size_t)(mt * is) * 2);
+    p->o_s = o, o += latent_align_up((size_t)(mt * h) * 2);
+    p->o_down = o, o += latent_align_up(p->ws_down);
+    p->o_up = o, o += latent_align_up(p->ws_up);
+    p->o_sgu = o, o += latent_align_up(p->ws_sgu);
+    p->o_sdown = o, o += latent_align_up(p->ws_sdown);
+    p->o_sdown_f32 = o, o += latent_align_up(p->ws_sdown_f32);
+    p->partial_count = (size_t)mt * (size_t)(l + (is > 0 ? h : 0));
+    p->o_partial = o, o += p->nccl ? latent_align_up(p->partial_count * 4) : 0;
+    p->total = o;
+    *out = p;
+    return K3_STATUS_SUCCESS;
+}
+
+/* The caller's workspace need not be aligned: the layout starts at its first aligned byte. */
+size_t k3_latent_gpu_ws_bytes(const k3_latent_gpu *p) { return p->total + LATENT_WS_ALIGN; }
+
+/* The block of k3_latent_moe_run on `stream` (topk_ids / topk_weights / residual may be NULL); arguments were
+ * validated by the caller. */
+k3_status k3_latent_gpu_run(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
+                                const void *x, const k3_latent_moe_weights *w, const void *residual, void *y,
+                                int32_t *topk_ids, float *topk_weights, void *ws, void *stream) {
+    const int64_t h = d->hidden, l = d->experts.hidden, is = d->shared_inter;
+    uint8_t *base = (uint8_t *)(((uintptr_t)ws + (LATENT_WS_ALIGN - 1)) & ~(uintptr_t)(LATENT_WS_ALIGN - 1));
+    int32_t *ids = topk_ids ? topk_ids : (int32_t *)(base + p->o_ids);
+    float *wts = topk_weights ? topk_weights : (float *)(base + p->o_wts);
+    uint16_t *xl = (uint16_t *)(base + p->o_xl), *mo = (uint16_t *)(base + p->o_mo), *v = (uint16_t *)(base + p->o_v);
+    uint16_t *z = (uint16_t *)(base + p->o_z), *g = (uint16_t *)(base + p->o_g), *a = (uint16_t *)(base + p->o_a);
+    uint16_t *sh = (uint16_t *)(base + p->o_s);
+    float *u = (float *)(base + p->o_u);
+
+    {
+        const void *ptrs[] = {x, y, residual, ws, w->gate, w->down_proj, w->norm, w->up_proj, w->shared_gate_up,
+                              w->shared_down};
+        const char *names[] = {"x", "y", "residual", "ws", "gate", "down_proj", "norm", "up_proj", "shared_gate_up",
+                               "shared_down"};
+        K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent run", 10, ptrs, names));
+    }
+    k3_status st = K3_STATUS_SUCCESS;
+    if (is > 0) { /* the shared experts: on the aux stream, concurrent with the routed path */
+        st = k3_fork_join_fork(ctx, p->fj, stream);
+        if (st != K3_STATUS_SUCCESS) return st;
+        void *aux = k3_fork_join_aux(p->fj);
+        st = k3_linear_run(p->sgu, m, x, w->shared_gate_up, NULL, g, base + p->o_sgu, p->ws_sgu, aux);
+        if (st == K3_STATUS_SUCCESS) st = k3_cuda_latent_act_launch(ctx, g, m, is, p->sr, &d->shared_act, a, aux);
+        if (st == K3_STATUS_SUCCESS)
+            st = k3_linear_run(p->sdown, m, a, w->shared_down, NULL, sh, base + p->o_sdown, p->ws_sdown, aux);
+    }
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_router_run(p->router, m, x, w->gate, w->bias, ids, wts, base + p->o_router, p->ws_router, stream);
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_linear_run(p->down, m, x, w->down_proj, NULL, xl, base + p->o_down, p->ws_down, stream);
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_moe_run(p->moe, m, xl, ids, wts, &w->experts, mo, u, base + p->o_moe, p->ws_moe, stream);
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_cuda_latent_rmsnorm_launch(ctx, u, (const uint16_t *)w->norm, m, l, d->rms_eps, v, stream);
+    if (st == K3_STATUS_SUCCESS) st = k3_linear_run(p->up, m, v, w->up_proj, NULL, z, base + p->o_up, p->ws_up, stream);
+    if (is > 0) { /* always join, so a capture is never left with an open branch */
+        const k3_status js = k3_fork_join_join(ctx, p->fj, stream);
+        if (st == K3_STATUS_SUCCESS) st = js;
+    }
+    if (st != K3_STATUS_SUCCESS) return st;
+    return k3_cuda_latent_sum_launch(ctx, z, is > 0 ? sh : NULL, (const uint16_t *)residual, m * h, (uint16_t *)y,
+                                     stream);
+}
+
+/* PRE_REDUCE on `stream`: the routed path writes u into partial (the experts' fp32 sum), the shared branch (aux
+ * stream) its unrounded fp32 output into partial + m * L (cuBLASLt with an fp32 D). */
+k3_status k3_latent_gpu_run_pre(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
+                                    const void *x, const k3_latent_moe_weights *w, float *partial, int32_t *topk_ids,
+                                    float *topk_weights, void *ws, void *stream) {
+    const int64_t l = d->experts.hidden, is = d->shared_inter;
+    uint8_t *base = (uint8_t *)(((uintptr_t)ws + (LATENT_WS_ALIGN - 1)) & ~(uintptr_t)(LATENT_WS_ALIGN - 1));
+    int32_t *ids = topk_ids ? topk_ids : (int32_t *)(base + p->o_ids);
+    float *wts = topk_weights ? topk_weights : (float *)(base + p->o_wts);
+    uint16_t *xl = (uint16_t *)(base + p->o_xl), *mo = (uint16_t *)(base + p->o_mo);
+    uint16_t *g = (uint16_t *)(base + p->o_g), *a = (uint16_t *)(base + p->o_a);
+        if (!k3_aligned(partial, 16))
+        return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT, "latent stage: partial (%p) is not 16-byte aligned (CUDA)",
+                       (const void *)partial);
+    {
+        const void *ptrs[] = {x, partial, ws, w->gate, w->down_proj, w->shared_gate_up, w->shared_down};
+        const char *names[] = {"x", "partial", "ws", "gate", "down_proj", "shared_gate_up", "shared_down"};
+        K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent stage", 7, ptrs, names));
+    }
+    k3_status st = K3_STATUS_SUCCESS;
+    if (is > 0) {
+        st = k3_fork_join_fork(ctx, p->fj, stream);
+        if (st != K3_STATUS_SUCCESS) return st;
+        void *aux = k3_fork_join_aux(p->fj);
+        st = k3_linear_run(p->sgu, m, x, w->shared_gate_up, NULL, g, base + p->o_sgu, p->ws_sgu, aux);
+        if (st == K3_STATUS_SUCCESS) st = k3_cuda_latent_act_launch(ctx, g, m, is, p->sr, &d->shared_act, a, aux);
+        if (st == K3_STATUS_SUCCESS)
+            st = k3_lt_run(ctx, p->sdown_f32, m, 0, a, w->shared_down, NULL, partial + m * l, base + p->o_sdown_f32,
+                           p->ws_sdown_f32, aux);
+    }
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_router_run(p->router, m, x, w->gate, w->bias, ids, wts, base + p->o_router, p->ws_router, stream);
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_linear_run(p->down, m, x, w->down_proj, NULL, xl, base + p->o_down, p->ws_down, stream);
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_moe_run(p->moe, m, xl, ids, wts, &w->experts, mo, partial, base + p->o_moe, p->ws_moe, stream);
+    if (is > 0) { /* always join, so a capture is never left with an open branch */
+        const k3_status js = k3_fork_join_join(ctx, p->fj, stream);
+        if (st == K3_STATUS_SUCCESS) st = js;
+    }
+    return st;
+}
+
+/* POST_REDUCE on `stream`: RMSNorm of the summed u, the up projection, and the sum with the summed shared output. */
+k3_status k3_latent_gpu_run_post(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
+                                     const float *partial, const k3_latent_moe_weights *w, const void *residual,
+                                     void *y, void *ws, void *stream) {
+    const int64_t h = d->hidden, l = d->experts.hidden, is = d->shared_inter;
+    uint8_t *base = (uint8_t *)(((uintptr_t)ws + (LATENT_WS_ALIGN - 1)) & ~(uintptr_t)(LATENT_WS_ALIGN - 1));
+    uint16_t *v = (uint16_t *)(base + p->o_v), *z = (uint16_t *)(base + p->o_z);
+    {
+        const void *ptrs[] = {partial, y, residual, ws, w->norm, w->up_proj};
+        const char *names[] = {"partial", "y", "residual", "ws", "norm", "up_proj"};
+        K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent stage", 6, ptrs, names));
+    }
+    k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, partial, (const uint16_t *)w->norm, m, l, d->rms_eps, v, stream);
+    if (st == K3_STATUS_SUCCESS) st = k3_linear_run(p->up, m, v, w->up_proj, NULL, z, base + p->o_up, p->ws_up, stream);
+    if (st != K3_STATUS_SUCCESS) return st;
+    return k3_cuda_latent_sum_f32_launch(ctx, z, is > 0 ? partial + m * l : NULL, (const uint16_t *)residual, m * h,
+                                         (uint16_t *)y, stream);
+}
+
+int k3_latent_gpu_reduces(const k3_latent_gpu *p) { return p && p->nccl; }
+
+k3_status k3_latent_gpu_run_reduced(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
+                                    const void *x, const k3_latent_moe_weights *w, const void *residual, void *y,
+                                    int32_t *topk_ids, float *topk_weights, void *ws, void *stream) {
+    uint8_t *base = (uint8_t *)(((uintptr_t)ws + (LATENT_WS_ALIGN - 1)) & ~(uintptr_t)(LATENT_WS_ALIGN - 1));
+    float *partial = (float *)(base + p->o_partial);
+    const size_t count = (size_t)m * (size_t)(d->experts.hidden + (d->shared_inter > 0 ? d->hidden : 0));
+    K3_TRY(k3_latent_gpu_run_pre(ctx, p, d, m, x, w, partial, topk_ids, topk_weights, ws, stream));
+    K3_TRY(k3_nccl_allreduce_f32(ctx, p->nccl, partial, count, stream));
+    return k3_latent_gpu_run_post(ctx, p, d, m, partial, w, residual, y, ws, stream);
+}
+#endif /* K3_HAVE_CUDA */
