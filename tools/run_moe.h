@@ -54,6 +54,11 @@ int k3_run_read_input(const k3_st_file *xf, run_setup *s, const run_opts *o);
 /* 1 when every tensor of the input file has a name k3 run moe knows. */
 int k3_run_only_known_input(const k3_st_file *xf);
 
+/* Plans and runs what the files describe and writes the output file (tools/run_moe_exec.c); t0: when the command
+   started (k3_cli_now, for --json). Returns the exit status. */
+int k3_run_execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_file *wf, const k3_st_file *xf,
+                   double t0);
+
 /* The --help text (tools/run_moe_help.c). */
 void k3_run_moe_help(void);
 
