@@ -59,8 +59,9 @@ static void lin_dot_f32(int nt, int64_t k, const uint16_t *const *xs, const uint
     }
 }
 
+/* The fp32 path: y = bf16(x w^T + residual), or with yf the unrounded sums (no residual) into yf instead. */
 static void lin_f32(int64_t m, int64_t n, int64_t k, const uint16_t *x, int64_t x_stride, const uint16_t *w,
-                    const uint16_t *residual, uint16_t *y, int64_t y_stride) {
+                    const uint16_t *residual, uint16_t *y, float *yf, int64_t y_stride) {
     for (int64_t i0 = 0; i0 < m; i0 += K3_LIN_TOK) {
         const int nt = (int)(m - i0 < K3_LIN_TOK ? m - i0 : K3_LIN_TOK);
         const uint16_t *xs[K3_LIN_TOK];
@@ -70,6 +71,10 @@ static void lin_f32(int64_t m, int64_t n, int64_t k, const uint16_t *x, int64_t 
             lin_dot_f32(nt, k, xs, w + j * k, s);
             for (int t = 0; t < nt; t++) {
                 const int64_t o = (i0 + t) * y_stride + j;
+                if (yf) {
+                    yf[o] = s[t];
+                    continue;
+                }
                 float v = s[t];
                 /* read before the write: residual may alias y */
                 if (residual) v += k3_bf16_bits_to_f32(residual[o]);
@@ -114,19 +119,10 @@ void k3_cpu_linear(int64_t m, int64_t n, int64_t k, const uint16_t *x, int64_t x
     if (accum == K3_ACCUM_FP64)
         lin_f64(m, n, k, x, x_stride, w, residual, y, y_stride);
     else
-        lin_f32(m, n, k, x, x_stride, w, residual, y, y_stride);
+        lin_f32(m, n, k, x, x_stride, w, residual, y, NULL, y_stride);
 }
 
 void k3_cpu_linear_f32out(int64_t m, int64_t n, int64_t k, const uint16_t *x, int64_t x_stride, const uint16_t *w,
                           float *y, int64_t y_stride) {
-    for (int64_t i0 = 0; i0 < m; i0 += K3_LIN_TOK) {
-        const int nt = (int)(m - i0 < K3_LIN_TOK ? m - i0 : K3_LIN_TOK);
-        const uint16_t *xs[K3_LIN_TOK];
-        for (int t = 0; t < nt; t++) xs[t] = x + (i0 + t) * x_stride;
-        for (int64_t j = 0; j < n; j++) {
-            float s[K3_LIN_TOK];
-            lin_dot_f32(nt, k, xs, w + j * k, s);
-            for (int t = 0; t < nt; t++) y[(i0 + t) * y_stride + j] = s[t];
-        }
-    }
+    lin_f32(m, n, k, x, x_stride, w, NULL, NULL, y, y_stride);
 }
