@@ -3,7 +3,8 @@
  * in-memory file (memfd; a tmpfile where memfd is missing) that k3_st_open reads through its /proc/self/fd path, so
  * the reader runs exactly as on a real file and the fuzzer leaves nothing on disk. Every tensor and metadata entry
  * of a file that opens is then walked, and the accessors are checked against each other, so a header the parser
- * accepts but describes wrongly (a size, a pointer outside the data) shows up too, not only a crash.
+ * accepts but describes wrongly (a size, a pointer outside the data) shows up too, not only a crash. The header-only
+ * open (k3_st_open_header + k3_st_read) must accept the same files and give back the same bytes.
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -43,6 +44,34 @@ static void check(int ok, const char *what) {
     }
 }
 
+/* A header-only open describes the file as the whole-file open does, and k3_st_read gives back the same bytes:
+ * the whole tensor, a range in the middle, and a range past the end refused. */
+static void check_header_open(const k3_st_file *f, const k3_st_file *hf) {
+    check(hf != NULL && k3_st_count(hf) == k3_st_count(f), "the header-only open lists another tensor count");
+    check(k3_st_metadata_count(hf) == k3_st_metadata_count(f), "the header-only open lists other metadata");
+    char err[512];
+    for (int32_t i = 0; i < k3_st_count(f); i++) {
+        const k3_st_tensor *t = k3_st_at(f, i), *h = k3_st_at(hf, i);
+        check(h && !strcmp(h->name, t->name) && h->dtype == t->dtype && h->ndim == t->ndim && h->nbytes == t->nbytes &&
+                  !memcmp(h->shape, t->shape, sizeof t->shape),
+              "the header-only open describes a tensor differently");
+        check(h->data == NULL, "a header-only tensor with data");
+        if (t->nbytes == 0 || t->nbytes > (1u << 20)) continue;
+        uint8_t *b = malloc(t->nbytes);
+        if (!b) abort();
+        check(k3_st_read(hf, h, 0, b, t->nbytes, err, sizeof err) == K3_STATUS_SUCCESS &&
+                  !memcmp(b, t->data, t->nbytes),
+              "k3_st_read of a whole tensor differs from the whole-file open's bytes");
+        const size_t off = t->nbytes / 3, n = t->nbytes - off - t->nbytes / 4;
+        check(k3_st_read(hf, h, off, b, n, err, sizeof err) == K3_STATUS_SUCCESS &&
+                  !memcmp(b, (const uint8_t *)t->data + off, n),
+              "k3_st_read of a range differs from the whole-file open's bytes");
+        check(k3_st_read(hf, h, t->nbytes, b, 1, err, sizeof err) == K3_STATUS_INVALID_ARGUMENT && err[0] != '\0',
+              "a read past the tensor's end was not refused with a message");
+        free(b);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const int fd = scratch_fd();
     if (ftruncate(fd, 0) != 0) abort();
@@ -58,11 +87,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char err[512];
     k3_st_file *f = NULL;
     const k3_status st = k3_st_open(path, &f, err, sizeof err);
+    /* the header-only open accepts exactly what the whole-file open accepts */
+    char herr[512];
+    k3_st_file *hf = NULL;
+    const k3_status hst = k3_st_open_header(path, &hf, herr, sizeof herr);
+    check((st == K3_STATUS_SUCCESS) == (hst == K3_STATUS_SUCCESS), "the two opens disagree on whether the file is valid");
     if (st != K3_STATUS_SUCCESS) {
         check(f == NULL, "*out not NULL on failure");
         check(err[0] != '\0', "failure without a message");
+        check(hf == NULL && herr[0] != '\0', "a failed header-only open without a message, or with a file");
         return 0;
     }
+    check_header_open(f, hf);
+    k3_st_close(hf);
     check(f != NULL, "success without a file");
 
     const int32_t n = k3_st_count(f);
