@@ -71,7 +71,7 @@ class MoeWeights(ctypes.Structure):
 
 
 class ParallelDesc(ctypes.Structure):
-    _fields_ = [("layout", ctypes.c_int), ("rank", c_int32), ("size", c_int32)]
+    _fields_ = [("layout", ctypes.c_int), ("rank", c_int32), ("size", c_int32), ("nccl_comm", c_void_p)]
 
 
 class LatentMoeDesc(ctypes.Structure):
