@@ -3,26 +3,9 @@ import numpy as np
 import pytest
 
 import k3kernels as k3
+from k3refs import bf16_ref, rel_l2, situ
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
-
-
-def bf16_ref(x):
-    """Round to the nearest BF16 value, ties to even, by comparing the two neighbours in fp64."""
-    x = np.asarray(x, dtype=np.float32)
-    u = x.view(np.uint32).astype(np.uint64)
-    lo = (u & 0xFFFF0000).astype(np.uint32).view(np.float32).astype(np.float64)
-    hi = ((u & 0xFFFF0000) + 0x10000).astype(np.uint32).view(np.float32).astype(np.float64)
-    xd = x.astype(np.float64)
-    d_lo, d_hi = np.abs(xd - lo), np.abs(hi - xd)
-    lo_even = ((u >> 16) & 1) == 0
-    pick_lo = (d_lo < d_hi) | ((d_lo == d_hi) & lo_even)
-    return np.where(pick_lo, lo, hi).astype(np.float32)
-
-
-def rel_l2(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
 
 
 def test_info():
@@ -160,10 +143,6 @@ def e4m3_pow2(e):
     """The E4M3 code of 2^e, e in the normal range -6 .. 8."""
     assert np.all((e >= -6) & (e <= 8))
     return ((e + 7) << 3).astype(np.uint8)
-
-
-def situ(g, u, beta=4.0, lb=25.0):
-    return beta * np.tanh(g / beta) / (1.0 + np.exp(-g)) * (lb * np.tanh(u / lb))
 
 
 def moe_ref(x, w13, w2, wts, ids):
