@@ -274,7 +274,7 @@ k3_status k3_latent_moe_partial_count(const k3_latent_moe_plan *plan, int64_t m,
                  "latent partial count: m must be in [1, max_tokens = %lld] (got %lld)", (long long)d->max_tokens,
                  (long long)m);
     /* m <= 65536 and the widths <= 2^24: no overflow */
-    *out_count = (size_t)m * (size_t)(d->experts.hidden + (d->shared_inter > 0 ? d->hidden : 0));
+    *out_count = k3_latent_partial_floats(d, m);
     return K3_STATUS_SUCCESS;
 }
 

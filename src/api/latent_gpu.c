@@ -33,7 +33,6 @@ struct k3_latent_gpu {
     k3_linear_plan *down, *up, *sgu, *sdown;
     k3_lt_plan *sdown_f32; /* the shared down projection with fp32 output: a rank's partial (the stage API) */
     k3_nccl *nccl;         /* the caller's communicator (library-driven TP), or NULL */
-    size_t partial_count;  /* floats of the partial at max_tokens */
     k3_fork_join *fj;
     size_t ws_router, ws_moe, ws_down, ws_up, ws_sgu, ws_sdown, ws_sdown_f32;
     /* offsets into the workspace, from its first LATENT_WS_ALIGN-aligned byte */
@@ -124,8 +123,8 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
     p->o_sgu = o, o += latent_align_up(p->ws_sgu);
     p->o_sdown = o, o += latent_align_up(p->ws_sdown);
     p->o_sdown_f32 = o, o += latent_align_up(p->ws_sdown_f32);
-    p->partial_count = (size_t)mt * (size_t)(l + (is > 0 ? h : 0));
-    p->o_partial = o, o += p->nccl ? latent_align_up(p->partial_count * 4) : 0;
+    /* the library-driven run's partial, at max_tokens */
+    p->o_partial = o, o += p->nccl ? latent_align_up(k3_latent_partial_floats(d, mt) * 4) : 0;
     p->total = o;
     *out = p;
     return K3_STATUS_SUCCESS;
@@ -252,7 +251,7 @@ k3_status k3_latent_gpu_run_reduced(k3_ctx *ctx, const k3_latent_gpu *p, const k
                                     int32_t *topk_ids, float *topk_weights, void *ws, void *stream) {
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (LATENT_WS_ALIGN - 1)) & ~(uintptr_t)(LATENT_WS_ALIGN - 1));
     float *partial = (float *)(base + p->o_partial);
-    const size_t count = (size_t)m * (size_t)(d->experts.hidden + (d->shared_inter > 0 ? d->hidden : 0));
+    const size_t count = k3_latent_partial_floats(d, m);
     K3_TRY(k3_latent_gpu_run_pre(ctx, p, d, m, x, w, partial, topk_ids, topk_weights, ws, stream));
     K3_TRY(k3_nccl_allreduce_f32(ctx, p->nccl, partial, count, stream));
     return k3_latent_gpu_run_post(ctx, p, d, m, partial, w, residual, y, ws, stream);
