@@ -399,6 +399,12 @@ typedef struct k3_ctx_options {
     k3_log_fn log_fn;      /* optional; NULL = silent */
     void *log_user;
     k3_log_level log_level; /* default K3_LOG_WARN */
+    /* CUDA contexts: the MoE, router and latent run calls ask the driver whether each pointer they are given is
+     * device memory and refuse host memory with INVALID_ARGUMENT (one query per pointer, some microseconds a
+     * call). 1 = the caller vouches that every pointer it passes is memory of this context's device (as a binding
+     * that has checked its tensors can), and the queries are skipped; host memory then faults asynchronously, as
+     * in any kernel launch. Default 0. */
+    int32_t skip_pointer_checks;
 } k3_ctx_options;
 
 /* Fills defaults. The environment variable K3_LOG_LEVEL (0..3), when set, seeds log_level here (and only here). */

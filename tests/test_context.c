@@ -54,6 +54,13 @@ int main(void) {
     CHECK(k3_ctx_arch(ctx, &a) == K3_STATUS_SUCCESS && !strcmp(k3_ctx_last_error(ctx), ""), "k3_ctx_arch clears");
     CHECK(k3_ctx_arch(NULL, &a) == K3_STATUS_INVALID_ARGUMENT, "k3_ctx_arch NULL ctx");
     k3_ctx_destroy(ctx);
+    CHECK(opt.skip_pointer_checks == 0, "pointer checks are on by default");
+    opt.skip_pointer_checks = 2;
+    CHECK(k3_ctx_create(&opt, &ctx) == K3_STATUS_INVALID_ARGUMENT && ctx == NULL, "skip_pointer_checks 2 refused");
+    opt.skip_pointer_checks = 1;
+    CHECK(k3_ctx_create(&opt, &ctx) == K3_STATUS_SUCCESS && ctx, "skip_pointer_checks 1 taken");
+    k3_ctx_destroy(ctx);
+    opt.skip_pointer_checks = 0;
 
     opt.sim_major = 10;
     opt.sim_minor = 7;

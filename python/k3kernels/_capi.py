@@ -25,7 +25,8 @@ LOG_FN = ctypes.CFUNCTYPE(None, c_void_p, ctypes.c_int, c_char_p)
 
 class CtxOptions(ctypes.Structure):
     _fields_ = [("backend", ctypes.c_int), ("device", c_int32), ("sim_major", c_int32), ("sim_minor", c_int32),
-                ("sim_sm_count", c_int32), ("log_fn", c_void_p), ("log_user", c_void_p), ("log_level", ctypes.c_int)]
+                ("sim_sm_count", c_int32), ("log_fn", c_void_p), ("log_user", c_void_p), ("log_level", ctypes.c_int),
+                ("skip_pointer_checks", c_int32)]
 
 
 class ArchInfo(ctypes.Structure):

@@ -30,6 +30,9 @@ def _ctx(dev):
             _lib.k3_ctx_options_init(ctypes.byref(opt))
             opt.backend = C.BACKEND_CUDA if dev[0] == "cuda" else C.BACKEND_CPU
             opt.device = dev[1]
+            # every tensor a call passes has been checked to be on this device (_t, _sig), so the C run calls'
+            # driver queries of each pointer would only repeat that check, at some microseconds a call
+            opt.skip_pointer_checks = 1 if dev[0] == "cuda" else 0
             h = ctypes.c_void_p()
             st = _lib.k3_ctx_create(ctypes.byref(opt), ctypes.byref(h))
             if st != C.STATUS_SUCCESS:
@@ -55,6 +58,7 @@ def _free_all():
         for (dev, _), p in _plans.items():
             p.destroy(p.handle)
         _plans.clear()
+        _moe_seen.clear()
         for h in _ctxs.values():
             _lib.k3_ctx_destroy(h)
         _ctxs.clear()
@@ -98,17 +102,23 @@ def _ws(plan, like):
 
 _dispatch_depth = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_is_compiling = torch.compiler.is_compiling
 
 
 def direct(tensors):
     """True when an eager call may run the implementation itself instead of going through torch.ops (the custom-op
     layer costs several microseconds of host time a call): not while torch.compile or export traces, not under a
     TorchDispatchMode, only plain tensors, and no input that autograd would have to see."""
-    if torch.compiler.is_compiling() or _dispatch_depth():
+    if _is_compiling() or _dispatch_depth():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:  # a non-tensor goes on to the implementation, whose checks name it
-        if isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or (grad and t.requires_grad)):
+        if t is None:
+            continue
+        if type(t) in _PLAIN:
+            if grad and t.requires_grad:
+                return False
+        elif isinstance(t, torch.Tensor):  # a subclass: its own dispatch must see the op
             return False
     return True
 
@@ -206,8 +216,8 @@ def router_impl(x, gate_weight, bias, top_k, renormalize, routed_scaling_factor,
     return wts, ids
 
 
-def fused_moe_impl(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
-                   scale_layout, activation, situ_beta, situ_linear_beta, mode, w13_input_scale, w2_input_scale):
+def _fused_moe_checked(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                       scale_layout, activation, situ_beta, situ_linear_beta, mode, w13_input_scale, w2_input_scale):
     dev = _device_key(x)
     _t("hidden_states", x, torch.bfloat16, 2, dev)
     _t("topk_ids", topk_ids, torch.int32, 2, dev)
@@ -262,14 +272,55 @@ def fused_moe_impl(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_sca
     plan = _plan(dev, key, make)
     if fmt != C.WEIGHT_BF16:
         O._check_expert_scales(e, plan.scale_bytes, [(n, t.shape, t.numel()) for n, t in opt.items() if t is not None])
-    ctx = plan.ctx
-    w = C.MoeWeights(_ptr(w13), _ptr(opt["w13_scale"]), _ptr(opt["w13_scale_2"]), _ptr(opt["w13_input_scale"]),
-                     _ptr(w2), _ptr(opt["w2_scale"]), _ptr(opt["w2_scale_2"]), _ptr(opt["w2_input_scale"]))
-    out = torch.empty((m, l), dtype=torch.bfloat16, device=x.device)
-    ws = _ws(plan, x)
-    O._check(_lib.k3_moe_run(plan.handle, m, _ptr(x), _ptr(topk_ids), _ptr(topk_weights), ctypes.byref(w), _ptr(out),
-                             None, _ptr(ws), plan.ws_bytes, _stream(dev)), ctx)
+    return plan
+
+
+def _fused_moe_launch(plan, dev, x, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                      w13_input_scale, w2_input_scale):
+    m, l = x.shape
+    w = C.MoeWeights(_ptr(w13), _ptr(w13_scale), _ptr(w13_scale_2), _ptr(w13_input_scale), _ptr(w2), _ptr(w2_scale),
+                     _ptr(w2_scale_2), _ptr(w2_input_scale))
+    out = x.new_empty((m, l))
+    ws = x.new_empty(plan.ws_bytes, dtype=torch.uint8) if plan.ws_bytes else None
+    O._check(_lib.k3_moe_run(plan.handle, m, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
+                             ctypes.byref(w), out.data_ptr(), None, _ptr(ws), plan.ws_bytes, _stream(dev)), plan.ctx)
     return out
+
+
+# What a fused_moe call's checks depend on: every tensor's dtype, shape, device and contiguity, and the options.
+# A call whose signature passed the checks before reuses their verdict and plan (the checks are a function of the
+# signature alone), so an engine's steady-state call pays one tuple build and one lookup instead of the checks.
+_moe_seen = {}
+
+
+def _sig(t):
+    return None if t is None else (t.dtype, t.shape, t.get_device(), t.is_contiguous())
+
+
+def fused_moe_impl(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                   scale_layout, activation, situ_beta, situ_linear_beta, mode, w13_input_scale, w2_input_scale):
+    try:
+        sig = (_sig(x), _sig(w13), _sig(w2), _sig(topk_weights), _sig(topk_ids), _sig(w13_scale), _sig(w13_scale_2),
+               _sig(w2_scale), _sig(w2_scale_2), _sig(w13_input_scale), _sig(w2_input_scale), quant, scale_layout,
+               activation, situ_beta, situ_linear_beta, mode)
+        hit = _moe_seen.get(sig)
+    except (AttributeError, TypeError):  # not tensors, unhashable options: the checks below name the argument
+        sig = hit = None
+    if hit is None:
+        dev = _device_key(x)
+        plan = _fused_moe_checked(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale,
+                                  w2_scale_2, scale_layout, activation, situ_beta, situ_linear_beta, mode,
+                                  w13_input_scale, w2_input_scale)
+        hit = (plan, dev)
+        if sig is not None:
+            with _lock:
+                if len(_moe_seen) > 4096:  # an engine has a handful of signatures; a runaway caller no growth
+                    _moe_seen.clear()
+                _moe_seen[sig] = hit
+    return _fused_moe_launch(hit[0], hit[1], x, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2, w2_scale,
+                             w2_scale_2, w13_input_scale, w2_input_scale)
+
+
 
 
 # ---------------------------------------------------------------- torch.library ops (fake shapes for tracing)

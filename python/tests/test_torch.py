@@ -66,6 +66,35 @@ def test_fused_moe_cpu_matches_numpy():
     assert np.array_equal(moe_call(args, "cpu").float().numpy(), y_np)
 
 
+def test_fused_moe_checks_every_call():
+    """A call that passed the checks does not wave the next one through: each bad argument after a good call of
+    the same shapes still raises, naming it, and a good call after the bad ones gives the same bits."""
+    args = moe_inputs(7)
+    x, p13, s13, g13, p2, s2, g2, ids, wts = args
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    good = dict(quant="nvfp4", w13_scale=t(s13), w13_scale_2=t(g13), w2_scale=t(s2), w2_scale_2=t(g2))
+    xt, w13, w2, tw, ti = bf16_tensor(x), t(p13), t(p2), t(wts), t(ids)
+    y0 = k3.fused_moe(xt, w13, w2, tw, ti, **good)
+    bad = [
+        (TypeError, "topk_ids must be torch.int32", lambda: k3.fused_moe(xt, w13, w2, tw, ti.long(), **good)),
+        (ValueError, "w2_scale must hold",
+         lambda: k3.fused_moe(xt, w13, w2, tw, ti, **dict(good, w2_scale=t(s2[:, 1:])))),
+        (ValueError, "w2_scale must be contiguous",
+         lambda: k3.fused_moe(xt, w13, w2, tw, ti, **dict(good, w2_scale=t(np.repeat(s2, 2, axis=1))[:, ::2]))),
+        (ValueError, "w13_scale_2 and w2_scale_2 are required",
+         lambda: k3.fused_moe(xt, w13, w2, tw, ti, **dict(good, w2_scale_2=None))),
+        (ValueError, "topk_ids and topk_weights", lambda: k3.fused_moe(xt, w13, w2, tw[:, :1].contiguous(), ti,
+                                                                             **good)),
+        (TypeError, "hidden_states must be torch.bfloat16",
+         lambda: k3.fused_moe(xt.float(), w13, w2, tw, ti, **good)),
+        (ValueError, "quant", lambda: k3.fused_moe(xt, w13, w2, tw, ti, **dict(good, quant="fp8"))),
+    ]
+    for exc, msg, call in bad:
+        with pytest.raises(exc, match=msg):
+            call()
+    assert torch.equal(k3.fused_moe(xt, w13, w2, tw, ti, **good), y0)
+
+
 def test_errors_name_the_argument():
     x, w = data(4)
     with pytest.raises(TypeError, match="weight must be torch.bfloat16"):

@@ -57,13 +57,15 @@ k3_status k3_ctx_create(const k3_ctx_options *opt, k3_ctx **out) {
         opt = &defaults;
     }
     if (opt->backend < K3_BACKEND_CPU || opt->backend > K3_BACKEND_AUTO || opt->log_level < K3_LOG_ERROR ||
-        opt->log_level > K3_LOG_DEBUG || opt->device < 0)
+        opt->log_level > K3_LOG_DEBUG || opt->device < 0 ||
+        (opt->skip_pointer_checks != 0 && opt->skip_pointer_checks != 1))
         return K3_STATUS_INVALID_ARGUMENT;
     k3_ctx *ctx = (k3_ctx *)calloc(1, sizeof *ctx);
     if (!ctx) return K3_STATUS_OUT_OF_MEMORY;
     ctx->log_fn = opt->log_fn;
     ctx->log_user = opt->log_user;
     ctx->log_level = opt->log_level;
+    ctx->skip_pointer_checks = opt->skip_pointer_checks;
 
     k3_backend want = opt->backend;
     if (want == K3_BACKEND_AUTO)

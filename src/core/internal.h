@@ -22,6 +22,7 @@ struct k3_ctx {
     k3_log_fn log_fn;
     void *log_user;
     k3_log_level log_level;
+    int32_t skip_pointer_checks; /* k3_ctx_options.skip_pointer_checks */
     struct k3_cuda_state *cuda;
     struct k3_table *table;   /* the embedded table (parsed by k3_ctx_create) or a loaded one; NULL if none */
     char last_error[K3_ERROR_MAX];
