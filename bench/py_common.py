@@ -62,10 +62,11 @@ class CapturedCall:
         args[ws_index] = self.ws.data_ptr()
         self.fn, self.args, self.call, self.ref = real, args, call, ref  # call and ref keep the inputs alive
         self.cuda = ref[0].is_cuda
+        self.dev = _torch._device_key(ref[0])
 
     def __call__(self):
-        if self.cuda:  # every run call takes the stream last: the current one, as the binding does
-            self.args[-1] = torch.cuda.current_stream().cuda_stream
+        if self.cuda:  # every run call takes the stream last: the current one, looked up as the binding does
+            self.args[-1] = _torch._stream(self.dev)
         st = self.fn(*self.args)
         if st != 0:
             raise RuntimeError("the recorded call failed: status %d" % st)

@@ -6,8 +6,8 @@ per-call cost of the ctypes path split into its parts (what a compiled extension
 
 Method (CUDA): the time of the Python call itself, with the GPU not the bottleneck: every batch of calls is queued
 behind one long kernel (torch.cuda._sleep), each call timed with perf_counter_ns, and the stream must still be busy
-when the batch has been queued (checked; otherwise the batch is retried with a longer sleep). Median over all
-calls. Bar: the eager k3kernels call <= 1.5x F.linear's host time. On the CPU the kernels run inside the call, so
+when the batch has been queued (checked; otherwise the batch is retried with a longer sleep). The cases take turns
+batch by batch (interleaved), median over all calls of each. Bar: the eager k3kernels call <= 1.5x F.linear's host time. On the CPU the kernels run inside the call, so
 the CPU numbers include the work and say nothing about the overhead. One JSON object on stdout, the table on
 stderr; the run takes well under a minute.
 """
@@ -21,29 +21,33 @@ from py_common import CapturedCall, _torch, device_facts, k3, median, nvfp4_expe
 import torch.nn.functional as F  # noqa: E402
 
 
-def host_us(fn, device, calls, reps):
-    """Median host time of one call (us), each call timed alone, the GPU kept busy behind a long kernel."""
-    times = []
+def host_us(fns, device, calls, reps):
+    """Median host time of one call (us) of each function in fns, each call timed alone, the GPU kept busy behind
+    a long kernel. The functions take turns batch by batch (rep 1: a batch of each, rep 2: ...), so that a drift of
+    the host's speed during the run (other processes, clocks) shifts all of them alike and their ratios hold."""
+    times = [[] for _ in fns]
     cycles = calls * 400_000  # about 200 us of GPU time per queued call at 2 GHz: the queue never drains
     for _ in range(reps):
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda._sleep(cycles)
-        batch = []
-        for _ in range(calls):
-            a = time.perf_counter_ns()
-            fn()
-            batch.append(time.perf_counter_ns() - a)
-        if device == "cuda":
-            busy = not torch.cuda.current_stream().query()
-            torch.cuda.synchronize()
-            if not busy:
+        for j, fn in enumerate(fns):
+            for _ in range(4):  # a batch the GPU drained before it was queued is measured again, longer
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda._sleep(cycles)
+                batch = []
+                for _ in range(calls):
+                    a = time.perf_counter_ns()
+                    fn()
+                    batch.append(time.perf_counter_ns() - a)
+                busy = device != "cuda" or not torch.cuda.current_stream().query()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                if busy:
+                    times[j] += batch
+                    break
                 cycles *= 4
-                continue
-        times += batch
-    if not times:
+    if not all(times):
         raise RuntimeError("the GPU drained every batch before it was queued: no valid measurement")
-    return median(times) / 1000.0
+    return [median(t) / 1000.0 for t in times]
 
 
 def noop_op():
@@ -126,7 +130,7 @@ def measure(a):
     ]
     for _, fn, _ in cases:  # warm: plans, contexts, allocator pools
         fn()
-    t = {label: host_us(fn, dev, a.calls, a.reps) for label, fn, _ in cases}
+    t = dict(zip([label for label, _, _ in cases], host_us([fn for _, fn, _ in cases], dev, a.calls, a.reps)))
     lin, moe, base = t["k3.linear (eager, the public call)"], t["k3.fused_moe (eager, the public call)"], t["F.linear"]
     parts = {
         "public_wrapper_us": lin - t["linear_impl (no torch.ops dispatch)"],

@@ -5,9 +5,9 @@ import ctypes
 import numpy as np
 
 from . import _capi as C
-from ._ops import (_MODES, _QUANT, _array, _bf16_rows, _bf16_to_f32, _check, _check_expert_scales, _cpu_ctx,
-                   _expert_scale_bytes, _f32_to_bf16, _is_torch, _layout, _lib, _make_plan, _p, _plan, _tokens,
-                   _torch_call)
+from ._ops import (TORCH_IMPLS, _MODES, _QUANT, _array, _bf16_rows, _bf16_to_f32, _check, _check_expert_scales,
+                   _cpu_ctx, _expert_scale_bytes, _f32_to_bf16, _is_torch, _layout, _lib, _make_plan, _p, _plan,
+                   _tokens, _torch_call)
 
 
 def _experts(l, w13, w2, k, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2, scale_layout, activation, situ_beta,
@@ -95,11 +95,10 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, quant="nvfp4", 
     holding BF16 values. torch: hidden_states bfloat16, weights uint8 (packed) or bfloat16, scales uint8 / float32,
     topk_ids int32, topk_weights float32, all on one device; returns bfloat16."""
     if _is_torch(hidden_states):
-        return _torch_call("fused_moe", (hidden_states, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2,
-                                         w2_scale, w2_scale_2, w13_input_scale, w2_input_scale),
-                           hidden_states, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale,
-                           w2_scale_2, scale_layout, activation, float(situ_beta), float(situ_linear_beta), mode,
-                           w13_input_scale, w2_input_scale)
+        return TORCH_IMPLS["fused_moe_eager"](hidden_states, w13, w2, topk_weights, topk_ids, quant, w13_scale,
+                                              w13_scale_2, w2_scale, w2_scale_2, scale_layout, activation,
+                                              float(situ_beta), float(situ_linear_beta), mode, w13_input_scale,
+                                              w2_input_scale)
     x = _array("hidden_states", hidden_states, 2, "f")
     ids = _array("topk_ids", topk_ids, 2, "i", np.int32)
     wts = _array("topk_weights", topk_weights, 2, "f", np.float32)

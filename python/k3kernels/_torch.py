@@ -59,6 +59,7 @@ def _free_all():
             p.destroy(p.handle)
         _plans.clear()
         _moe_seen.clear()
+        _moe_eager_seen.clear()
         for h in _ctxs.values():
             _lib.k3_ctx_destroy(h)
         _ctxs.clear()
@@ -290,37 +291,72 @@ def _fused_moe_launch(plan, dev, x, w13, w2, topk_weights, topk_ids, w13_scale, 
 # What a fused_moe call's checks depend on: every tensor's dtype, shape, device and contiguity, and the options.
 # A call whose signature passed the checks before reuses their verdict and plan (the checks are a function of the
 # signature alone), so an engine's steady-state call pays one tuple build and one lookup instead of the checks.
+# The eager entry's signature also holds what `direct` decides on (each tensor's type and requires_grad, and
+# whether grad is enabled), so a hit there skips that loop too.
 _moe_seen = {}
+_moe_eager_seen = {}
 
 
-def _sig(t):
-    return None if t is None else (t.dtype, t.shape, t.get_device(), t.is_contiguous())
+def _remember(table, sig, hit):
+    with _lock:
+        if len(table) > 4096:  # an engine has a handful of signatures; a caller cycling through shapes, no growth
+            table.clear()
+        table[sig] = hit
+
+
+def _fused_moe_verdict(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                       scale_layout, activation, situ_beta, situ_linear_beta, mode, w13_input_scale, w2_input_scale):
+    dev = _device_key(x)
+    return (_fused_moe_checked(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale,
+                               w2_scale_2, scale_layout, activation, situ_beta, situ_linear_beta, mode,
+                               w13_input_scale, w2_input_scale), dev)
 
 
 def fused_moe_impl(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
                    scale_layout, activation, situ_beta, situ_linear_beta, mode, w13_input_scale, w2_input_scale):
+    args = (x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2, scale_layout,
+            activation, situ_beta, situ_linear_beta, mode, w13_input_scale, w2_input_scale)
     try:
-        sig = (_sig(x), _sig(w13), _sig(w2), _sig(topk_weights), _sig(topk_ids), _sig(w13_scale), _sig(w13_scale_2),
-               _sig(w2_scale), _sig(w2_scale_2), _sig(w13_input_scale), _sig(w2_input_scale), quant, scale_layout,
-               activation, situ_beta, situ_linear_beta, mode)
+        sig = (*[None if t is None else (t.dtype, t.shape, t.get_device(), t.is_contiguous())
+                 for t in (x, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                           w13_input_scale, w2_input_scale)],
+               quant, scale_layout, activation, situ_beta, situ_linear_beta, mode)
         hit = _moe_seen.get(sig)
     except (AttributeError, TypeError):  # not tensors, unhashable options: the checks below name the argument
         sig = hit = None
     if hit is None:
-        dev = _device_key(x)
-        plan = _fused_moe_checked(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale,
-                                  w2_scale_2, scale_layout, activation, situ_beta, situ_linear_beta, mode,
-                                  w13_input_scale, w2_input_scale)
-        hit = (plan, dev)
+        hit = _fused_moe_verdict(*args)
         if sig is not None:
-            with _lock:
-                if len(_moe_seen) > 4096:  # an engine has a handful of signatures; a runaway caller no growth
-                    _moe_seen.clear()
-                _moe_seen[sig] = hit
+            _remember(_moe_seen, sig, hit)
     return _fused_moe_launch(hit[0], hit[1], x, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2, w2_scale,
                              w2_scale_2, w13_input_scale, w2_input_scale)
 
 
+def fused_moe_eager(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                    scale_layout, activation, situ_beta, situ_linear_beta, mode, w13_input_scale, w2_input_scale):
+    """The public fused_moe on torch tensors: the implementation directly when `direct` would say so, else the
+    registered op (as _torch_call does), with `direct`'s verdict and the checks' remembered per signature."""
+    args = (x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2, scale_layout,
+            activation, situ_beta, situ_linear_beta, mode, w13_input_scale, w2_input_scale)
+    if _is_compiling() or _dispatch_depth():
+        return torch.ops.k3kernels.fused_moe(*args)
+    try:
+        sig = (*[None if t is None else (type(t), t.dtype, t.shape, t.get_device(), t.is_contiguous(), t.requires_grad)
+                 for t in (x, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                           w13_input_scale, w2_input_scale)],
+               quant, scale_layout, activation, situ_beta, situ_linear_beta, mode, torch.is_grad_enabled())
+        hit = _moe_eager_seen.get(sig)
+    except (AttributeError, TypeError):
+        sig = hit = None
+    if hit is None:
+        if not direct((x, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
+                       w13_input_scale, w2_input_scale)):
+            return torch.ops.k3kernels.fused_moe(*args)  # not remembered: autograd or a subclass must see the op
+        hit = _fused_moe_verdict(*args)
+        if sig is not None:
+            _remember(_moe_eager_seen, sig, hit)
+    return _fused_moe_launch(hit[0], hit[1], x, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2, w2_scale,
+                             w2_scale_2, w13_input_scale, w2_input_scale)
 
 
 # ---------------------------------------------------------------- torch.library ops (fake shapes for tracing)
@@ -364,4 +400,5 @@ def _(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scal
     return x.new_empty(x.shape)
 
 
-O.TORCH_IMPLS.update(direct=direct, linear=linear_impl, router=router_impl, fused_moe=fused_moe_impl)
+O.TORCH_IMPLS.update(direct=direct, linear=linear_impl, router=router_impl, fused_moe=fused_moe_impl,
+                     fused_moe_eager=fused_moe_eager)
