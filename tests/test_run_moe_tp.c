@@ -98,10 +98,11 @@ static void test_latent_tp(void) {
         printf("  latent block --ep %d: rel-L2 %.2e vs fp64, %.2e vs --tp 1\n", n, e_ref, e_one);
     }
     /* the same splits on GPUs, one per rank, reduced by the library through NCCL: against fp64 and the CPU ranks
-       (skipped where this process sees fewer GPUs than ranks, or has no CUDA or NCCL) */
+       (each skipped where this process sees fewer GPUs than ranks, or has no CUDA or NCCL) */
     static double yc[M * H];
-    for (int j = 0; j < 2; j++) {
-        const char *opt = j ? "--ep 2" : "--tp 2";
+    const char *gpu_opts[] = {"--tp 1", "--ep 1", "--tp 2", "--ep 2"}; /* 1: a one-rank communicator */
+    for (int j = 0; j < 4; j++) {
+        const char *opt = gpu_opts[j];
         const char *gpu = "%s run moe --top-k %d --weights %s/q_latent.safetensors --input %s/x_h.safetensors "
                           "--output %s/%s %s --device %s";
         const int cpu_ran = sh(gpu, g_k3, K, g_dir, g_dir, g_dir, "yc.safetensors", opt, "cpu") == 0 &&

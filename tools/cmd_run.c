@@ -169,7 +169,8 @@ static int run_moe(int argc, char **argv) {
     }
     run_opts o;
     if (!parse_opts(argc, argv, &o)) return K3_EXIT_USAGE;
-    const int on_gpus = o.tp > 1 && !strcmp(o.device, "cuda");
+    /* --tp 1 included: one rank with a one-rank communicator, the same path on one GPU */
+    const int on_gpus = o.tp >= 1 && !strcmp(o.device, "cuda");
     if (on_gpus && !k3_run_gpus_ready(&o)) return K3_EXIT_FAIL; /* before reading any file */
     k3_act_desc act;
     k3_act_kind kind;
