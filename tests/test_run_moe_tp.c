@@ -10,6 +10,19 @@
 #include "run_moe_files.h"
 
 #define TOL 1e-3 /* the latent block's budget against fp64 (test_latent.c) */
+#define GPU_TOL 1e-2 /* the CUDA block against the CPU backend (tests/k3t_harness.h, latent_moe) */
+
+/* 1 when the last command's stderr contains s (no message otherwise). */
+static int stderr_says(const char *s) {
+    char p[128], buf[8192];
+    path_of(p, sizeof p, "stderr.txt");
+    FILE *f = fopen(p, "rb");
+    if (!f) return 0;
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, s) != NULL;
+}
 
 /* The output tensor (and the routing) of a CLI output file, as doubles; 0 when it is not there. */
 static int read_output(const char *name, int64_t cols, double *y, int32_t *ids) {
@@ -84,6 +97,32 @@ static void test_latent_tp(void) {
         CHECK(e_one <= TOL, "latent --ep %d: rel-L2 %.3g vs the CLI's unsharded output (budget %g)", n, e_one, TOL);
         printf("  latent block --ep %d: rel-L2 %.2e vs fp64, %.2e vs --tp 1\n", n, e_ref, e_one);
     }
+    /* the same splits on GPUs, one per rank, reduced by the library through NCCL: against fp64 and the CPU ranks
+       (each skipped where this process sees fewer GPUs than ranks, or has no CUDA or NCCL) */
+    static double yc[M * H];
+    const char *gpu_opts[] = {"--tp 1", "--ep 1", "--tp 2", "--ep 2"}; /* 1: a one-rank communicator */
+    for (int j = 0; j < 4; j++) {
+        const char *opt = gpu_opts[j];
+        const char *gpu = "%s run moe --top-k %d --weights %s/q_latent.safetensors --input %s/x_h.safetensors "
+                          "--output %s/%s %s --device %s";
+        const int cpu_ran = sh(gpu, g_k3, K, g_dir, g_dir, g_dir, "yc.safetensors", opt, "cpu") == 0 &&
+                            read_output("yc.safetensors", H, yc, NULL);
+        CHECK(cpu_ran, "latent block %s --device cpu: exit 0 and an output", opt);
+        const int rc = sh(gpu, g_k3, K, g_dir, g_dir, g_dir, "yg.safetensors", opt, "cuda");
+        if (rc == 1 && (stderr_says("this process sees") || stderr_says("no NCCL") || stderr_says("no CUDA") ||
+                        stderr_says("cannot be opened"))) {
+            printf("  SKIP latent block %s --device cuda: not enough GPUs, or no CUDA or NCCL here\n", opt);
+            continue;
+        }
+        const int ran = rc == 0 && read_output("yg.safetensors", H, yn, idsn);
+        CHECK(ran, "latent block %s --device cuda: exit 0 and an output (exit %d)", opt, rc);
+        if (!ran || !cpu_ran) continue;
+        const double e_ref = ref_rel_l2(yn, ref, M * H), e_cpu = ref_rel_l2(yn, yc, M * H);
+        CHECK(!memcmp(idsn, ids1, sizeof rids), "latent %s on GPUs: routing equal to the CPU's", opt);
+        CHECK(e_ref <= GPU_TOL, "latent %s on GPUs: rel-L2 %.3g vs fp64 (budget %g)", opt, e_ref, GPU_TOL);
+        CHECK(e_cpu <= GPU_TOL, "latent %s on GPUs: rel-L2 %.3g vs the CPU ranks (budget %g)", opt, e_cpu, GPU_TOL);
+        printf("  latent block %s on GPUs: rel-L2 %.2e vs fp64, %.2e vs the CPU ranks\n", opt, e_ref, e_cpu);
+    }
     k3_st_close(q);
 }
 
@@ -134,10 +173,19 @@ static void test_refusals(void) {
     CHECK(sh(run, g_k3, g_dir, "q_experts.safetensors", g_dir, "x_ids.safetensors", g_dir, "--tp 0") == 2 &&
               stderr_has("1..64"),
           "--tp 0: usage error");
-    CHECK(sh(run, g_k3, g_dir, "q_experts.safetensors", g_dir, "x_ids.safetensors", g_dir, "--tp 2 --device cuda") ==
+    CHECK(sh(run, g_k3, g_dir, "q_experts.safetensors", g_dir, "x_ids.safetensors", g_dir, "--tp 64 --device cuda") ==
+                  1 &&
+              stderr_has("needs 64 GPUs; this process sees "),
+          "--tp 64 on CUDA: refused, naming the GPUs it needs and the GPUs there are");
+    CHECK(sh(run, g_k3, g_dir, "q_experts.safetensors", g_dir, "x_ids.safetensors", g_dir, "--tp 2 --device auto") ==
                   2 &&
-              stderr_has("--device cpu"),
-          "--tp 2 on CUDA: usage error naming the CPU backend");
+              stderr_has("not auto"),
+          "--tp 2 --device auto: usage error");
+    const int alone = sh(run, g_k3, g_dir, "q_experts.safetensors", g_dir, "x_ids.safetensors", g_dir,
+                         "--tp 2 --device cuda");
+    CHECK(alone == 1 && (stderr_says("needs 2 GPUs") || stderr_says("no NCCL") || stderr_says("cannot be opened") ||
+                         stderr_has("the experts alone split N ways run with --device cpu")),
+          "--tp 2 --device cuda on the experts alone: refused (exit %d)", alone);
     CHECK(sh(run, g_k3, g_dir, "q_experts.safetensors", g_dir, "x_ids.safetensors", g_dir, "--ep 17") == 1 &&
               stderr_has("more ranks than"),
           "--ep 17 with 16 experts: refused");

@@ -13,6 +13,17 @@ int32_t k3_bench_cold_copies(double bytes, int64_t l2_bytes) {
     return n < 2 ? 2 : (n > 4096 ? 4096 : (int32_t)n); /* two copies each larger than the L2 alternate: cold */
 }
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double k3_bench_median(double *v, int32_t n) {
+    if (n <= 0) return 0.0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
 #ifdef K3_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -31,11 +42,6 @@ static cudaError_t wait_event(cudaEvent_t e) {
         const struct timespec nap = {0, 20000};
         nanosleep(&nap, NULL);
     }
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 #define BG_CUDA(call)                                                                                        \
@@ -83,6 +89,35 @@ done:
     return st;
 }
 
+k3_status k3_bench_graph_capture(const k3_bench_variant *v, const k3_bench_timing *t, void *stream, void **exec,
+                                 char *err, size_t err_size) {
+    cudaGraphExec_t e = NULL;
+    const k3_status st = capture(v, t, (cudaStream_t)stream, &e, err, err_size);
+    *exec = (void *)e;
+    return st;
+}
+
+k3_status k3_bench_graph_replay(void *exec, void *stream, float *ms, char *err, size_t err_size) {
+    const cudaStream_t s = (cudaStream_t)stream;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    k3_status st = K3_STATUS_SUCCESS;
+    BG_CUDA(cudaEventCreate(&e0));
+    BG_CUDA(cudaEventCreate(&e1));
+    BG_CUDA(cudaEventRecord(e0, s));
+    BG_CUDA(cudaGraphLaunch((cudaGraphExec_t)exec, s));
+    BG_CUDA(cudaEventRecord(e1, s));
+    BG_CUDA(wait_event(e1));
+    BG_CUDA(cudaEventElapsedTime(ms, e0, e1));
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return st;
+}
+
+void k3_bench_graph_destroy(void *exec) {
+    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
 k3_status k3_bench_graph_time_n(const k3_bench_variant *v, int32_t n, const k3_bench_timing *t, void *stream,
                                 double *us, char *err, size_t err_size) {
     const cudaStream_t s = (cudaStream_t)stream;
@@ -113,10 +148,7 @@ k3_status k3_bench_graph_time_n(const k3_bench_variant *v, int32_t n, const k3_b
             BG_CUDA(cudaEventElapsedTime(&ms, e0, e1));
             times[(size_t)j * reps + r] = 1000.0 * (double)ms / (double)t->calls;
         }
-    for (int32_t j = 0; j < n; j++) {
-        qsort(times + (size_t)j * reps, (size_t)reps, sizeof *times, cmp_double);
-        us[j] = times[(size_t)j * reps + reps / 2];
-    }
+    for (int32_t j = 0; j < n; j++) us[j] = k3_bench_median(times + (size_t)j * reps, reps);
 done:
     for (int32_t j = 0; exec && j < n; j++)
         if (exec[j]) cudaGraphExecDestroy(exec[j]);
@@ -146,6 +178,22 @@ k3_status k3_bench_graph_time_n(const k3_bench_variant *v, int32_t n, const k3_b
     snprintf(err, err_size, "this build has no CUDA backend");
     return K3_STATUS_NOT_AVAILABLE;
 }
+
+k3_status k3_bench_graph_capture(const k3_bench_variant *v, const k3_bench_timing *t, void *stream, void **exec,
+                                 char *err, size_t err_size) {
+    (void)v, (void)t, (void)stream;
+    *exec = NULL;
+    snprintf(err, err_size, "this build has no CUDA backend");
+    return K3_STATUS_NOT_AVAILABLE;
+}
+
+k3_status k3_bench_graph_replay(void *exec, void *stream, float *ms, char *err, size_t err_size) {
+    (void)exec, (void)stream, (void)ms;
+    snprintf(err, err_size, "this build has no CUDA backend");
+    return K3_STATUS_NOT_AVAILABLE;
+}
+
+void k3_bench_graph_destroy(void *exec) { (void)exec; }
 
 k3_status k3_bench_sync(void *stream, char *err, size_t err_size) {
     (void)stream;

@@ -37,6 +37,15 @@ typedef struct k3_bench_variant {
  * variant j's median. Use it when variants are compared with each other (a bar on their difference or ratio). */
 k3_status k3_bench_graph_time_n(const k3_bench_variant *v, int32_t n, const k3_bench_timing *t, void *stream,
                                 double *us, char *err, size_t err_size);
+/* The pieces of the method, for callers that pace the replays themselves (several GPUs replaying together):
+   variant v's t->calls calls captured into an instantiated graph (*exec, a cudaGraphExec_t); one replay of it on
+   stream timed with events (*ms for the whole graph, waited for at most K3_BENCH_TIMEOUT_S); its release. */
+k3_status k3_bench_graph_capture(const k3_bench_variant *v, const k3_bench_timing *t, void *stream, void **exec,
+                                 char *err, size_t err_size);
+k3_status k3_bench_graph_replay(void *exec, void *stream, float *ms, char *err, size_t err_size);
+void k3_bench_graph_destroy(void *exec);
+/* The median of n values (sorted in place). */
+double k3_bench_median(double *v, int32_t n);
 /* Waits for everything queued on stream, at most K3_BENCH_TIMEOUT_S. */
 k3_status k3_bench_sync(void *stream, char *err, size_t err_size);
 /* Copies of `bytes` needed so that they total at least max(3 x L2, 180 MB); at least 2. */

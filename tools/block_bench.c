@@ -6,17 +6,16 @@
 #include <string.h>
 
 #include "bench_graph.h"
+#include "block_bench.h"
 #include "block_synth.h"
 #include "cli.h"
 
 #define BB_CEILING 4.37e12 /* the H200's HBM read ceiling (docs/benchmarks.md) */
-#define BB_MAX_LIST 16
-#define BB_MAX_M 16 /* the CUDA block's linear plans take up to 32 tokens; decode sizes */
-#define BB_SEED 0x4b33426c6bULL /* "K3Blk" */
 #define BB_STAGES 6             /* block, router, down, experts, norm+up, shared */
 
 static void block_bench_help(void) {
-    printf("usage: k3 bench block [--config tp8|ep16] [--m LIST] [--reps R] [--json]\n\n"
+    printf("usage: k3 bench block [--config tp8|ep16] [--m LIST] [--reps R] [--json]\n"
+           "       k3 bench block --tp N | --ep N [--config tp8|ep16] [--m LIST] [--reps R] [--json]\n\n"
            "Times the Kimi-K3 latent-MoE block (k3_latent_moe_run: router, down projection, routed experts, RMSNorm,\n"
            "up projection, shared experts on the aux stream, residual-free sum) on one GPU, per token count M:\n"
            "  tp8   one TP8 rank: H 7168, 896 NVFP4 experts top-16 with L 3584 and I 384, shared Is 768 (default)\n"
@@ -33,16 +32,25 @@ static void block_bench_help(void) {
            "  --config C   tp8 (default) or ep16\n"
            "  --m LIST     token counts (default 1,2,4,8,16; 1..%d, at most %d values)\n"
            "  --reps R     graph replays per point (7..1000)\n"
-           "  --json       one JSON object: a row per M with every column\n"
-           "exit status: 0 measured, 1 failure (no GPU, a CUDA error), 2 usage\n",
+           "  --json       one JSON object: a row per M with every column\n\n"
+           "--tp N / --ep N: the block on N GPUs (0..N-1), one host thread each with its own context, stream and\n"
+           "plan whose k3_parallel_desc holds that rank's NCCL communicator (made here by ncclCommInitAll), so the\n"
+           "block reduces its fp32 partial across the ranks itself (library-driven). Each rank is the K3 TP-N shard\n"
+           "(all 896 experts with I = 3072 / N, shared Is = 6144 / N) or EP-N shard (896 / N whole experts with\n"
+           "I 3072 and an expert map, Is = 6144 / N); with --config the rank has that shape instead (tp8 or ep16:\n"
+           "--tp 1 --config tp8 is the TP8 rank on one GPU with a one-rank communicator). Every rank captures its\n"
+           "graph of back-to-back calls; the replays start on all ranks together (a barrier before each), are\n"
+           "timed on every rank with events, and the slowest rank's median per call is reported for: the block\n"
+           "with NCCL; the same rank's block without a communicator (layout NONE, the one-GPU slice); a bare\n"
+           "ncclAllReduce (fp32 sum, in place) of the block's partial (k3_latent_moe_partial_count floats),\n"
+           "captured the same way. reduction = block with NCCL - block without; ratio = reduction / all-reduce.\n"
+           "NCCL_NVLS_ENABLE is set to 0 (NVLink SHARP / multicast off) unless the environment already sets it.\n"
+           "Needs N GPUs, a build with CUDA and nccl.h, and libnccl.so.2 at run time (else exit 1).\n"
+           "  --tp N       N tensor-parallel ranks (1..64; 3072 / N a multiple of 16 and 6144 / N whole)\n"
+           "  --ep N       N expert-parallel ranks (1..64; N divides 896 and 6144)\n"
+           "exit status: 0 measured, 1 failure (no GPU, fewer GPUs than ranks, no NCCL, a CUDA error), 2 usage\n",
            BB_MAX_M, BB_MAX_LIST);
 }
-
-typedef struct bb_opts {
-    int64_t ms[BB_MAX_LIST];
-    int nm, json, ep;
-    int64_t reps;
-} bb_opts;
 
 static int bb_parse(int argc, char **argv, bb_opts *o) {
     static const int64_t def_ms[] = {1, 2, 4, 8, 16};
@@ -60,6 +68,20 @@ static int bb_parse(int argc, char **argv, bb_opts *o) {
                 fprintf(stderr, "k3 bench block: --config must be tp8 or ep16 (got '%s')\n", v);
                 return K3_EXIT_USAGE;
             }
+            o->has_config = 1;
+        } else if (!strcmp(argv[i], "--tp") || !strcmp(argv[i], "--ep")) {
+            const char *a = argv[i];
+            int64_t n = 0;
+            if (!(v = k3_cli_value(argc, argv, &i, a)) || !k3_cli_parse_i64(v, a, &n)) return K3_EXIT_USAGE;
+            if (n < 1 || n > 64) {
+                fprintf(stderr, "k3 bench block: %s must be a rank (GPU) count in 1..64 (got %s)\n", a, v);
+                return K3_EXIT_USAGE;
+            }
+            if (o->ranks && o->ranks_ep != (a[2] == 'e')) {
+                fprintf(stderr, "k3 bench block: --tp and --ep are exclusive\n");
+                return K3_EXIT_USAGE;
+            }
+            o->ranks = (int32_t)n, o->ranks_ep = a[2] == 'e';
         } else if (!strcmp(argv[i], "--m")) {
             if (!(v = k3_cli_value(argc, argv, &i, "--m")) || !(o->nm = k3_cli_parse_list(v, "--m", o->ms, BB_MAX_LIST)))
                 return K3_EXIT_USAGE;
@@ -78,6 +100,20 @@ static int bb_parse(int argc, char **argv, bb_opts *o) {
         }
     if (o->reps < 7 || o->reps > 1000) {
         fprintf(stderr, "k3 bench block: --reps must be 7..1000 (the median of >= 7 replays)\n");
+        return K3_EXIT_USAGE;
+    }
+    const int32_t n = o->ranks;
+    if (n && !o->has_config && !o->ranks_ep &&
+        (BB_K3_INTER % n != 0 || (BB_K3_INTER / n) % 16 != 0 || BB_K3_SHARED % n != 0)) {
+        fprintf(stderr, "k3 bench block: --tp %d: the K3 intermediate I = %d must split into %d slices of a multiple of "
+                        "16 (the NVFP4 block) and Is = %d into %d whole slices\n",
+                (int)n, BB_K3_INTER, (int)n, BB_K3_SHARED, (int)n);
+        return K3_EXIT_USAGE;
+    }
+    if (n && !o->has_config && o->ranks_ep && (BB_K3_EXPERTS % n != 0 || BB_K3_SHARED % n != 0)) {
+        fprintf(stderr, "k3 bench block: --ep %d: the %d K3 experts and the shared Is = %d must split into %d equal "
+                        "parts\n",
+                (int)n, BB_K3_EXPERTS, BB_K3_SHARED, (int)n);
         return K3_EXIT_USAGE;
     }
     return K3_EXIT_OK;
@@ -99,6 +135,7 @@ int k3_bench_block(int argc, char **argv) {
     bb_opts o;
     int rc;
     if (bb_front(argc, argv, &o, &rc)) return rc;
+    if (o.ranks) return k3_bench_block_ranks(&o);
     fprintf(stderr, "k3 bench block: this build has no CUDA backend\n");
     return K3_EXIT_FAIL;
 }
@@ -175,6 +212,7 @@ int k3_bench_block(int argc, char **argv) {
     bb_opts o;
     int front_rc;
     if (bb_front(argc, argv, &o, &front_rc)) return front_rc;
+    if (o.ranks) return k3_bench_block_ranks(&o);
     k3_ctx *ctx = k3_cli_ctx("cuda");
     if (!ctx) return K3_EXIT_FAIL;
     int rc = K3_EXIT_FAIL;

@@ -148,10 +148,9 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
                 o->weights);
         return 0;
     }
-    if (o->tp > 1 && strcmp(o->device, "cpu") != 0) {
-        fprintf(stderr, CMD ": --%s %d runs the ranks on the CPU backend (give --device cpu); on GPUs, one per rank, "
-                            "the block reduces through NCCL (k3_parallel_desc.nccl_comm), which this command does "
-                            "not drive yet\n",
+    if (o->tp > 1 && !strcmp(o->device, "auto")) {
+        fprintf(stderr, CMD ": --%s %d needs --device cpu (N ranks on the CPU backend) or --device cuda (one rank per "
+                            "GPU, reduced through NCCL), not auto\n",
                 o->ep ? "ep" : "tp", (int)o->tp);
         return 0;
     }
@@ -170,6 +169,9 @@ static int run_moe(int argc, char **argv) {
     }
     run_opts o;
     if (!parse_opts(argc, argv, &o)) return K3_EXIT_USAGE;
+    /* --tp 1 included: one rank with a one-rank communicator, the same path on one GPU */
+    const int on_gpus = o.tp >= 1 && !strcmp(o.device, "cuda");
+    if (on_gpus && !k3_run_gpus_ready(&o)) return K3_EXIT_FAIL; /* before reading any file */
     k3_act_desc act;
     k3_act_kind kind;
     if (!parse_act(o.act, &kind)) {
@@ -225,6 +227,10 @@ static int run_moe(int argc, char **argv) {
         }
         if (!k3_run_only_known(wf, xf)) goto done;
         if (!k3_run_read_experts(wf, &s, &act, o.mode) || !k3_run_read_routing(wf, xf, &s, &o)) goto done;
+    }
+    if (on_gpus) {
+        rc = k3_run_gpus(&o, &s, wf, xf, t0);
+        goto done;
     }
     if (!(ctx = k3_cli_ctx(o.device))) goto done;
     rc = k3_run_execute(ctx, &o, &s, wf, xf, t0);

@@ -59,6 +59,14 @@ int k3_run_only_known_input(const k3_st_file *xf);
 int k3_run_execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_file *wf, const k3_st_file *xf,
                    double t0);
 
+/* The router's descriptor and the whole (unsplit) latent block's, from the options and the files. */
+void k3_run_router_desc(const run_opts *o, const run_setup *s, k3_router_desc *rd);
+void k3_run_latent_desc(const run_opts *o, const run_setup *s, k3_latent_moe_desc *ld);
+/* The output y [M, H or L] (and the routing, when ids is not NULL) checked for NaN / Inf, written to --output, and
+   the summary line or --json object; device: "cpu" or "cuda". Returns the exit status. */
+int k3_run_finish(const run_opts *o, const run_setup *s, const uint16_t *y, const int32_t *ids, const float *wts,
+                  const char *device, double t0);
+
 /* The --help text (tools/run_moe_help.c). */
 void k3_run_moe_help(void);
 
@@ -80,10 +88,42 @@ void k3_run_print_json(const run_opts *o, const run_setup *s, const char *ran, c
 /* 0 after printing why the weights cannot be split n ways (activation layout, scale layout, divisibility; ep:
    by whole experts). */
 int k3_run_tp_check(const run_setup *s, int32_t n, int ep);
+#define K3_RUN_SHARD_BUFS 16
+/* One rank's shard, cut from s's host weights (buffers owned; mw / lw point into them and at s's whole tensors). */
+typedef struct k3_run_shard {
+    uint8_t *w13, *w13s, *w2, *w2s, *sgu, *sdown, *g13, *g2, *in13, *in2;
+    int32_t *map;   /* EP: global id -> this rank's */
+    int32_t e0, ne; /* EP: its experts [e0, e0 + ne) */
+    k3_moe_weights mw;
+    k3_latent_moe_weights lw;
+    const void *own[K3_RUN_SHARD_BUFS]; /* the buffers above that were cut, and their bytes */
+    size_t own_bytes[K3_RUN_SHARD_BUFS];
+    int nown;
+} k3_run_shard;
+/* Rank `rank` of n's shard of s's host weights (TP slices, or EP whole experts); 0 when out of host memory (free
+   it either way). */
+int k3_run_shard_cut(const run_setup *s, int32_t rank, int32_t n, int ep, k3_run_shard *r);
+void k3_run_shard_free(k3_run_shard *r);
+/* Bytes of the shard's own buffer p; 0 when p is not one (a whole tensor of s, or NULL). */
+size_t k3_run_shard_bytes(const k3_run_shard *r, const void *p);
+/* The rank's descriptor: ld (the whole block's) with the rank's layout, rank, size and slices of I / Is or experts;
+   nccl_comm as ld has it. */
+void k3_run_shard_desc(const k3_latent_moe_desc *ld, const run_setup *s, const k3_run_shard *cut, int32_t rank,
+                       int32_t n, int ep, k3_latent_moe_desc *out);
 /* n CPU ranks on shards cut from s's host weights: the latent block ld (its router and latent weights in s->lw;
    routing into out_ids / out_wts), or with ld NULL the experts alone on the given routing; y [m, H or L]. 0 after
    printing. */
 int k3_run_tp(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup *s, int32_t n, int ep, const void *x,
               const int32_t *ids, const float *wts, uint16_t *y, int32_t *out_ids, float *out_wts);
+
+/* ---- --tp N / --ep N with --device cuda (tools/run_moe_gpu.c) ---- */
+/* 0 after printing when the N GPU ranks cannot run here: fewer GPUs than ranks, no CUDA or NCCL in the build, or
+   libnccl.so.2 not loadable. Needs no files. */
+int k3_run_gpus_ready(const run_opts *o);
+/* The latent block as o->tp ranks on GPUs 0..N-1, one host thread each, reduced by the library through NCCL
+   communicators made here; rank 0's output written as k3_run_finish does. Returns the exit status. */
+int k3_run_gpus(const run_opts *o, run_setup *s, const k3_st_file *wf, const k3_st_file *xf, double t0);
+/* Bytes of the tensor whose data is p (either file, or the checkpoint layer); 0 when none (tools/run_moe_exec.c). */
+size_t k3_run_data_bytes(const run_setup *s, const k3_st_file *wf, const k3_st_file *xf, const void *p);
 
 #endif

@@ -38,7 +38,7 @@ static int plan_fail(k3_ctx *ctx, const char *what, k3_status st) {
 }
 
 /* Bytes of the tensor whose data is p (in either file, or the checkpoint layer), 0 when none. */
-static size_t data_bytes(const run_setup *s, const k3_st_file *wf, const k3_st_file *xf, const void *p) {
+size_t k3_run_data_bytes(const run_setup *s, const k3_st_file *wf, const k3_st_file *xf, const void *p) {
     if (s->layer) return k3_run_layer_bytes(s, p);
     const k3_st_file *fs[2] = {wf, xf};
     for (int f = 0; p && f < 2; f++)
@@ -50,7 +50,7 @@ static size_t data_bytes(const run_setup *s, const k3_st_file *wf, const k3_st_f
 /* The run's tensors as the context sees them: the file data itself on the CPU, device copies on CUDA. */
 static int tensors_in(k3_cli_mem *mm, const k3_st_file *wf, const k3_st_file *xf, run_setup *s) {
     int ok = 1;
-#define K3_RUN_IN(field) (field) = k3_cli_mem_in(mm, (field), data_bytes(s, wf, xf, (field)), &ok)
+#define K3_RUN_IN(field) (field) = k3_cli_mem_in(mm, (field), k3_run_data_bytes(s, wf, xf, (field)), &ok)
     K3_RUN_IN(s->mw.w13);
     K3_RUN_IN(s->mw.w13_scale);
     K3_RUN_IN(s->mw.w13_scale_2);
@@ -68,6 +68,57 @@ static int tensors_in(k3_cli_mem *mm, const k3_st_file *wf, const k3_st_file *xf
     return ok;
 }
 
+
+void k3_run_router_desc(const run_opts *o, const run_setup *s, k3_router_desc *rd) {
+    k3_router_desc_init(rd);
+    rd->num_experts = s->e;
+    rd->top_k = (int32_t)s->md.top_k;
+    rd->hidden = s->width;
+    rd->gate_dtype = s->gate && s->gate->dtype == K3_ST_F32 ? K3_DTYPE_F32 : K3_DTYPE_BF16;
+    rd->scaling_factor = o->scaling;
+    rd->max_tokens = s->m;
+}
+
+void k3_run_latent_desc(const run_opts *o, const run_setup *s, k3_latent_moe_desc *ld) {
+    k3_latent_moe_desc_init(ld);
+    ld->hidden = s->h;
+    k3_run_router_desc(o, s, &ld->router);
+    ld->experts = s->md;
+    ld->experts.max_tokens = s->m;
+    ld->shared_inter = s->is;
+    ld->shared_act = s->md.act;
+    ld->max_tokens = s->m;
+}
+
+int k3_run_finish(const run_opts *o, const run_setup *s, const uint16_t *y, const int32_t *ids, const float *wts,
+                  const char *device, double t0) {
+    const int routed = ids != NULL;
+    const int64_t ycols = s->latent ? s->h : s->l, m = s->m;
+    for (size_t i = 0; i < (size_t)(m * ycols); i++)
+        if ((y[i] & 0x7F80u) == 0x7F80u) { /* bf16 exponent all ones: Inf or NaN */
+            fprintf(stderr, CMD ": output element [%lld, %lld] is %s (an overflow in the run, or extreme inputs); "
+                                "%s not written\n",
+                    (long long)(i / (size_t)ycols), (long long)(i % (size_t)ycols), (y[i] & 0x7Fu) ? "NaN" : "Inf",
+                    o->output);
+            return K3_EXIT_FAIL;
+        }
+    if (!save_output(o, s, y, ycols, ids, wts)) return K3_EXIT_FAIL;
+    if (o->json) {
+        const char *ran = s->latent ? "latent block" : routed ? "router+experts" : "experts";
+        k3_run_print_json(o, s, ran, device, k3_cli_now() - t0);
+    } else {
+        char lay[32] = "";
+        if (o->has_layer) snprintf(lay, sizeof lay, " (layer %d)", (int)o->layer);
+        printf("k3 run moe: %s%s, %s experts%s (E %d, L %lld, I %lld, top-%lld, %s, %s), M %lld -> %s\n",
+               s->latent ? "latent-MoE block" : "routed experts", routed && !s->latent ? " with router" : "",
+               s->md.format == K3_WEIGHT_BF16    ? "BF16"
+               : s->md.format == K3_WEIGHT_NVFP4 ? "NVFP4"
+                                                 : "MXFP4",
+               lay, (int)s->e, (long long)s->l, (long long)s->inter, (long long)s->md.top_k, k3_act_name(s->md.act.kind),
+               s->md.mode == K3_MOE_W4A4 ? "w4a4" : "w4a16", (long long)s->m, o->output);
+    }
+    return K3_EXIT_OK;
+}
 
 /* Plans and runs what the files describe; writes the output file. t0: when the command started (--json). */
 int k3_run_execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_file *wf, const k3_st_file *xf,
@@ -104,23 +155,11 @@ int k3_run_execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_fil
     }
     s->md.max_tokens = m;
     k3_router_desc rd;
-    k3_router_desc_init(&rd);
-    rd.num_experts = s->e;
-    rd.top_k = (int32_t)k;
-    rd.hidden = s->width;
-    rd.gate_dtype = s->gate && s->gate->dtype == K3_ST_F32 ? K3_DTYPE_F32 : K3_DTYPE_BF16;
-    rd.scaling_factor = o->scaling;
-    rd.max_tokens = m;
+    k3_run_router_desc(o, s, &rd);
     if (o->tp > 1 && !k3_run_tp_check(s, o->tp, o->ep)) goto done;
     if (s->latent) {
         k3_latent_moe_desc ld;
-        k3_latent_moe_desc_init(&ld);
-        ld.hidden = s->h;
-        ld.router = rd;
-        ld.experts = s->md;
-        ld.shared_inter = s->is;
-        ld.shared_act = s->md.act;
-        ld.max_tokens = m;
+        k3_run_latent_desc(o, s, &ld);
         if (o->tp > 1) {
             s->lw.gate = cgate;
             s->lw.bias = cbias;
@@ -182,30 +221,7 @@ int k3_run_execute(k3_ctx *ctx, const run_opts *o, run_setup *s, const k3_st_fil
         fprintf(stderr, CMD ": copying the results back from the device failed\n");
         goto done;
     }
-    for (size_t i = 0; i < (size_t)(m * ycols); i++)
-        if ((y[i] & 0x7F80u) == 0x7F80u) { /* bf16 exponent all ones: Inf or NaN */
-            fprintf(stderr, CMD ": output element [%lld, %lld] is %s (an overflow in the run, or extreme inputs); "
-                                "%s not written\n",
-                    (long long)(i / (size_t)ycols), (long long)(i % (size_t)ycols), (y[i] & 0x7Fu) ? "NaN" : "Inf",
-                    o->output);
-            goto done;
-        }
-    if (!save_output(o, s, y, ycols, ids, wts)) goto done;
-    rc = K3_EXIT_OK;
-    if (o->json) {
-        const char *ran = s->latent ? "latent block" : routed ? "router+experts" : "experts";
-        k3_run_print_json(o, s, ran, mm.on_device ? "cuda" : "cpu", k3_cli_now() - t0);
-    } else {
-        char lay[32] = "";
-        if (o->has_layer) snprintf(lay, sizeof lay, " (layer %d)", (int)o->layer);
-        printf("k3 run moe: %s%s, %s experts%s (E %d, L %lld, I %lld, top-%lld, %s, %s), M %lld -> %s\n",
-               s->latent ? "latent-MoE block" : "routed experts", routed && !s->latent ? " with router" : "",
-               s->md.format == K3_WEIGHT_BF16    ? "BF16"
-               : s->md.format == K3_WEIGHT_NVFP4 ? "NVFP4"
-                                                 : "MXFP4",
-               lay, (int)s->e, (long long)s->l, (long long)s->inter, (long long)k, k3_act_name(s->md.act.kind),
-               s->md.mode == K3_MOE_W4A4 ? "w4a4" : "w4a16", (long long)m, o->output);
-    }
+    rc = k3_run_finish(o, s, y, routed ? ids : NULL, routed ? wts : NULL, mm.on_device ? "cuda" : "cpu", t0);
     goto done;
 oom:
     fprintf(stderr, CMD ": out of memory\n");

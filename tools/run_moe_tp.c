@@ -12,8 +12,15 @@
 #include "run_moe.h"
 
 /* Rows [gate slice; up slice] of `mats` matrices of 2 * half rows of row_bytes: rows [r0, r0 + n) of each half. */
-static uint8_t *cut_gated(const void *src, int64_t mats, int64_t half, size_t row_bytes, int64_t r0, int64_t n) {
-    uint8_t *dst = (uint8_t *)malloc((size_t)(mats * 2 * n) * row_bytes + 1);
+/* Records a buffer the shard owns and its size (for copies to a device). */
+static uint8_t *keep(k3_run_shard *r, uint8_t *p, size_t bytes) {
+    if (p && r->nown < K3_RUN_SHARD_BUFS) r->own[r->nown] = p, r->own_bytes[r->nown++] = bytes;
+    return p;
+}
+
+static uint8_t *cut_gated(k3_run_shard *r, const void *src, int64_t mats, int64_t half, size_t row_bytes, int64_t r0,
+                          int64_t n) {
+    uint8_t *dst = keep(r, (uint8_t *)malloc((size_t)(mats * 2 * n) * row_bytes + 1), (size_t)(mats * 2 * n) * row_bytes);
     const uint8_t *s = (const uint8_t *)src;
     for (int64_t e = 0; dst && e < mats; e++)
         for (int64_t g = 0; g < 2; g++)
@@ -23,29 +30,36 @@ static uint8_t *cut_gated(const void *src, int64_t mats, int64_t half, size_t ro
 }
 
 /* Bytes [c0, c0 + n) of each of `rows` rows of row_bytes. */
-static uint8_t *cut_cols(const void *src, int64_t rows, size_t row_bytes, size_t c0, size_t n) {
-    uint8_t *dst = (uint8_t *)malloc((size_t)rows * n + 1);
+static uint8_t *cut_cols(k3_run_shard *r, const void *src, int64_t rows, size_t row_bytes, size_t c0, size_t n) {
+    uint8_t *dst = keep(r, (uint8_t *)malloc((size_t)rows * n + 1), (size_t)rows * n);
     for (int64_t i = 0; dst && i < rows; i++) memcpy(dst + (size_t)i * n, (const uint8_t *)src + (size_t)i * row_bytes + c0, n);
     return dst;
 }
 
-/* One rank's cut weights. */
-typedef struct tp_rank {
-    uint8_t *w13, *w13s, *w2, *w2s, *sgu, *sdown, *g13, *g2, *in13, *in2;
-    int32_t *map;     /* EP: global id -> this rank's */
-    int32_t e0, ne;   /* EP: its experts [e0, e0 + ne) */
-    k3_moe_weights mw;
-    k3_latent_moe_weights lw;
-} tp_rank;
-
-static void tp_rank_free(tp_rank *r) {
+void k3_run_shard_free(k3_run_shard *r) {
     free(r->w13), free(r->w13s), free(r->w2), free(r->w2s), free(r->sgu), free(r->sdown);
     free(r->g13), free(r->g2), free(r->in13), free(r->in2), free(r->map);
+    memset(r, 0, sizeof *r);
+}
+
+size_t k3_run_shard_bytes(const k3_run_shard *r, const void *p) {
+    for (int i = 0; p && i < r->nown; i++)
+        if (r->own[i] == p) return r->own_bytes[i];
+    return 0;
+}
+
+void k3_run_shard_desc(const k3_latent_moe_desc *ld, const run_setup *s, const k3_run_shard *cut, int32_t rank,
+                       int32_t n, int ep, k3_latent_moe_desc *out) {
+    *out = *ld;
+    out->parallel.layout = ep ? K3_PARALLEL_EP : K3_PARALLEL_TP, out->parallel.rank = rank, out->parallel.size = n;
+    out->shared_inter = s->is / n;
+    if (ep) out->experts.num_experts = cut->ne, out->experts.global_experts = s->e;
+    else out->experts.inter = s->inter / n;
 }
 
 /* EP: rank `rank` of n holds the whole experts [rank * E / n, (rank + 1) * E / n): contiguous slices of every
    stacked buffer, and its expert map. */
-static int ep_cut_experts(const run_setup *s, int32_t rank, int32_t n, tp_rank *r) {
+static int ep_cut_experts(const run_setup *s, int32_t rank, int32_t n, k3_run_shard *r) {
     const k3_moe_desc *d = &s->md;
     const int64_t e = s->e, e0 = rank * e / n, e1 = (rank + 1) * e / n, ne = e1 - e0;
     const int64_t l = s->l, in = s->inter, w1 = (d->act.kind == K3_ACT_RELU2_NO_MUL ? 1 : 2) * in;
@@ -61,25 +75,25 @@ static int ep_cut_experts(const run_setup *s, int32_t rank, int32_t n, tp_rank *
             return 0;
     }
     r->e0 = (int32_t)e0, r->ne = (int32_t)ne;
-    r->w13 = cut_cols(w->w13, 1, (size_t)e * b13, (size_t)e0 * b13, (size_t)ne * b13);
-    r->w2 = cut_cols(w->w2, 1, (size_t)e * b2, (size_t)e0 * b2, (size_t)ne * b2);
+    r->w13 = cut_cols(r, w->w13, 1, (size_t)e * b13, (size_t)e0 * b13, (size_t)ne * b13);
+    r->w2 = cut_cols(r, w->w2, 1, (size_t)e * b2, (size_t)e0 * b2, (size_t)ne * b2);
     if (s13) {
-        r->w13s = cut_cols(w->w13_scale, 1, (size_t)e * s13, (size_t)e0 * s13, (size_t)ne * s13);
-        r->w2s = cut_cols(w->w2_scale, 1, (size_t)e * s2, (size_t)e0 * s2, (size_t)ne * s2);
+        r->w13s = cut_cols(r, w->w13_scale, 1, (size_t)e * s13, (size_t)e0 * s13, (size_t)ne * s13);
+        r->w2s = cut_cols(r, w->w2_scale, 1, (size_t)e * s2, (size_t)e0 * s2, (size_t)ne * s2);
         if (!r->w13s || !r->w2s) return 0;
     }
     const size_t f = sizeof(float), f13 = (d->w13_separate_scale_2 ? 2 : 1) * f;
     if (w->w13_scale_2) {
-        r->g13 = cut_cols(w->w13_scale_2, 1, (size_t)e * f13, (size_t)e0 * f13, (size_t)ne * f13);
-        r->g2 = cut_cols(w->w2_scale_2, 1, (size_t)e * f, (size_t)e0 * f, (size_t)ne * f);
+        r->g13 = cut_cols(r, w->w13_scale_2, 1, (size_t)e * f13, (size_t)e0 * f13, (size_t)ne * f13);
+        r->g2 = cut_cols(r, w->w2_scale_2, 1, (size_t)e * f, (size_t)e0 * f, (size_t)ne * f);
         if (!r->g13 || !r->g2) return 0;
     }
     if (w->w13_input_scale) {
-        r->in13 = cut_cols(w->w13_input_scale, 1, (size_t)e * f, (size_t)e0 * f, (size_t)ne * f);
-        r->in2 = cut_cols(w->w2_input_scale, 1, (size_t)e * f, (size_t)e0 * f, (size_t)ne * f);
+        r->in13 = cut_cols(r, w->w13_input_scale, 1, (size_t)e * f, (size_t)e0 * f, (size_t)ne * f);
+        r->in2 = cut_cols(r, w->w2_input_scale, 1, (size_t)e * f, (size_t)e0 * f, (size_t)ne * f);
         if (!r->in13 || !r->in2) return 0;
     }
-    r->map = (int32_t *)malloc(sizeof(int32_t) * (size_t)e);
+    r->map = (int32_t *)(void *)keep(r, (uint8_t *)malloc(sizeof(int32_t) * (size_t)e), sizeof(int32_t) * (size_t)e);
     if (!r->map || !r->w13 || !r->w2) return 0;
     for (int64_t g = 0; g < e; g++) r->map[g] = g >= e0 && g < e1 ? (int32_t)(g - e0) : -1;
     r->mw = *w;
@@ -132,7 +146,7 @@ int k3_run_tp_check(const run_setup *s, int32_t n, int ep) {
     return 1;
 }
 
-static int tp_cut(const run_setup *s, int32_t rank, int32_t n, int ep, tp_rank *r) {
+int k3_run_shard_cut(const run_setup *s, int32_t rank, int32_t n, int ep, k3_run_shard *r) {
     memset(r, 0, sizeof *r);
     const k3_moe_desc *d = &s->md;
     const int64_t e = s->e, l = s->l, in = s->inter, ir = in / n, h = s->h, is = s->is, isr = is / n;
@@ -140,14 +154,14 @@ static int tp_cut(const run_setup *s, int32_t rank, int32_t n, int ep, tp_rank *
     if (ep) {
         if (!ep_cut_experts(s, rank, n, r)) return 0;
     } else if (d->format == K3_WEIGHT_BF16) {
-        r->w13 = cut_gated(w->w13, e, in, (size_t)l * 2, rank * ir, ir);
-        r->w2 = cut_cols(w->w2, e * l, (size_t)in * 2, (size_t)(rank * ir) * 2, (size_t)ir * 2);
+        r->w13 = cut_gated(r, w->w13, e, in, (size_t)l * 2, rank * ir, ir);
+        r->w2 = cut_cols(r, w->w2, e * l, (size_t)in * 2, (size_t)(rank * ir) * 2, (size_t)ir * 2);
     } else {
         const int64_t bs = d->format == K3_WEIGHT_NVFP4 ? 16 : 32;
-        r->w13 = cut_gated(w->w13, e, in, (size_t)l / 2, rank * ir, ir);
-        r->w13s = cut_gated(w->w13_scale, e, in, (size_t)(l / bs), rank * ir, ir);
-        r->w2 = cut_cols(w->w2, e * l, (size_t)in / 2, (size_t)(rank * ir) / 2, (size_t)ir / 2);
-        r->w2s = cut_cols(w->w2_scale, e * l, (size_t)(in / bs), (size_t)(rank * ir / bs), (size_t)(ir / bs));
+        r->w13 = cut_gated(r, w->w13, e, in, (size_t)l / 2, rank * ir, ir);
+        r->w13s = cut_gated(r, w->w13_scale, e, in, (size_t)(l / bs), rank * ir, ir);
+        r->w2 = cut_cols(r, w->w2, e * l, (size_t)in / 2, (size_t)(rank * ir) / 2, (size_t)ir / 2);
+        r->w2s = cut_cols(r, w->w2_scale, e * l, (size_t)(in / bs), (size_t)(rank * ir / bs), (size_t)(ir / bs));
         if (!r->w13s || !r->w2s) return 0;
     }
     if (!ep) {
@@ -158,8 +172,8 @@ static int tp_cut(const run_setup *s, int32_t rank, int32_t n, int ep, tp_rank *
         r->lw = s->lw;
         r->lw.experts = r->mw;
         if (is > 0) {
-            r->sgu = cut_gated(s->lw.shared_gate_up, 1, is, (size_t)h * 2, rank * isr, isr);
-            r->sdown = cut_cols(s->lw.shared_down, h, (size_t)is * 2, (size_t)(rank * isr) * 2, (size_t)isr * 2);
+            r->sgu = cut_gated(r, s->lw.shared_gate_up, 1, is, (size_t)h * 2, rank * isr, isr);
+            r->sdown = cut_cols(r, s->lw.shared_down, h, (size_t)is * 2, (size_t)(rank * isr) * 2, (size_t)isr * 2);
             if (!r->sgu || !r->sdown) return 0;
             r->lw.shared_gate_up = r->sgu, r->lw.shared_down = r->sdown;
         }
@@ -181,15 +195,12 @@ static int tp_latent(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup 
     k3_latent_moe_plan *p0 = NULL;
     size_t count = 0, wsb = 0;
     for (int32_t r = 0; r < n && ok; r++) {
-        tp_rank cut;
-        k3_latent_moe_desc d = *ld;
-        d.parallel.layout = ep ? K3_PARALLEL_EP : K3_PARALLEL_TP, d.parallel.rank = r, d.parallel.size = n;
-        d.shared_inter = s->is / n;
+        k3_run_shard cut;
+        k3_latent_moe_desc d;
         k3_latent_moe_plan *p = NULL;
         k3_status st;
-        const int cut_ok = tp_cut(s, r, n, ep, &cut);
-        if (ep) d.experts.num_experts = cut.ne, d.experts.global_experts = s->e;
-        else d.experts.inter = s->inter / n;
+        const int cut_ok = k3_run_shard_cut(s, r, n, ep, &cut);
+        k3_run_shard_desc(ld, s, &cut, r, n, ep, &d);
         if (!cut_ok) {
             fprintf(stderr, CMD ": --tp: out of host memory cutting rank %d's shard\n", (int)r);
             ok = 0;
@@ -219,7 +230,7 @@ static int tp_latent(k3_ctx *ctx, const k3_latent_moe_desc *ld, const run_setup 
                 for (size_t i = 0; i < count; i++) sum[i] += part[i];
             }
         }
-        tp_rank_free(&cut);
+        k3_run_shard_free(&cut);
         if (r == 0) p0 = p; /* POST_REDUCE reads only the replicated norm and up projection */
         else k3_latent_moe_plan_destroy(p);
     }
@@ -242,14 +253,14 @@ static int tp_experts(k3_ctx *ctx, const run_setup *s, int32_t n, int ep, const 
     int ok = sum && part && scratch;
     if (!ok) fprintf(stderr, CMD ": --tp: out of host memory\n");
     for (int32_t r = 0; r < n && ok; r++) {
-        tp_rank cut;
+        k3_run_shard cut;
         k3_moe_desc d = s->md;
         d.max_tokens = s->m;
         k3_moe_plan *p = NULL;
         void *ws = NULL;
         size_t wsb = 0;
         k3_status st;
-        const int cut_ok = tp_cut(s, r, n, ep, &cut);
+        const int cut_ok = k3_run_shard_cut(s, r, n, ep, &cut);
         if (ep) d.num_experts = cut.ne, d.global_experts = s->e;
         else d.inter = s->inter / n;
         if (!cut_ok) {
@@ -271,7 +282,7 @@ static int tp_experts(k3_ctx *ctx, const run_setup *s, int32_t n, int ep, const 
         }
         free(ws);
         k3_moe_plan_destroy(p);
-        tp_rank_free(&cut);
+        k3_run_shard_free(&cut);
     }
     for (size_t i = 0; ok && i < cnt; i++) y[i] = k3_bf16_from_f32(sum[i]);
     free(sum), free(part), free(scratch);
