@@ -4,7 +4,8 @@
  * same with EP2 ranks (half the experts each, through the expert map on the device). Then
  * the library-driven mode through a one-rank NCCL communicator (the one machine has one GPU): the run with
  * parallel.nccl_comm against the stages, a CUDA graph of it replayed on a new x against the CPU block, and a
- * communicator that does not fit the plan refused. Exits 77 without a CUDA device. */
+ * communicator that does not fit the plan refused; and the data-parallel tokens (parallel.tokens PER_RANK) through
+ * it, bit for bit the replicated run, eager and in a replayed graph. Exits 77 without a CUDA device. */
 #include <stdint.h>
 #include <string.h>
 
@@ -230,6 +231,98 @@ typedef ncclResult_t (*uid_fn)(ncclUniqueId *);
 typedef ncclResult_t (*init_fn)(ncclComm_t *, int, ncclUniqueId, int);
 typedef ncclResult_t (*destroy_fn)(ncclComm_t);
 
+/* Data-parallel tokens through the one-rank communicator: the PER_RANK run (all-gather, PRE_REDUCE on the gathered
+ * rows, grouped reduce-scatter, POST_REDUCE) is bit for bit the REPLICATED run of the same tokens (a gather and a
+ * reduce-scatter of one rank are copies), its routing too; a captured graph of it replayed on a new x as well; and
+ * the gathered tokens beyond max_tokens are the capacity status. */
+static void test_nccl_per_rank(const block *b, k3t_rng *r, ncclComm_t comm) {
+    k3t_case_enter("nccl one rank, per-rank tokens", 2);
+    const int64_t m = 3, h = b->d.hidden, k = b->d.experts.top_k, n = m * h;
+    k3_latent_moe_desc drep = b->d;
+    drep.parallel.layout = K3_PARALLEL_TP;
+    drep.parallel.nccl_comm = comm;
+    k3_latent_moe_desc ddp = drep;
+    ddp.parallel.tokens = K3_TOKENS_PER_RANK;
+    k3_latent_moe_plan *prep = NULL, *pdp = NULL;
+    CHECK(k3_latent_moe_plan_create(g_gpu, &drep, &prep) == K3_STATUS_SUCCESS, "replicated plan: %s",
+          k3_ctx_last_error(g_gpu));
+    CHECK(k3_latent_moe_plan_create(g_gpu, &ddp, &pdp) == K3_STATUS_SUCCESS, "per-rank plan: %s",
+          k3_ctx_last_error(g_gpu));
+    if (prep && pdp) {
+        dweights dw;
+        dw_make(&dw, &b->d, &b->hw);
+        uint16_t *x = md_bf16_normal(r, n, 1.0), *res = md_bf16_normal(r, n, 1.0);
+        uint16_t *y1 = (uint16_t *)malloc((size_t)n * 2), *y2 = (uint16_t *)malloc((size_t)n * 2);
+        int32_t *i1 = (int32_t *)malloc((size_t)(m * k) * 4), *i2 = (int32_t *)malloc((size_t)(m * k) * 4);
+        float *w1 = (float *)malloc((size_t)(m * k) * 4), *w2 = (float *)malloc((size_t)(m * k) * 4);
+        size_t wr = 0, wd = 0;
+        void *dwr = ws_of(prep, &wr, 1), *dwd = ws_of(pdp, &wd, 1);
+        void *dx = k3t_dup(x, (size_t)n * 2), *dres = k3t_dup(res, (size_t)n * 2);
+        void *dy1 = k3t_dalloc((size_t)n * 2), *dy2 = k3t_dalloc((size_t)n * 2);
+        int32_t *di1 = (int32_t *)k3t_dalloc((size_t)(m * k) * 4), *di2 = (int32_t *)k3t_dalloc((size_t)(m * k) * 4);
+        float *dw1 = (float *)k3t_dalloc((size_t)(m * k) * 4), *dw2 = (float *)k3t_dalloc((size_t)(m * k) * 4);
+        /* run 0: eager; run 1: a captured graph of the per-rank run, replayed on a new x */
+        for (int run = 0; run < 2; run++) {
+            const char *tag = run ? "graph replay on a new x" : "eager";
+            k3_status st = K3_STATUS_SUCCESS;
+            if (run) {
+                cudaGraph_t gr = NULL;
+                cudaGraphExec_t ex = NULL;
+                int launched = 0;
+                if (k3t_cuda_ok(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal), "dp capture")) {
+                    st = k3_latent_moe_run(pdp, m, dx, &dw.w, dres, dy2, di2, dw2, dwd, wd, g_stream);
+                    const cudaError_t ce = cudaStreamEndCapture(g_stream, &gr);
+                    CHECK(st == K3_STATUS_SUCCESS && ce == cudaSuccess, "dp capture: %s / %s",
+                          k3_ctx_last_error(g_gpu), cudaGetErrorString(ce));
+                    if (st == K3_STATUS_SUCCESS && ce == cudaSuccess &&
+                        k3t_cuda_ok(cudaGraphInstantiate(&ex, gr, 0), "dp graph instantiate")) {
+                        for (int64_t i = 0; i < n; i++) x[i] = k3_bf16_from_f32((float)k3t_normal(r));
+                        K3T_CU(cudaMemcpy(dx, x, (size_t)n * 2, cudaMemcpyHostToDevice));
+                        K3T_CU(cudaMemset(dy2, 0xff, (size_t)n * 2));
+                        K3T_CU(cudaDeviceSynchronize()); /* the copies ran on the legacy stream */
+                        launched = k3t_cuda_ok(cudaGraphLaunch(ex, g_stream), "dp graph launch");
+                    }
+                }
+                if (ex) cudaGraphExecDestroy(ex);
+                if (gr) cudaGraphDestroy(gr);
+                if (!launched) break;
+            } else {
+                st = k3_latent_moe_run(pdp, m, dx, &dw.w, dres, dy2, di2, dw2, dwd, wd, g_stream);
+                CHECK(st == K3_STATUS_SUCCESS, "per-rank run: %s", k3_ctx_last_error(g_gpu));
+            }
+            const k3_status sr = k3_latent_moe_run(prep, m, dx, &dw.w, dres, dy1, di1, dw1, dwr, wr, g_stream);
+            CHECK(sr == K3_STATUS_SUCCESS, "replicated run: %s", k3_ctx_last_error(g_gpu));
+            if (st != K3_STATUS_SUCCESS || sr != K3_STATUS_SUCCESS) break;
+            K3T_CU(cudaStreamSynchronize(g_stream));
+            K3T_CU(cudaMemcpy(y1, dy1, (size_t)n * 2, cudaMemcpyDeviceToHost));
+            K3T_CU(cudaMemcpy(y2, dy2, (size_t)n * 2, cudaMemcpyDeviceToHost));
+            K3T_CU(cudaMemcpy(i1, di1, (size_t)(m * k) * 4, cudaMemcpyDeviceToHost));
+            K3T_CU(cudaMemcpy(i2, di2, (size_t)(m * k) * 4, cudaMemcpyDeviceToHost));
+            K3T_CU(cudaMemcpy(w1, dw1, (size_t)(m * k) * 4, cudaMemcpyDeviceToHost));
+            K3T_CU(cudaMemcpy(w2, dw2, (size_t)(m * k) * 4, cudaMemcpyDeviceToHost));
+            char what[96];
+            snprintf(what, sizeof what, "per-rank vs replicated y (%s)", tag);
+            const int same = k3t_check_same(what, y2, y1, K3T_BF16, n);
+            snprintf(what, sizeof what, "per-rank vs replicated topk_ids (%s)", tag);
+            k3t_check_same(what, i2, i1, K3T_I32, m * k);
+            snprintf(what, sizeof what, "per-rank vs replicated topk_weights (%s)", tag);
+            k3t_check_same(what, w2, w1, K3T_F32, m * k);
+            printf("nccl one rank, per-rank tokens (%s): y %s the replicated run\n", tag,
+                   same ? "bitwise equal to" : "DIFFERS from");
+        }
+        /* the gathered tokens beyond the plan (one rank: m = max_tokens + 1) */
+        const k3_status so = k3_latent_moe_run(pdp, b->d.max_tokens + 1, dx, &dw.w, NULL, dy2, NULL, NULL, dwd, wd,
+                                               g_stream);
+        CHECK(so == K3_STATUS_INVALID_ARGUMENT && strstr(k3_ctx_last_error(g_gpu), "too many tokens for this plan"),
+              "per-rank run beyond max_tokens: %s (%s)", k3_status_string(so), k3_ctx_last_error(g_gpu));
+        cudaFree(dwr), cudaFree(dwd), cudaFree(dx), cudaFree(dres), cudaFree(dy1), cudaFree(dy2);
+        cudaFree(di1), cudaFree(di2), cudaFree(dw1), cudaFree(dw2);
+        free(x), free(res), free(y1), free(y2), free(i1), free(i2), free(w1), free(w2);
+        dw_free(&dw);
+    }
+    k3_latent_moe_plan_destroy(prep), k3_latent_moe_plan_destroy(pdp);
+}
+
 /* One rank of one: the library-driven run against the stages (bitwise: the same kernels around a one-rank sum), a
  * captured graph of it replayed on a new x against the CPU block, and a communicator that does not fit refused. */
 static void test_nccl_one_rank(const block *b, k3t_rng *r) {
@@ -333,6 +426,7 @@ static void test_nccl_one_rank(const block *b, k3t_rng *r) {
         dw_free(&dw);
     }
     k3_latent_moe_plan_destroy(pl), k3_latent_moe_plan_destroy(ps), k3_latent_moe_plan_destroy(pc);
+    test_nccl_per_rank(b, r, comm);
     destroy(comm);
     dlclose(lib);
 }
