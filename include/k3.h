@@ -741,8 +741,8 @@ typedef enum k3_parallel_tokens {
     K3_TOKENS_PER_RANK = 1,   /* data-parallel attention: every rank passes its own m tokens (the same m on every
                                * rank: engines pad) and gets y of those m; the block runs on the size * m tokens
                                * gathered in rank order (rank r's are rows [r m, (r + 1) m)), and max_tokens counts
-                               * them: size * m <= max_tokens. For a TP or EP layout (NONE + PER_RANK is refused);
-                               * with size 1 it is the same block as REPLICATED. */
+                               * them: size * m <= max_tokens (so max_tokens >= size). For a TP or EP layout
+                               * (NONE + PER_RANK is refused); with size 1 it is the same block as REPLICATED. */
 } k3_parallel_tokens;
 
 typedef struct k3_parallel_desc {

@@ -292,6 +292,13 @@ static void test_rules(k3t_rng *r) {
     e.parallel.tokens = (k3_parallel_tokens)2;
     e.parallel.layout = K3_PARALLEL_TP;
     expect_plan("unknown tokens", &e, K3_STATUS_INVALID_ARGUMENT, "parallel.tokens must be");
+    e.parallel.tokens = K3_TOKENS_PER_RANK;
+    e.parallel.size = 4;
+    e.max_tokens = 3;
+    e.experts.inter /= 4, e.shared_inter /= 4;
+    expect_plan("PER_RANK with max_tokens < size", &e, K3_STATUS_INVALID_ARGUMENT, "at least size");
+    e.max_tokens = 4;
+    expect_plan("PER_RANK with max_tokens = size", &e, K3_STATUS_SUCCESS, "");
     k3_latent_moe_desc dflt;
     k3_latent_moe_desc_init(&dflt);
     CHECK(dflt.parallel.tokens == K3_TOKENS_REPLICATED, "desc_init: tokens REPLICATED");

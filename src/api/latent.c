@@ -101,6 +101,10 @@ static k3_status latent_check_desc(k3_ctx *ctx, const k3_latent_moe_desc *d) {
         K3_CHECK_ARG(ctx, pd->size >= 1 && pd->size <= K3_LATENT_MAX_RANKS && pd->rank >= 0 && pd->rank < pd->size,
                      "latent plan: parallel needs 1 <= size <= %d and 0 <= rank < size (got rank %d of size %d)",
                      K3_LATENT_MAX_RANKS, (int)pd->rank, (int)pd->size);
+    K3_CHECK_ARG(ctx, pd->tokens != K3_TOKENS_PER_RANK || d->max_tokens >= pd->size,
+                 "latent plan: parallel.tokens PER_RANK runs on the size * m gathered tokens, so max_tokens (%lld) must "
+                 "be at least size (%d)",
+                 (long long)d->max_tokens, (int)pd->size);
     return K3_STATUS_SUCCESS;
 }
 
