@@ -738,18 +738,29 @@ typedef enum k3_parallel_layout {
     K3_PARALLEL_EP = 2,   /* expert parallel: a rank holds a subset of whole experts (experts.num_experts of
                            * them; experts.global_experts = the router's count; the weights' expert_map says which),
                            * Is / size of the shared experts as in TP, and the router and latent projections whole;
-                           * tokens are replicated on every rank */
+                           * the tokens are as parallel.tokens says */
 } k3_parallel_layout;
+
+/* Which tokens a rank of a TP or EP block passes (parallel.tokens). */
+typedef enum k3_parallel_tokens {
+    K3_TOKENS_REPLICATED = 0, /* every rank passes the same m tokens (tensor-parallel attention) and gets y of all m */
+    K3_TOKENS_PER_RANK = 1,   /* data-parallel attention: every rank passes its own m tokens (the same m on every
+                               * rank: engines pad) and gets y of those m; the block runs on the size * m tokens
+                               * gathered in rank order (rank r's are rows [r m, (r + 1) m)), and max_tokens counts
+                               * them: size * m <= max_tokens (so max_tokens >= size). For a TP or EP layout
+                               * (NONE + PER_RANK is refused); with size 1 it is the same block as REPLICATED. */
+} k3_parallel_tokens;
 
 typedef struct k3_parallel_desc {
     k3_parallel_layout layout;
     int32_t rank; /* 0 .. size - 1 */
     int32_t size; /* 1 for NONE */
     void *nccl_comm; /* the caller's ncclComm_t (size ranks, this one `rank`, on the context's device), or NULL.
-                      * With it (CUDA contexts, TP), k3_latent_moe_run reduces across the ranks itself, on the
+                      * With it (CUDA contexts, TP or EP), k3_latent_moe_run reduces across the ranks itself, on the
                       * caller's stream; the library never creates or destroys a communicator. NULL: the
                       * engine-driven stages (k3_latent_moe_run_stage), no collective inside. A build or process
                       * without NCCL answers NOT_AVAILABLE at plan time. */
+    k3_parallel_tokens tokens; /* default REPLICATED; PER_RANK: see k3_latent_moe_run and the stages below */
 } k3_parallel_desc;
 
 typedef struct k3_latent_moe_desc {
@@ -786,11 +797,17 @@ K3_API k3_status k3_latent_moe_workspace_size(const k3_latent_moe_plan *plan, si
  * topk_ids / topk_weights (optional, may be NULL) receive the routing. u stays fp32; RMSNorm(u) =
  * bf16(bf16(u / sqrt(mean(u^2) + eps)) * norm); shared(x) = bf16(bf16(act(bf16(x . gate_up^T))) . down^T);
  * y = bf16(up + shared + residual) summed in fp32 (one rounding). residual may be NULL or alias y.
- * A plan of a rank of several (parallel.size > 1) holds only part of the block: with parallel.nccl_comm, the run
- * is PRE_REDUCE, one ncclAllReduce (sum) of the fp32 partial in the workspace, then POST_REDUCE, all on `stream`
- * (every rank calls it, as with any collective; capturable); without one, k3_latent_moe_run refuses it
- * (INVALID_ARGUMENT), since it would normalize this rank's partial u: run the stages below with the cross-rank sum
- * between them.
+ * A plan of a rank of several (parallel.size > 1) holds only part of the block: with parallel.nccl_comm (tokens
+ * REPLICATED), the run is PRE_REDUCE, one ncclAllReduce (sum) of the fp32 partial in the workspace, then
+ * POST_REDUCE, all on `stream` (every rank calls it, as with any collective; capturable); without one,
+ * k3_latent_moe_run refuses it (INVALID_ARGUMENT), since it would normalize this rank's partial u: run the stages
+ * below with the cross-rank sum between them.
+ * parallel.tokens PER_RANK with parallel.nccl_comm: x, residual and y are this rank's m tokens [m, H]; the run is
+ * ncclAllGather of x into the workspace ([size m, H], rank order), PRE_REDUCE on the size m rows, one NCCL group
+ * of two ncclReduceScatter (sum; the u rows, then the shared rows) that leaves this rank's rows of the summed
+ * partial in the workspace, and POST_REDUCE on m rows, all on `stream` (capturable, no allocation). size m above
+ * max_tokens is INVALID_ARGUMENT ("too many tokens for this plan"). topk_ids / topk_weights, when not NULL,
+ * receive the routing of this rank's own tokens [m, k] (rows [rank m, (rank + 1) m) of the gathered routing).
  */
 K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const void *x,
                                    const k3_latent_moe_weights *w, const void *residual, void *y,
@@ -816,6 +833,14 @@ typedef enum k3_latent_stage {
  * order may differ from the BF16 plan's). partial is 16-byte aligned on CUDA (cudaMalloc is). Both stages take the
  * plan's workspace (k3_latent_moe_workspace_size); one capture may hold PRE_REDUCE, the caller's reduction and
  * POST_REDUCE.
+ * The stages run on whatever rows they are given (m <= max_tokens each). With parallel.tokens PER_RANK (m tokens
+ * per rank, M = size m <= max_tokens), the engine gathers the ranks' x in rank order into xg [M, H] and runs
+ * PRE_REDUCE(M, xg) into a partial of k3_latent_moe_partial_count(M) floats (u [M, L], then shared [M, H]); it
+ * reduce-scatters: rank r's local partial, k3_latent_moe_partial_count(m) floats, is u [m, L] = the sum over the
+ * ranks of u rows [r m, (r + 1) m), then shared [m, H] = the sum of shared rows [r m, (r + 1) m) (two
+ * reduce-scatters, of M L and M H floats, each block r of which is rank r's rows); then POST_REDUCE(m) on the local
+ * partial with this rank's residual writes its y [m, H]. PRE_REDUCE's topk_ids / topk_weights are then those of
+ * the M gathered tokens.
  */
 K3_API k3_status k3_latent_moe_partial_count(const k3_latent_moe_plan *plan, int64_t m, size_t *out_count);
 K3_API k3_status k3_latent_moe_run_stage(k3_latent_moe_plan *plan, k3_latent_stage stage, int64_t m,

@@ -4,7 +4,8 @@
  * same with EP2 ranks (half the experts each, through the expert map on the device). Then
  * the library-driven mode through a one-rank NCCL communicator (the one machine has one GPU): the run with
  * parallel.nccl_comm against the stages, a CUDA graph of it replayed on a new x against the CPU block, and a
- * communicator that does not fit the plan refused. Exits 77 without a CUDA device. */
+ * communicator that does not fit the plan refused; and the data-parallel tokens (parallel.tokens PER_RANK) through
+ * it, bit for bit the replicated run, eager and in a replayed graph. Exits 77 without a CUDA device. */
 #include <stdint.h>
 #include <string.h>
 
@@ -21,6 +22,7 @@ int main(void) { K3T_SKIP("built without CUDA"); }
 
 #ifdef K3_HAVE_NCCL
 #include <dlfcn.h>
+#include <pthread.h>
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
 #include <nccl.h>
@@ -230,6 +232,291 @@ typedef ncclResult_t (*uid_fn)(ncclUniqueId *);
 typedef ncclResult_t (*init_fn)(ncclComm_t *, int, ncclUniqueId, int);
 typedef ncclResult_t (*destroy_fn)(ncclComm_t);
 
+/* Data-parallel tokens through the one-rank communicator: the PER_RANK run (all-gather, PRE_REDUCE on the gathered
+ * rows, grouped reduce-scatter, POST_REDUCE) is bit for bit the REPLICATED run of the same tokens (a gather and a
+ * reduce-scatter of one rank are copies), its routing too; a captured graph of it replayed on a new x as well; and
+ * the gathered tokens beyond max_tokens are the capacity status. */
+static void test_nccl_per_rank(const block *b, k3t_rng *r, ncclComm_t comm) {
+    k3t_case_enter("nccl one rank, per-rank tokens", 2);
+    const int64_t m = 3, h = b->d.hidden, k = b->d.experts.top_k, n = m * h;
+    k3_latent_moe_desc drep = b->d;
+    drep.parallel.layout = K3_PARALLEL_TP;
+    drep.parallel.nccl_comm = comm;
+    k3_latent_moe_desc ddp = drep;
+    ddp.parallel.tokens = K3_TOKENS_PER_RANK;
+    k3_latent_moe_plan *prep = NULL, *pdp = NULL;
+    CHECK(k3_latent_moe_plan_create(g_gpu, &drep, &prep) == K3_STATUS_SUCCESS, "replicated plan: %s",
+          k3_ctx_last_error(g_gpu));
+    CHECK(k3_latent_moe_plan_create(g_gpu, &ddp, &pdp) == K3_STATUS_SUCCESS, "per-rank plan: %s",
+          k3_ctx_last_error(g_gpu));
+    if (prep && pdp) {
+        dweights dw;
+        dw_make(&dw, &b->d, &b->hw);
+        uint16_t *x = md_bf16_normal(r, n, 1.0), *res = md_bf16_normal(r, n, 1.0);
+        uint16_t *y1 = (uint16_t *)malloc((size_t)n * 2), *y2 = (uint16_t *)malloc((size_t)n * 2);
+        int32_t *i1 = (int32_t *)malloc((size_t)(m * k) * 4), *i2 = (int32_t *)malloc((size_t)(m * k) * 4);
+        float *w1 = (float *)malloc((size_t)(m * k) * 4), *w2 = (float *)malloc((size_t)(m * k) * 4);
+        size_t wr = 0, wd = 0;
+        void *dwr = ws_of(prep, &wr, 1), *dwd = ws_of(pdp, &wd, 1);
+        void *dx = k3t_dup(x, (size_t)n * 2), *dres = k3t_dup(res, (size_t)n * 2);
+        void *dy1 = k3t_dalloc((size_t)n * 2), *dy2 = k3t_dalloc((size_t)n * 2);
+        int32_t *di1 = (int32_t *)k3t_dalloc((size_t)(m * k) * 4), *di2 = (int32_t *)k3t_dalloc((size_t)(m * k) * 4);
+        float *dw1 = (float *)k3t_dalloc((size_t)(m * k) * 4), *dw2 = (float *)k3t_dalloc((size_t)(m * k) * 4);
+        /* run 0: eager; run 1: a captured graph of the per-rank run, replayed on a new x */
+        for (int run = 0; run < 2; run++) {
+            const char *tag = run ? "graph replay on a new x" : "eager";
+            k3_status st = K3_STATUS_SUCCESS;
+            if (run) {
+                cudaGraph_t gr = NULL;
+                cudaGraphExec_t ex = NULL;
+                int launched = 0;
+                if (k3t_cuda_ok(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal), "dp capture")) {
+                    st = k3_latent_moe_run(pdp, m, dx, &dw.w, dres, dy2, di2, dw2, dwd, wd, g_stream);
+                    const cudaError_t ce = cudaStreamEndCapture(g_stream, &gr);
+                    CHECK(st == K3_STATUS_SUCCESS && ce == cudaSuccess, "dp capture: %s / %s",
+                          k3_ctx_last_error(g_gpu), cudaGetErrorString(ce));
+                    if (st == K3_STATUS_SUCCESS && ce == cudaSuccess &&
+                        k3t_cuda_ok(cudaGraphInstantiate(&ex, gr, 0), "dp graph instantiate")) {
+                        for (int64_t i = 0; i < n; i++) x[i] = k3_bf16_from_f32((float)k3t_normal(r));
+                        K3T_CU(cudaMemcpy(dx, x, (size_t)n * 2, cudaMemcpyHostToDevice));
+                        K3T_CU(cudaMemset(dy2, 0xff, (size_t)n * 2));
+                        K3T_CU(cudaDeviceSynchronize()); /* the copies ran on the legacy stream */
+                        launched = k3t_cuda_ok(cudaGraphLaunch(ex, g_stream), "dp graph launch");
+                    }
+                }
+                if (ex) cudaGraphExecDestroy(ex);
+                if (gr) cudaGraphDestroy(gr);
+                if (!launched) break;
+            } else {
+                st = k3_latent_moe_run(pdp, m, dx, &dw.w, dres, dy2, di2, dw2, dwd, wd, g_stream);
+                CHECK(st == K3_STATUS_SUCCESS, "per-rank run: %s", k3_ctx_last_error(g_gpu));
+            }
+            const k3_status sr = k3_latent_moe_run(prep, m, dx, &dw.w, dres, dy1, di1, dw1, dwr, wr, g_stream);
+            CHECK(sr == K3_STATUS_SUCCESS, "replicated run: %s", k3_ctx_last_error(g_gpu));
+            if (st != K3_STATUS_SUCCESS || sr != K3_STATUS_SUCCESS) break;
+            K3T_CU(cudaStreamSynchronize(g_stream));
+            K3T_CU(cudaMemcpy(y1, dy1, (size_t)n * 2, cudaMemcpyDeviceToHost));
+            K3T_CU(cudaMemcpy(y2, dy2, (size_t)n * 2, cudaMemcpyDeviceToHost));
+            K3T_CU(cudaMemcpy(i1, di1, (size_t)(m * k) * 4, cudaMemcpyDeviceToHost));
+            K3T_CU(cudaMemcpy(i2, di2, (size_t)(m * k) * 4, cudaMemcpyDeviceToHost));
+            K3T_CU(cudaMemcpy(w1, dw1, (size_t)(m * k) * 4, cudaMemcpyDeviceToHost));
+            K3T_CU(cudaMemcpy(w2, dw2, (size_t)(m * k) * 4, cudaMemcpyDeviceToHost));
+            char what[96];
+            snprintf(what, sizeof what, "per-rank vs replicated y (%s)", tag);
+            const int same = k3t_check_same(what, y2, y1, K3T_BF16, n);
+            snprintf(what, sizeof what, "per-rank vs replicated topk_ids (%s)", tag);
+            k3t_check_same(what, i2, i1, K3T_I32, m * k);
+            snprintf(what, sizeof what, "per-rank vs replicated topk_weights (%s)", tag);
+            k3t_check_same(what, w2, w1, K3T_F32, m * k);
+            printf("nccl one rank, per-rank tokens (%s): y %s the replicated run\n", tag,
+                   same ? "bitwise equal to" : "DIFFERS from");
+        }
+        /* the gathered tokens beyond the plan (one rank: m = max_tokens + 1) */
+        const k3_status so = k3_latent_moe_run(pdp, b->d.max_tokens + 1, dx, &dw.w, NULL, dy2, NULL, NULL, dwd, wd,
+                                               g_stream);
+        CHECK(so == K3_STATUS_INVALID_ARGUMENT && strstr(k3_ctx_last_error(g_gpu), "too many tokens for this plan"),
+              "per-rank run beyond max_tokens: %s (%s)", k3_status_string(so), k3_ctx_last_error(g_gpu));
+        cudaFree(dwr), cudaFree(dwd), cudaFree(dx), cudaFree(dres), cudaFree(dy1), cudaFree(dy2);
+        cudaFree(di1), cudaFree(di2), cudaFree(dw1), cudaFree(dw2);
+        free(x), free(res), free(y1), free(y2), free(i1), free(i2), free(w1), free(w2);
+        dw_free(&dw);
+    }
+    k3_latent_moe_plan_destroy(prep), k3_latent_moe_plan_destroy(pdp);
+}
+
+typedef ncclResult_t (*init_all_fn)(ncclComm_t *, int, const int *);
+
+/* One rank's library-driven run on its own thread (NCCL's collectives need every rank calling at once); the
+ * checks are made by the main thread afterwards. */
+typedef struct dp_gpu_rank {
+    int device;
+    k3_ctx *ctx;
+    k3_latent_moe_plan *plan;
+    const k3_latent_moe_weights *w;
+    int64_t m;
+    const void *x, *res;
+    void *y, *ws;
+    int32_t *ids;
+    size_t ws_bytes;
+    cudaStream_t stream;
+    k3_status st;
+    cudaError_t ce;
+    char err[1024];
+} dp_gpu_rank;
+
+static void *dp_gpu_rank_run(void *arg) {
+    dp_gpu_rank *g = (dp_gpu_rank *)arg;
+    g->st = K3_STATUS_CUDA_ERROR;
+    g->ce = cudaSetDevice(g->device);
+    if (g->ce != cudaSuccess) return NULL;
+    g->st = k3_latent_moe_run(g->plan, g->m, g->x, g->w, g->res, g->y, g->ids, NULL, g->ws, g->ws_bytes, g->stream);
+    if (g->st != K3_STATUS_SUCCESS) {
+        snprintf(g->err, sizeof g->err, "%s", k3_ctx_last_error(g->ctx));
+        return NULL;
+    }
+    g->ce = cudaStreamSynchronize(g->stream);
+    return NULL;
+}
+
+/* Two GPUs, one thread each, over a two-rank communicator: TP2 and EP2 ranks with their own m tokens
+ * (parallel.tokens PER_RANK). Each rank's library-driven y against the same plans' stages with the reduce-scatter
+ * done on the host (bitwise: a sum of two partials has one order), its routing against the gathered routing's
+ * rows, and all of y against the CPU backend's stages on the gathered tokens. Skipped with fewer than 2 GPUs. */
+static void test_nccl_two_gpus(const block *b, k3t_rng *r, void *lib, int ep) {
+    enum { S = 2 };
+    const char *tag = ep ? "ep2" : "tp2";
+    char what[128];
+    snprintf(what, sizeof what, "nccl two gpus, %s, per-rank tokens", tag);
+    k3t_case_enter(what, 3 + (uint64_t)ep);
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < S) {
+        printf("SKIP %s: %d CUDA device(s), 2 needed\n", what, ndev);
+        return;
+    }
+    init_all_fn init_all = (init_all_fn)dlsym(lib, "ncclCommInitAll");
+    destroy_fn destroy = (destroy_fn)dlsym(lib, "ncclCommDestroy");
+    ncclComm_t comm[S] = {0};
+    const int devs[S] = {0, 1};
+    const int made = init_all && destroy && init_all(comm, S, devs) == ncclSuccess;
+    CHECK(made, "%s: ncclCommInitAll of devices 0 and 1", what);
+    if (!made) return;
+    const int64_t m = 3, mg = S * m, h = b->d.hidden, k = b->d.experts.top_k, l = b->d.experts.hidden;
+    const int64_t hs = b->d.shared_inter > 0 ? h : 0;
+    uint16_t *xg = md_bf16_normal(r, mg * h, 1.0), *resg = md_bf16_normal(r, mg * h, 1.0);
+    k3t_tp_shard sh[S];
+    k3_latent_moe_weights hw[S];
+    for (int rk = 0; rk < S; rk++) {
+        if (ep)
+            k3t_ep_cut(&sh[rk], &b->d, &b->hw.experts, b->ld.sgu, b->ld.sdown, rk, S);
+        else
+            k3t_tp_cut(&sh[rk], &b->d, &b->hw.experts, b->ld.sgu, b->ld.sdown, rk, S);
+        sh[rk].d.parallel.tokens = K3_TOKENS_PER_RANK;
+        hw[rk] = k3t_tp_weights(&sh[rk], &b->hw);
+    }
+    /* the CPU backend's stages of the same ranks on all the gathered tokens (row by row what each rank owns) */
+    uint16_t *ycpu = (uint16_t *)malloc((size_t)(mg * h) * 2), *ylib = (uint16_t *)malloc((size_t)(mg * h) * 2);
+    uint16_t *ystage = (uint16_t *)malloc((size_t)(mg * h) * 2);
+    int32_t *idcpu = (int32_t *)malloc((size_t)(mg * k) * 4), *idlib = (int32_t *)malloc((size_t)(mg * k) * 4);
+    int32_t *idstage = (int32_t *)malloc((size_t)(mg * k) * 4);
+    const int okc = tp_stages(b, sh, hw, 0, mg, xg, resg, ycpu, idcpu);
+
+    k3_ctx *ctx[S] = {0};
+    cudaStream_t st[S] = {0};
+    k3_latent_moe_plan *p[S] = {0};
+    dweights dw[S];
+    memset(dw, 0, sizeof dw);
+    void *ws[S] = {0}, *dx[S] = {0}, *dres[S] = {0}, *dy[S] = {0}, *dxg[S] = {0};
+    int32_t *dids[S] = {0};
+    float *dpart[S] = {0};
+    size_t wsb[S] = {0}, count = 0, lcount = 0;
+    int ok = okc;
+    for (int rk = 0; rk < S && ok; rk++) {
+        K3T_CU(cudaSetDevice(rk));
+        k3_ctx_options opt;
+        k3_ctx_options_init(&opt);
+        opt.backend = K3_BACKEND_CUDA;
+        opt.device = rk;
+        ok = k3_ctx_create(&opt, &ctx[rk]) == K3_STATUS_SUCCESS;
+        CHECK(ok, "%s: CUDA context on device %d", what, rk);
+        if (!ok) break;
+        K3T_CU(cudaStreamCreateWithFlags(&st[rk], cudaStreamNonBlocking));
+        k3_latent_moe_desc d = sh[rk].d;
+        d.parallel.nccl_comm = comm[rk];
+        ok = k3_latent_moe_plan_create(ctx[rk], &d, &p[rk]) == K3_STATUS_SUCCESS;
+        CHECK(ok, "%s: rank %d plan: %s", what, rk, k3_ctx_last_error(ctx[rk]));
+        if (!ok) break;
+        ws[rk] = ws_of(p[rk], &wsb[rk], 1);
+        dw_make(&dw[rk], &sh[rk].d, &hw[rk]);
+        dx[rk] = k3t_dup(xg + rk * m * h, (size_t)(m * h) * 2);
+        dres[rk] = k3t_dup(resg + rk * m * h, (size_t)(m * h) * 2);
+        dxg[rk] = k3t_dup(xg, (size_t)(mg * h) * 2);
+        dy[rk] = k3t_dalloc((size_t)(m * h) * 2);
+        dids[rk] = (int32_t *)k3t_dalloc((size_t)(mg * k) * 4);
+        k3_latent_moe_partial_count(p[rk], mg, &count);
+        k3_latent_moe_partial_count(p[rk], m, &lcount);
+        dpart[rk] = (float *)k3t_dalloc(count * 4);
+    }
+    if (ok) {
+        dp_gpu_rank g[S];
+        pthread_t th[S];
+        memset(g, 0, sizeof g);
+        int started[S] = {0};
+        for (int rk = 0; rk < S; rk++) {
+            g[rk] = (dp_gpu_rank){.device = rk, .ctx = ctx[rk], .plan = p[rk], .w = &dw[rk].w, .m = m, .x = dx[rk],
+                                  .res = dres[rk], .y = dy[rk], .ws = ws[rk], .ids = dids[rk], .ws_bytes = wsb[rk],
+                                  .stream = st[rk]};
+            started[rk] = pthread_create(&th[rk], NULL, dp_gpu_rank_run, &g[rk]) == 0;
+            CHECK(started[rk], "%s: thread of rank %d", what, rk);
+        }
+        for (int rk = 0; rk < S; rk++)
+            if (started[rk]) pthread_join(th[rk], NULL);
+        for (int rk = 0; rk < S; rk++) {
+            CHECK(started[rk] && g[rk].st == K3_STATUS_SUCCESS && g[rk].ce == cudaSuccess,
+                  "%s: rank %d library-driven run: %s / %s", what, rk, g[rk].err, cudaGetErrorString(g[rk].ce));
+            ok &= started[rk] && g[rk].st == K3_STATUS_SUCCESS && g[rk].ce == cudaSuccess;
+        }
+    }
+    if (ok) {
+        /* the same plans' stages, the reduce-scatter on the host */
+        float *sum = (float *)calloc(count, 4), *part = (float *)malloc(count * 4), *local = (float *)malloc(lcount * 4);
+        for (int rk = 0; rk < S && ok; rk++) {
+            K3T_CU(cudaSetDevice(rk));
+            K3T_CU(cudaMemcpy(ylib + rk * m * h, dy[rk], (size_t)(m * h) * 2, cudaMemcpyDeviceToHost));
+            K3T_CU(cudaMemcpy(idlib + rk * m * k, dids[rk], (size_t)(m * k) * 4, cudaMemcpyDeviceToHost));
+            const k3_status s1 = k3_latent_moe_run_stage(p[rk], K3_LATENT_PRE_REDUCE, mg, dxg[rk], &dw[rk].w, NULL,
+                                                         NULL, dpart[rk], dids[rk], NULL, ws[rk], wsb[rk], st[rk]);
+            CHECK(s1 == K3_STATUS_SUCCESS, "%s: rank %d pre: %s", what, rk, k3_ctx_last_error(ctx[rk]));
+            ok &= s1 == K3_STATUS_SUCCESS;
+            K3T_CU(cudaStreamSynchronize(st[rk]));
+            K3T_CU(cudaMemcpy(part, dpart[rk], count * 4, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < count; i++) sum[i] += part[i];
+            if (rk == 0) K3T_CU(cudaMemcpy(idstage, dids[rk], (size_t)(mg * k) * 4, cudaMemcpyDeviceToHost));
+        }
+        for (int rk = 0; rk < S && ok; rk++) {
+            K3T_CU(cudaSetDevice(rk));
+            memcpy(local, sum + rk * m * l, (size_t)(m * l) * 4);
+            if (hs) memcpy(local + m * l, sum + mg * l + rk * m * hs, (size_t)(m * hs) * 4);
+            K3T_CU(cudaMemcpy(dpart[rk], local, lcount * 4, cudaMemcpyHostToDevice));
+            const k3_status s2 = k3_latent_moe_run_stage(p[rk], K3_LATENT_POST_REDUCE, m, NULL, &dw[rk].w, dres[rk],
+                                                         dy[rk], dpart[rk], NULL, NULL, ws[rk], wsb[rk], st[rk]);
+            CHECK(s2 == K3_STATUS_SUCCESS, "%s: rank %d post: %s", what, rk, k3_ctx_last_error(ctx[rk]));
+            ok &= s2 == K3_STATUS_SUCCESS;
+            K3T_CU(cudaStreamSynchronize(st[rk]));
+            K3T_CU(cudaMemcpy(ystage + rk * m * h, dy[rk], (size_t)(m * h) * 2, cudaMemcpyDeviceToHost));
+        }
+        if (ok) {
+            snprintf(what, sizeof what, "%s per-rank tokens: the library-driven y vs the stages", tag);
+            const int same = k3t_check_same(what, ylib, ystage, K3T_BF16, mg * h);
+            snprintf(what, sizeof what, "%s per-rank tokens: each rank's routing vs its rows of the gathered", tag);
+            k3t_check_same(what, idlib, idstage, K3T_I32, mg * k);
+            snprintf(what, sizeof what, "%s per-rank tokens: the gathered routing, cuda vs cpu", tag);
+            k3t_check_same(what, idstage, idcpu, K3T_I32, mg * k);
+            snprintf(what, sizeof what, "%s per-rank tokens: y of both gpus vs the cpu stages", tag);
+            const double e = k3t_check_close(what, k3t_view1(ylib, K3T_BF16, mg * h), k3t_view1(ycpu, K3T_BF16, mg * h),
+                                             K3T_OP_LATENT_MOE)
+                                 .metric;
+            printf("nccl two gpus, %s, per-rank tokens: y %s the stages; rel-L2 %.3e vs the cpu stages\n", tag,
+                   same ? "bitwise equal to" : "DIFFERS from", e);
+        }
+        free(sum), free(part), free(local);
+    }
+    for (int rk = 0; rk < S; rk++) {
+        if (ctx[rk]) {
+            cudaSetDevice(rk);
+            k3_latent_moe_plan_destroy(p[rk]);
+            cudaFree(ws[rk]), cudaFree(dx[rk]), cudaFree(dres[rk]), cudaFree(dxg[rk]), cudaFree(dy[rk]);
+            cudaFree(dids[rk]), cudaFree(dpart[rk]);
+            dw_free(&dw[rk]);
+            if (st[rk]) cudaStreamDestroy(st[rk]);
+            k3_ctx_destroy(ctx[rk]);
+        }
+        destroy(comm[rk]);
+        k3t_tp_free(&sh[rk]);
+    }
+    K3T_CU(cudaSetDevice(0));
+    free(xg), free(resg), free(ycpu), free(ylib), free(ystage), free(idcpu), free(idlib), free(idstage);
+}
+
 /* One rank of one: the library-driven run against the stages (bitwise: the same kernels around a one-rank sum), a
  * captured graph of it replayed on a new x against the CPU block, and a communicator that does not fit refused. */
 static void test_nccl_one_rank(const block *b, k3t_rng *r) {
@@ -333,7 +620,10 @@ static void test_nccl_one_rank(const block *b, k3t_rng *r) {
         dw_free(&dw);
     }
     k3_latent_moe_plan_destroy(pl), k3_latent_moe_plan_destroy(ps), k3_latent_moe_plan_destroy(pc);
+    test_nccl_per_rank(b, r, comm);
     destroy(comm);
+    test_nccl_two_gpus(b, r, lib, 0);
+    test_nccl_two_gpus(b, r, lib, 1);
     dlclose(lib);
 }
 #endif

@@ -72,7 +72,8 @@ class MoeWeights(ctypes.Structure):
 
 
 class ParallelDesc(ctypes.Structure):
-    _fields_ = [("layout", ctypes.c_int), ("rank", c_int32), ("size", c_int32), ("nccl_comm", c_void_p)]
+    _fields_ = [("layout", ctypes.c_int), ("rank", c_int32), ("size", c_int32), ("nccl_comm", c_void_p),
+                ("tokens", ctypes.c_int)]
 
 
 class LatentMoeDesc(ctypes.Structure):
@@ -211,7 +212,7 @@ def check_layouts(lib):
         (ld.hidden, ld.router.num_experts, ld.experts.num_experts, ld.shared_inter, ld.max_tokens) == (7168, 896, 896,
                                                                                                      768, 16) and \
         abs(ld.rms_eps - 1e-5) < 1e-9 and ld.shared_act.kind == ACT["situ"] and \
-        (ld.parallel.layout, ld.parallel.rank, ld.parallel.size) == (0, 0, 1)
+        (ld.parallel.layout, ld.parallel.rank, ld.parallel.size, ld.parallel.tokens) == (0, 0, 1, 0)
     if not ok:
         raise ImportError("k3kernels: the ctypes mirrors of include/k3.h do not match this libk3 (rebuild the package "
                           "from the same source tree)")

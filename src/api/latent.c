@@ -86,6 +86,13 @@ static k3_status latent_check_desc(k3_ctx *ctx, const k3_latent_moe_desc *d) {
     K3_CHECK_ARG(ctx, !pd->nccl_comm || ctx->backend != K3_BACKEND_CPU,
                  "latent plan: parallel.nccl_comm needs a CUDA context (on the CPU backend, run the stages and sum the "
                  "partials)");
+    K3_CHECK_ARG(ctx, pd->tokens == K3_TOKENS_REPLICATED || pd->tokens == K3_TOKENS_PER_RANK,
+                 "latent plan: parallel.tokens must be K3_TOKENS_REPLICATED or K3_TOKENS_PER_RANK (got %d)",
+                 (int)pd->tokens);
+    /* one rank of NONE already sees all its tokens: PER_RANK names a split, so it belongs to TP or EP */
+    K3_CHECK_ARG(ctx, pd->tokens != K3_TOKENS_PER_RANK || pd->layout != K3_PARALLEL_NONE,
+                 "latent plan: parallel.tokens PER_RANK is for a TP or EP layout (layout is NONE; a TP or EP plan of "
+                 "size 1 takes it)");
     if (pd->layout == K3_PARALLEL_NONE)
         K3_CHECK_ARG(ctx, pd->rank == 0 && pd->size == 1,
                      "latent plan: parallel.layout NONE means rank 0 of size 1 (got rank %d of size %d)",
@@ -94,6 +101,10 @@ static k3_status latent_check_desc(k3_ctx *ctx, const k3_latent_moe_desc *d) {
         K3_CHECK_ARG(ctx, pd->size >= 1 && pd->size <= K3_LATENT_MAX_RANKS && pd->rank >= 0 && pd->rank < pd->size,
                      "latent plan: parallel needs 1 <= size <= %d and 0 <= rank < size (got rank %d of size %d)",
                      K3_LATENT_MAX_RANKS, (int)pd->rank, (int)pd->size);
+    K3_CHECK_ARG(ctx, pd->tokens != K3_TOKENS_PER_RANK || d->max_tokens >= pd->size,
+                 "latent plan: parallel.tokens PER_RANK runs on the size * m gathered tokens, so max_tokens (%lld) must "
+                 "be at least size (%d)",
+                 (long long)d->max_tokens, (int)pd->size);
     return K3_STATUS_SUCCESS;
 }
 
@@ -247,6 +258,16 @@ k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const void *x, 
 #else
     const int reduces = 0;
 #endif
+    if (d->parallel.tokens == K3_TOKENS_PER_RANK) {
+        /* the block runs on the gathered tokens: they are what max_tokens counts (an m outside [1, max_tokens] is
+         * refused below; inside it, m * size <= 2^26 cannot overflow) */
+        const int64_t gathered = m >= 1 && m <= d->max_tokens ? m * (int64_t)d->parallel.size : 0;
+        K3_CHECK_ARG(ctx, gathered <= d->max_tokens,
+                     "latent run: too many tokens for this plan: %d ranks of m = %lld tokens gather %lld, the plan "
+                     "was made for max_tokens = %lld (it counts the gathered tokens: plan for size * m, or run the "
+                     "batch in pieces of at most max_tokens / size per rank)",
+                     (int)d->parallel.size, (long long)m, (long long)gathered, (long long)d->max_tokens);
+    }
     K3_CHECK_ARG(ctx, d->parallel.size == 1 || reduces,
                  "latent run: this plan is rank %d of %d without a communicator: its u is a partial sum, which the norm "
                  "must not see; run k3_latent_moe_run_stage PRE_REDUCE, sum the partials across the ranks, then "

@@ -26,6 +26,21 @@ static k3_status prefix_error(k3_ctx *ctx, k3_status st, const char *prefix) {
 
 static size_t latent_align_up(size_t v) { return (v + (LATENT_WS_ALIGN - 1)) & ~(LATENT_WS_ALIGN - 1); }
 
+/* Saturating size arithmetic for the workspace layout: SIZE_MAX stands for "overflowed" and stays so. */
+static size_t latent_add(size_t a, size_t b) {
+    return a == SIZE_MAX || b == SIZE_MAX || b > SIZE_MAX - a ? SIZE_MAX : a + b;
+}
+static size_t latent_mul3(size_t a, size_t b, size_t c) {
+    if (a == SIZE_MAX || b == SIZE_MAX || c == SIZE_MAX) return SIZE_MAX;
+    if (b && a > SIZE_MAX / b) return SIZE_MAX;
+    const size_t ab = a * b;
+    if (c && ab > SIZE_MAX / c) return SIZE_MAX;
+    return ab * c;
+}
+static size_t latent_align_up_checked(size_t v) {
+    return v > SIZE_MAX - (LATENT_WS_ALIGN - 1) ? SIZE_MAX : latent_align_up(v);
+}
+
 struct k3_latent_gpu {
     int64_t sr; /* rows of shared_gate_up */
     k3_router_plan *router;
@@ -37,7 +52,7 @@ struct k3_latent_gpu {
     size_t ws_router, ws_moe, ws_down, ws_up, ws_sgu, ws_sdown, ws_sdown_f32;
     /* offsets into the workspace, from its first LATENT_WS_ALIGN-aligned byte */
     size_t o_ids, o_wts, o_router, o_xl, o_u, o_mo, o_moe, o_v, o_z, o_g, o_a, o_s, o_down, o_up, o_sgu, o_sdown,
-        o_sdown_f32, o_partial, total;
+        o_sdown_f32, o_partial, o_xg, o_local, total;
 };
 
 void k3_latent_gpu_destroy(k3_latent_gpu *p) {
@@ -123,8 +138,25 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
     p->o_sgu = o, o += latent_align_up(p->ws_sgu);
     p->o_sdown = o, o += latent_align_up(p->ws_sdown);
     p->o_sdown_f32 = o, o += latent_align_up(p->ws_sdown_f32);
-    /* the library-driven run's partial, at max_tokens */
+    /* the library-driven run's partial, at max_tokens (with PER_RANK tokens: that of the gathered rows) */
     p->o_partial = o, o += p->nccl ? latent_align_up(k3_latent_partial_floats(d, mt) * 4) : 0;
+    p->o_xg = p->o_local = o;
+    if (p->nccl && d->parallel.tokens == K3_TOKENS_PER_RANK) {
+        /* the gathered x [max_tokens, H] and this rank's reduce-scattered partial, at most max_tokens / size rows */
+        const size_t xg = latent_mul3((size_t)mt, (size_t)h, 2);
+        const size_t local = latent_mul3(k3_latent_partial_floats(d, mt / d->parallel.size), 4, 1);
+        p->o_xg = o;
+        o = latent_add(o, latent_align_up_checked(xg));
+        p->o_local = o;
+        o = latent_add(o, latent_align_up_checked(local));
+        if (o == SIZE_MAX || o > SIZE_MAX - LATENT_WS_ALIGN) {
+            k3_latent_gpu_destroy(p);
+            return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT,
+                           "latent plan: the workspace of the gathered tokens overflows size_t (max_tokens %lld, "
+                           "hidden %lld)",
+                           (long long)mt, (long long)h);
+        }
+    }
     p->total = o;
     *out = p;
     return K3_STATUS_SUCCESS;
@@ -246,9 +278,45 @@ k3_status k3_latent_gpu_run_post(k3_ctx *ctx, const k3_latent_gpu *p, const k3_l
 
 int k3_latent_gpu_reduces(const k3_latent_gpu *p) { return p && p->nccl; }
 
+/* PER_RANK tokens: gather the ranks' x, PRE_REDUCE on the gathered rows, reduce-scatter this rank's rows of the
+ * partial (u and shared, one NCCL group), POST_REDUCE on them. m is this rank's count; size * m <= max_tokens was
+ * checked by the caller. */
+static k3_status latent_gpu_run_per_rank(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d,
+                                         int64_t m, const void *x, const k3_latent_moe_weights *w,
+                                         const void *residual, void *y, int32_t *topk_ids, float *topk_weights,
+                                         void *ws, void *stream) {
+    const int64_t h = d->hidden, l = d->experts.hidden, k = d->experts.top_k;
+    const int64_t size = d->parallel.size, rank = d->parallel.rank, mg = size * m;
+    uint8_t *base = (uint8_t *)(((uintptr_t)ws + (LATENT_WS_ALIGN - 1)) & ~(uintptr_t)(LATENT_WS_ALIGN - 1));
+    float *partial = (float *)(base + p->o_partial), *local = (float *)(base + p->o_local);
+    uint16_t *xg = (uint16_t *)(base + p->o_xg);
+    int32_t *ids = (int32_t *)(base + p->o_ids);
+    float *wts = (float *)(base + p->o_wts);
+    {
+        /* PRE_REDUCE below checks the workspace copies; these are the caller's own buffers */
+        const void *ptrs[] = {x, topk_ids, topk_weights};
+        const char *names[] = {"x", "topk_ids", "topk_weights"};
+        K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent run", 3, ptrs, names));
+    }
+    K3_TRY(k3_nccl_allgather_bf16(ctx, p->nccl, x, xg, (size_t)(m * h), stream));
+    K3_TRY(k3_latent_gpu_run_pre(ctx, p, d, mg, xg, w, partial, ids, wts, ws, stream));
+    /* rank r's block of each reduce-scatter is its rows [r m, (r + 1) m) of u, then of the shared output */
+    const int shared = d->shared_inter > 0;
+    K3_TRY(k3_nccl_reduce_scatter2_f32(ctx, p->nccl, partial, local, (size_t)(m * l), shared ? partial + mg * l : NULL,
+                                       shared ? local + m * l : NULL, shared ? (size_t)(m * h) : 0, stream));
+    /* the routing of this rank's own tokens, for the caller */
+    if (topk_ids)
+        K3_TRY(k3_cuda_latent_copy(ctx, topk_ids, ids + rank * m * k, (size_t)(m * k) * sizeof(int32_t), stream));
+    if (topk_weights)
+        K3_TRY(k3_cuda_latent_copy(ctx, topk_weights, wts + rank * m * k, (size_t)(m * k) * sizeof(float), stream));
+    return k3_latent_gpu_run_post(ctx, p, d, m, local, w, residual, y, ws, stream);
+}
+
 k3_status k3_latent_gpu_run_reduced(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
                                     const void *x, const k3_latent_moe_weights *w, const void *residual, void *y,
                                     int32_t *topk_ids, float *topk_weights, void *ws, void *stream) {
+    if (d->parallel.tokens == K3_TOKENS_PER_RANK)
+        return latent_gpu_run_per_rank(ctx, p, d, m, x, w, residual, y, topk_ids, topk_weights, ws, stream);
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (LATENT_WS_ALIGN - 1)) & ~(uintptr_t)(LATENT_WS_ALIGN - 1));
     float *partial = (float *)(base + p->o_partial);
     const size_t count = k3_latent_partial_floats(d, m);

@@ -23,6 +23,14 @@ k3_status k3_nccl_open(k3_ctx *ctx, void *comm, int32_t rank, int32_t size, cons
 void k3_nccl_close(k3_nccl *n); /* NULL is accepted */
 /* In-place fp32 sum of buf[count] over the ranks, queued on stream (capturable, as NCCL's collectives are). */
 k3_status k3_nccl_allreduce_f32(k3_ctx *ctx, const k3_nccl *n, float *buf, size_t count, void *stream);
+/* Gathers count BF16 values of every rank into recv[size * count] in rank order (out of place), queued on stream. */
+k3_status k3_nccl_allgather_bf16(k3_ctx *ctx, const k3_nccl *n, const void *send, void *recv, size_t count,
+                                 void *stream);
+/* One NCCL group of two fp32 sum reduce-scatters, queued on stream: recv0[count0] gets block `rank` of the ranks'
+ * summed send0[size * count0], then the same of send1 into recv1 (skipped when count1 is 0). The group is closed
+ * even when a call inside it fails. */
+k3_status k3_nccl_reduce_scatter2_f32(k3_ctx *ctx, const k3_nccl *n, const float *send0, float *recv0, size_t count0,
+                                      const float *send1, float *recv1, size_t count1, void *stream);
 /* NCCL's version code (e.g. 22307 for 2.23.7) of the loaded library. */
 int32_t k3_nccl_version(const k3_nccl *n);
 

@@ -98,3 +98,8 @@ extern "C" k3_status k3_cuda_latent_sum_f32_launch(k3_ctx *ctx, const uint16_t *
     K3_CUDA_LAUNCH_CHECK(ctx, "latent sum kernel (fp32 shared)");
     return K3_STATUS_SUCCESS;
 }
+
+extern "C" k3_status k3_cuda_latent_copy(k3_ctx *ctx, void *dst, const void *src, size_t bytes, void *stream) {
+    K3_CUDA_TRY(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream));
+    return K3_STATUS_SUCCESS;
+}

@@ -6,6 +6,7 @@
 #ifndef K3_CUDA_LATENT_KERNELS_H
 #define K3_CUDA_LATENT_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/internal.h"
@@ -34,6 +35,9 @@ k3_status k3_cuda_latent_sum_launch(k3_ctx *ctx, const uint16_t *z, const uint16
  * whole block rounds its shared output); s and r may be NULL. n >= 1. */
 k3_status k3_cuda_latent_sum_f32_launch(k3_ctx *ctx, const uint16_t *z, const float *s, const uint16_t *r,
                                         int64_t n, uint16_t *y, void *stream);
+
+/* dst[bytes] = src[bytes], device to device, queued on `stream` (a memcpy node when captured). */
+k3_status k3_cuda_latent_copy(k3_ctx *ctx, void *dst, const void *src, size_t bytes, void *stream);
 
 #ifdef __cplusplus
 }
