@@ -763,6 +763,17 @@ typedef struct k3_parallel_desc {
     k3_parallel_tokens tokens; /* default REPLICATED; PER_RANK: see k3_latent_moe_run and the stages below */
 } k3_parallel_desc;
 
+/* Which stream each part of the CUDA block runs on (k3_latent_moe_desc.schedule). The router and the down
+ * projection both read only x, and so do the shared experts: the parts that read HBM slowly (the router's
+ * selection) can run beside those that stream weights. */
+typedef enum k3_latent_schedule {
+    K3_LATENT_SCHEDULE_AUTO = 0,          /* the plan's choice for the architecture */
+    K3_LATENT_SCHEDULE_SHARED_BESIDE = 1, /* the shared experts on a second stream beside the routed path */
+    K3_LATENT_SCHEDULE_ROUTER_BESIDE = 2, /* the router on a second stream beside the down projection and the
+                                           * shared experts; the experts start when both are done */
+    K3_LATENT_SCHEDULE_SERIAL = 3,        /* one stream: shared experts, router, down, experts, norm, up */
+} k3_latent_schedule;
+
 typedef struct k3_latent_moe_desc {
     int64_t hidden;          /* H, 7168 */
     k3_router_desc router;   /* router.hidden must equal hidden */
@@ -772,6 +783,8 @@ typedef struct k3_latent_moe_desc {
     float rms_eps;           /* 1e-5 */
     int64_t max_tokens;      /* default 16; governs the block (router.max_tokens and experts.max_tokens are ignored) */
     k3_parallel_desc parallel; /* default NONE (rank 0 of 1): how the block is split over the GPUs */
+    k3_latent_schedule schedule; /* default AUTO; a forced schedule is for tests and benchmarks (CUDA only: the
+                                  * CPU backend runs in one order; every schedule gives the same bits) */
 } k3_latent_moe_desc;
 
 typedef struct k3_latent_moe_weights {
@@ -813,6 +826,10 @@ K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const vo
                                    const k3_latent_moe_weights *w, const void *residual, void *y,
                                    int32_t *topk_ids, float *topk_weights, void *ws, size_t ws_bytes,
                                    void *stream);
+
+/* The schedule the plan runs (never AUTO): the descriptor's, or on AUTO the architecture's choice; SERIAL on the
+ * CPU backend, and where a second stream would have nothing to run (SHARED_BESIDE without shared experts). */
+K3_API k3_status k3_latent_moe_plan_schedule(const k3_latent_moe_plan *plan, k3_latent_schedule *out);
 
 /* The block's two halves around the cross-rank reduction. */
 typedef enum k3_latent_stage {

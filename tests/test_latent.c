@@ -276,7 +276,22 @@ static void test_defaults(void) {
     k3_latent_moe_workspace_size(p, &wsb);
     CHECK(wsb > 0 && wsb < (size_t)16 << 20, "K3 block workspace %zu bytes", wsb);
     printf("  K3 TP8 block: workspace %zu bytes for 16 tokens\n", wsb);
+    k3_latent_schedule sch = K3_LATENT_SCHEDULE_AUTO;
+    CHECK(d.schedule == K3_LATENT_SCHEDULE_AUTO && k3_latent_moe_plan_schedule(p, &sch) == K3_STATUS_SUCCESS &&
+              sch == K3_LATENT_SCHEDULE_SERIAL,
+          "schedule AUTO by default; the CPU plan runs SERIAL (got %d)", (int)sch);
+    EXPECT_INVALID(k3_latent_moe_plan_schedule(p, NULL), "out is NULL", "schedule NULL out");
+    CHECK(k3_latent_moe_plan_schedule(NULL, &sch) == K3_STATUS_INVALID_ARGUMENT, "schedule NULL plan");
     k3_latent_moe_plan_destroy(p);
+    d.schedule = K3_LATENT_SCHEDULE_ROUTER_BESIDE; /* a forced schedule plans on the CPU too (one order there) */
+    p = NULL;
+    CHECK(k3_latent_moe_plan_create(g_ctx, &d, &p) == K3_STATUS_SUCCESS, "forced schedule plans: %s",
+          k3_ctx_last_error(g_ctx));
+    k3_latent_moe_plan_destroy(p);
+    d.schedule = (k3_latent_schedule)4;
+    p = NULL;
+    EXPECT_INVALID(k3_latent_moe_plan_create(g_ctx, &d, &p), "schedule must be", "schedule 4 refused");
+    CHECK(p == NULL, "no plan for a bad schedule");
 }
 
 int main(void) {

@@ -14,7 +14,7 @@
 #define BB_STAGES 6             /* block, router, down, experts, norm+up, shared */
 
 static void block_bench_help(void) {
-    printf("usage: k3 bench block [--config tp8|ep16] [--m LIST] [--reps R] [--json]\n"
+    printf("usage: k3 bench block [--config tp8|ep16] [--m LIST] [--reps R] [--schedule S] [--json]\n"
            "       k3 bench block --tp N | --ep N [--config tp8|ep16] [--m LIST] [--reps R] [--json]\n\n"
            "Times the Kimi-K3 latent-MoE block (k3_latent_moe_run: router, down projection, routed experts, RMSNorm,\n"
            "up projection, shared experts on the aux stream, residual-free sum) on one GPU, per token count M:\n"
@@ -32,6 +32,8 @@ static void block_bench_help(void) {
            "  --config C   tp8 (default) or ep16\n"
            "  --m LIST     token counts (default 1,2,4,8,16; 1..%d, at most %d values)\n"
            "  --reps R     graph replays per point (7..1000)\n"
+           "  --schedule S the block's stream schedule (k3_latent_schedule): auto (default: the plan's choice),\n"
+           "               shared-beside, router-beside or serial; the stages are timed alone either way\n"
            "  --json       one JSON object: a row per M with every column\n\n"
            "--tp N / --ep N: the block on N GPUs (0..N-1), one host thread each with its own context, stream and\n"
            "plan whose k3_parallel_desc holds that rank's NCCL communicator (made here by ncclCommInitAll), so the\n"
@@ -60,7 +62,18 @@ static int bb_parse(int argc, char **argv, bb_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--json")) o->json = 1;
-        else if (!strcmp(argv[i], "--config")) {
+        else if (!strcmp(argv[i], "--schedule")) {
+            static const char *names[] = {"auto", "shared-beside", "router-beside", "serial"};
+            if (!(v = k3_cli_value(argc, argv, &i, "--schedule"))) return K3_EXIT_USAGE;
+            o->schedule = -1;
+            for (int s = 0; s < 4; s++)
+                if (!strcmp(v, names[s])) o->schedule = s;
+            if (o->schedule < 0) {
+                fprintf(stderr, "k3 bench block: --schedule must be auto, shared-beside, router-beside or serial (got "
+                        "'%s')\n", v);
+                return K3_EXIT_USAGE;
+            }
+        } else if (!strcmp(argv[i], "--config")) {
             if (!(v = k3_cli_value(argc, argv, &i, "--config"))) return K3_EXIT_USAGE;
             if (!strcmp(v, "tp8")) o->ep = 0;
             else if (!strcmp(v, "ep16")) o->ep = 1;
@@ -241,6 +254,7 @@ int k3_bench_block(int argc, char **argv) {
         goto done;
     }
     b.d = hb.d;
+    b.d.schedule = (k3_latent_schedule)o.schedule;
     k3_arch_info arch;
     k3_ctx_arch(ctx, &arch);
     b.copies = k3_bench_cold_copies((double)(hb.bytes_fp4 + hb.bytes_dense), arch.l2_bytes);
@@ -297,16 +311,20 @@ int k3_bench_block(int argc, char **argv) {
         free(hx);
         if (!ok) goto cuda_fail;
     }
+    static const char *sched_names[] = {"auto", "shared-beside", "router-beside", "serial"};
+    k3_latent_schedule sched = K3_LATENT_SCHEDULE_AUTO;
+    k3_latent_moe_plan_schedule(b.lp, &sched);
+    const char *sched_name = sched >= 0 && sched <= 3 ? sched_names[sched] : "?";
     if (!o.json)
         printf("k3 bench block: %s rank on %s (%d SMs): H %lld, E %d of %d top-%lld, L %lld, I %lld, Is %lld, "
-               "NVFP4 W4A16 SiTU; %d weight copies, %lld replays\n"
+               "NVFP4 W4A16 SiTU, schedule %s; %d weight copies, %lld replays\n"
                "    M   block us  router    down  experts norm+up  shared  stages sum  compose   MB read  floor us  "
                "%% floor\n",
                o.ep ? "EP16" : "TP8", arch.device_name, (int)arch.sm_count, (long long)H, (int)e_local, 896,
-               (long long)K, (long long)L, (long long)b.d.experts.inter, (long long)IS, (int)b.copies,
+               (long long)K, (long long)L, (long long)b.d.experts.inter, (long long)IS, sched_name, (int)b.copies,
                (long long)o.reps);
     else {
-        printf("{\"config\": \"%s\", \"gpu\": ", o.ep ? "ep16" : "tp8");
+        printf("{\"config\": \"%s\", \"schedule\": \"%s\", \"gpu\": ", o.ep ? "ep16" : "tp8", sched_name);
         k3_cli_json_string(stdout, arch.device_name);
         printf(", \"copies\": %d, \"reps\": %lld, \"rows\": [", (int)b.copies, (long long)o.reps);
     }

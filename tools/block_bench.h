@@ -20,6 +20,7 @@ typedef struct bb_opts {
     int has_config; /* --config given (ep: which) */
     int32_t ranks;  /* --tp N / --ep N: N GPUs over NCCL (0: the one-GPU rank bench) */
     int ranks_ep;   /* --ep N */
+    int schedule;   /* --schedule: a k3_latent_schedule (0 = AUTO) */
 } bb_opts;
 
 /* The N-GPU run (o->ranks > 0): exit status. */

@@ -78,7 +78,8 @@ class ParallelDesc(ctypes.Structure):
 
 class LatentMoeDesc(ctypes.Structure):
     _fields_ = [("hidden", c_int64), ("router", RouterDesc), ("experts", MoeDesc), ("shared_inter", c_int64),
-                ("shared_act", ActDesc), ("rms_eps", c_float), ("max_tokens", c_int64), ("parallel", ParallelDesc)]
+                ("shared_act", ActDesc), ("rms_eps", c_float), ("max_tokens", c_int64), ("parallel", ParallelDesc),
+                ("schedule", ctypes.c_int)]
 
 
 class LatentMoeWeights(ctypes.Structure):

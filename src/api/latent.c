@@ -86,6 +86,10 @@ static k3_status latent_check_desc(k3_ctx *ctx, const k3_latent_moe_desc *d) {
     K3_CHECK_ARG(ctx, !pd->nccl_comm || ctx->backend != K3_BACKEND_CPU,
                  "latent plan: parallel.nccl_comm needs a CUDA context (on the CPU backend, run the stages and sum the "
                  "partials)");
+    K3_CHECK_ARG(ctx, d->schedule >= K3_LATENT_SCHEDULE_AUTO && d->schedule <= K3_LATENT_SCHEDULE_SERIAL,
+                 "latent plan: schedule must be a k3_latent_schedule (AUTO, SHARED_BESIDE, ROUTER_BESIDE or SERIAL; "
+                 "got %d)",
+                 (int)d->schedule);
     K3_CHECK_ARG(ctx, pd->tokens == K3_TOKENS_REPLICATED || pd->tokens == K3_TOKENS_PER_RANK,
                  "latent plan: parallel.tokens must be K3_TOKENS_REPLICATED or K3_TOKENS_PER_RANK (got %d)",
                  (int)pd->tokens);
@@ -296,6 +300,20 @@ k3_status k3_latent_moe_partial_count(const k3_latent_moe_plan *plan, int64_t m,
                  (long long)m);
     /* m <= 65536 and the widths <= 2^24: no overflow */
     *out_count = k3_latent_partial_floats(d, m);
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_latent_moe_plan_schedule(const k3_latent_moe_plan *plan, k3_latent_schedule *out) {
+    if (!plan) return K3_STATUS_INVALID_ARGUMENT;
+    k3_clear_error(plan->ctx);
+    K3_CHECK_ARG(plan->ctx, out != NULL, "latent plan schedule: out is NULL");
+#ifdef K3_HAVE_CUDA
+    if (plan->gpu) {
+        *out = k3_latent_gpu_schedule(plan->gpu);
+        return K3_STATUS_SUCCESS;
+    }
+#endif
+    *out = K3_LATENT_SCHEDULE_SERIAL; /* the CPU backend runs the parts in one order */
     return K3_STATUS_SUCCESS;
 }
 

@@ -48,7 +48,8 @@ struct k3_latent_gpu {
     k3_linear_plan *down, *up, *sgu, *sdown;
     k3_lt_plan *sdown_f32; /* the shared down projection with fp32 output: a rank's partial (the stage API) */
     k3_nccl *nccl;         /* the caller's communicator (library-driven TP), or NULL */
-    k3_fork_join *fj;
+    k3_fork_join *fj;      /* the second stream of the schedule, or NULL (SERIAL, or no shared experts to put beside) */
+    k3_latent_schedule schedule; /* resolved: never AUTO */
     size_t ws_router, ws_moe, ws_down, ws_up, ws_sgu, ws_sdown, ws_sdown_f32;
     /* offsets into the workspace, from its first LATENT_WS_ALIGN-aligned byte */
     size_t o_ids, o_wts, o_router, o_xl, o_u, o_mo, o_moe, o_v, o_z, o_g, o_a, o_s, o_down, o_up, o_sgu, o_sdown,
@@ -111,7 +112,9 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
         if (st == K3_STATUS_SUCCESS) p->ws_sdown_f32 = k3_lt_workspace_size(p->sdown_f32);
         else st = prefix_error(ctx, st, "latent plan: shared down projection (fp32 partial)");
     }
-    if (st == K3_STATUS_SUCCESS && is > 0) st = k3_fork_join_create(ctx, &p->fj);
+    p->schedule = d->schedule != K3_LATENT_SCHEDULE_AUTO ? d->schedule : K3_LATENT_SCHEDULE_SHARED_BESIDE;
+    if (p->schedule == K3_LATENT_SCHEDULE_SHARED_BESIDE && is == 0) p->schedule = K3_LATENT_SCHEDULE_SERIAL;
+    if (st == K3_STATUS_SUCCESS && p->schedule != K3_LATENT_SCHEDULE_SERIAL) st = k3_fork_join_create(ctx, &p->fj);
     if (st == K3_STATUS_SUCCESS && d->parallel.nccl_comm)
         st = k3_nccl_open(ctx, d->parallel.nccl_comm, d->parallel.rank, d->parallel.size, "latent plan", &p->nccl);
     if (st != K3_STATUS_SUCCESS) {
@@ -165,6 +168,72 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
 /* The caller's workspace need not be aligned: the layout starts at its first aligned byte. */
 size_t k3_latent_gpu_ws_bytes(const k3_latent_gpu *p) { return p->total + LATENT_WS_ALIGN; }
 
+/* Where the shared experts' output goes: BF16 (the whole block) or unrounded fp32 (PRE_REDUCE's partial). */
+typedef struct latent_shared_out {
+    uint16_t *bf16;
+    float *f32;
+} latent_shared_out;
+
+/* The shared experts on stream s: gate_up, the activation, the down projection into out. */
+static k3_status latent_shared(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
+                               const void *x, const k3_latent_moe_weights *w, const latent_shared_out *out,
+                               uint8_t *base, void *s) {
+    const int64_t is = d->shared_inter;
+    uint16_t *g = (uint16_t *)(base + p->o_g), *a = (uint16_t *)(base + p->o_a);
+    k3_status st = k3_linear_run(p->sgu, m, x, w->shared_gate_up, NULL, g, base + p->o_sgu, p->ws_sgu, s);
+    if (st == K3_STATUS_SUCCESS) st = k3_cuda_latent_act_launch(ctx, g, m, is, p->sr, &d->shared_act, a, s);
+    if (st != K3_STATUS_SUCCESS) return st;
+    if (out->f32)
+        return k3_lt_run(ctx, p->sdown_f32, m, 0, a, w->shared_down, NULL, out->f32, base + p->o_sdown_f32,
+                         p->ws_sdown_f32, s);
+    return k3_linear_run(p->sdown, m, a, w->shared_down, NULL, out->bf16, base + p->o_sdown, p->ws_sdown, s);
+}
+
+/* Which join latent_join is asked for: the one before the experts (ROUTER_BESIDE) or the last one (SHARED_BESIDE:
+ * after the up projection in the whole block, at the end of PRE_REDUCE). */
+enum { LATENT_JOIN_EXPERTS = 1, LATENT_JOIN_LAST = 2 };
+
+/* Joins the second stream back into `stream` where the plan's schedule has its join; passes st on (a join is made
+ * even after a failure, so a capture is never left with an open branch). */
+static k3_status latent_join(k3_ctx *ctx, const k3_latent_gpu *p, int where, k3_status st, void *stream) {
+    const int at = p->schedule == K3_LATENT_SCHEDULE_ROUTER_BESIDE   ? LATENT_JOIN_EXPERTS
+                   : p->schedule == K3_LATENT_SCHEDULE_SHARED_BESIDE ? LATENT_JOIN_LAST
+                                                                     : 0;
+    if (at != where) return st;
+    const k3_status js = k3_fork_join_join(ctx, p->fj, stream);
+    return st != K3_STATUS_SUCCESS ? st : js;
+}
+
+/* The block up to the experts' fp32 sum u, in the plan's schedule: the router (ids, wts), the down projection (xl),
+ * the shared experts (into so; with SHARED_BESIDE still running on the second stream when this returns: the
+ * caller's latent_join(LATENT_JOIN_LAST) waits for them) and the routed experts (mo, u). */
+static k3_status latent_front(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
+                              const void *x, const k3_latent_moe_weights *w, int32_t *ids, float *wts, uint16_t *xl,
+                              uint16_t *mo, float *u, const latent_shared_out *so, uint8_t *base, void *stream) {
+    const int shared = d->shared_inter > 0;
+    k3_status st = K3_STATUS_SUCCESS;
+    void *router_s = stream;
+    if (p->schedule == K3_LATENT_SCHEDULE_SHARED_BESIDE || p->schedule == K3_LATENT_SCHEDULE_ROUTER_BESIDE) {
+        K3_TRY(k3_fork_join_fork(ctx, p->fj, stream));
+        void *aux = k3_fork_join_aux(p->fj);
+        if (p->schedule == K3_LATENT_SCHEDULE_SHARED_BESIDE) st = latent_shared(ctx, p, d, m, x, w, so, base, aux);
+        else router_s = aux;
+    } else if (shared) {
+        st = latent_shared(ctx, p, d, m, x, w, so, base, stream);
+    }
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_router_run(p->router, m, x, w->gate, w->bias, ids, wts, base + p->o_router, p->ws_router, router_s);
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_linear_run(p->down, m, x, w->down_proj, NULL, xl, base + p->o_down, p->ws_down, stream);
+    if (st == K3_STATUS_SUCCESS && shared && p->schedule == K3_LATENT_SCHEDULE_ROUTER_BESIDE)
+        st = latent_shared(ctx, p, d, m, x, w, so, base, stream);
+    st = latent_join(ctx, p, LATENT_JOIN_EXPERTS, st, stream);
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_moe_run(p->moe, m, xl, ids, wts, &w->experts, mo, u, base + p->o_moe, p->ws_moe, stream);
+    if (st != K3_STATUS_SUCCESS) (void)latent_join(ctx, p, LATENT_JOIN_LAST, st, stream);
+    return st;
+}
+
 /* The block of k3_latent_moe_run on `stream` (topk_ids / topk_weights / residual may be NULL); arguments were
  * validated by the caller. */
 k3_status k3_latent_gpu_run(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
@@ -175,8 +244,7 @@ k3_status k3_latent_gpu_run(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent
     int32_t *ids = topk_ids ? topk_ids : (int32_t *)(base + p->o_ids);
     float *wts = topk_weights ? topk_weights : (float *)(base + p->o_wts);
     uint16_t *xl = (uint16_t *)(base + p->o_xl), *mo = (uint16_t *)(base + p->o_mo), *v = (uint16_t *)(base + p->o_v);
-    uint16_t *z = (uint16_t *)(base + p->o_z), *g = (uint16_t *)(base + p->o_g), *a = (uint16_t *)(base + p->o_a);
-    uint16_t *sh = (uint16_t *)(base + p->o_s);
+    uint16_t *z = (uint16_t *)(base + p->o_z), *sh = (uint16_t *)(base + p->o_s);
     float *u = (float *)(base + p->o_u);
 
     {
@@ -186,46 +254,27 @@ k3_status k3_latent_gpu_run(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent
                                "shared_down"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent run", 10, ptrs, names));
     }
-    k3_status st = K3_STATUS_SUCCESS;
-    if (is > 0) { /* the shared experts: on the aux stream, concurrent with the routed path */
-        st = k3_fork_join_fork(ctx, p->fj, stream);
-        if (st != K3_STATUS_SUCCESS) return st;
-        void *aux = k3_fork_join_aux(p->fj);
-        st = k3_linear_run(p->sgu, m, x, w->shared_gate_up, NULL, g, base + p->o_sgu, p->ws_sgu, aux);
-        if (st == K3_STATUS_SUCCESS) st = k3_cuda_latent_act_launch(ctx, g, m, is, p->sr, &d->shared_act, a, aux);
-        if (st == K3_STATUS_SUCCESS)
-            st = k3_linear_run(p->sdown, m, a, w->shared_down, NULL, sh, base + p->o_sdown, p->ws_sdown, aux);
-    }
-    if (st == K3_STATUS_SUCCESS)
-        st = k3_router_run(p->router, m, x, w->gate, w->bias, ids, wts, base + p->o_router, p->ws_router, stream);
-    if (st == K3_STATUS_SUCCESS)
-        st = k3_linear_run(p->down, m, x, w->down_proj, NULL, xl, base + p->o_down, p->ws_down, stream);
-    if (st == K3_STATUS_SUCCESS)
-        st = k3_moe_run(p->moe, m, xl, ids, wts, &w->experts, mo, u, base + p->o_moe, p->ws_moe, stream);
-    if (st == K3_STATUS_SUCCESS)
-        st = k3_cuda_latent_rmsnorm_launch(ctx, u, (const uint16_t *)w->norm, m, l, d->rms_eps, v, stream);
+    const latent_shared_out so = {sh, NULL};
+    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, u, &so, base, stream));
+    k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, u, (const uint16_t *)w->norm, m, l, d->rms_eps, v, stream);
     if (st == K3_STATUS_SUCCESS) st = k3_linear_run(p->up, m, v, w->up_proj, NULL, z, base + p->o_up, p->ws_up, stream);
-    if (is > 0) { /* always join, so a capture is never left with an open branch */
-        const k3_status js = k3_fork_join_join(ctx, p->fj, stream);
-        if (st == K3_STATUS_SUCCESS) st = js;
-    }
+    st = latent_join(ctx, p, LATENT_JOIN_LAST, st, stream);
     if (st != K3_STATUS_SUCCESS) return st;
     return k3_cuda_latent_sum_launch(ctx, z, is > 0 ? sh : NULL, (const uint16_t *)residual, m * h, (uint16_t *)y,
                                      stream);
 }
 
-/* PRE_REDUCE on `stream`: the routed path writes u into partial (the experts' fp32 sum), the shared branch (aux
- * stream) its unrounded fp32 output into partial + m * L (cuBLASLt with an fp32 D). */
+/* PRE_REDUCE on `stream`: the routed path writes u into partial (the experts' fp32 sum), the shared branch its
+ * unrounded fp32 output into partial + m * L (cuBLASLt with an fp32 D), in the plan's schedule. */
 k3_status k3_latent_gpu_run_pre(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
                                     const void *x, const k3_latent_moe_weights *w, float *partial, int32_t *topk_ids,
                                     float *topk_weights, void *ws, void *stream) {
-    const int64_t l = d->experts.hidden, is = d->shared_inter;
+    const int64_t l = d->experts.hidden;
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (LATENT_WS_ALIGN - 1)) & ~(uintptr_t)(LATENT_WS_ALIGN - 1));
     int32_t *ids = topk_ids ? topk_ids : (int32_t *)(base + p->o_ids);
     float *wts = topk_weights ? topk_weights : (float *)(base + p->o_wts);
     uint16_t *xl = (uint16_t *)(base + p->o_xl), *mo = (uint16_t *)(base + p->o_mo);
-    uint16_t *g = (uint16_t *)(base + p->o_g), *a = (uint16_t *)(base + p->o_a);
-        if (!k3_aligned(partial, 16))
+    if (!k3_aligned(partial, 16))
         return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT, "latent stage: partial (%p) is not 16-byte aligned (CUDA)",
                        (const void *)partial);
     {
@@ -233,28 +282,9 @@ k3_status k3_latent_gpu_run_pre(k3_ctx *ctx, const k3_latent_gpu *p, const k3_la
         const char *names[] = {"x", "partial", "ws", "gate", "down_proj", "shared_gate_up", "shared_down"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent stage", 7, ptrs, names));
     }
-    k3_status st = K3_STATUS_SUCCESS;
-    if (is > 0) {
-        st = k3_fork_join_fork(ctx, p->fj, stream);
-        if (st != K3_STATUS_SUCCESS) return st;
-        void *aux = k3_fork_join_aux(p->fj);
-        st = k3_linear_run(p->sgu, m, x, w->shared_gate_up, NULL, g, base + p->o_sgu, p->ws_sgu, aux);
-        if (st == K3_STATUS_SUCCESS) st = k3_cuda_latent_act_launch(ctx, g, m, is, p->sr, &d->shared_act, a, aux);
-        if (st == K3_STATUS_SUCCESS)
-            st = k3_lt_run(ctx, p->sdown_f32, m, 0, a, w->shared_down, NULL, partial + m * l, base + p->o_sdown_f32,
-                           p->ws_sdown_f32, aux);
-    }
-    if (st == K3_STATUS_SUCCESS)
-        st = k3_router_run(p->router, m, x, w->gate, w->bias, ids, wts, base + p->o_router, p->ws_router, stream);
-    if (st == K3_STATUS_SUCCESS)
-        st = k3_linear_run(p->down, m, x, w->down_proj, NULL, xl, base + p->o_down, p->ws_down, stream);
-    if (st == K3_STATUS_SUCCESS)
-        st = k3_moe_run(p->moe, m, xl, ids, wts, &w->experts, mo, partial, base + p->o_moe, p->ws_moe, stream);
-    if (is > 0) { /* always join, so a capture is never left with an open branch */
-        const k3_status js = k3_fork_join_join(ctx, p->fj, stream);
-        if (st == K3_STATUS_SUCCESS) st = js;
-    }
-    return st;
+    const latent_shared_out so = {NULL, partial + m * l};
+    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, &so, base, stream));
+    return latent_join(ctx, p, LATENT_JOIN_LAST, K3_STATUS_SUCCESS, stream);
 }
 
 /* POST_REDUCE on `stream`: RMSNorm of the summed u, the up projection, and the sum with the summed shared output. */
@@ -277,6 +307,8 @@ k3_status k3_latent_gpu_run_post(k3_ctx *ctx, const k3_latent_gpu *p, const k3_l
 }
 
 int k3_latent_gpu_reduces(const k3_latent_gpu *p) { return p && p->nccl; }
+
+k3_latent_schedule k3_latent_gpu_schedule(const k3_latent_gpu *p) { return p->schedule; }
 
 /* PER_RANK tokens: gather the ranks' x, PRE_REDUCE on the gathered rows, reduce-scatter this rank's rows of the
  * partial (u and shared, one NCCL group), POST_REDUCE on them. m is this rank's count; size * m <= max_tokens was

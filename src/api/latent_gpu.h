@@ -1,12 +1,13 @@
 /*
  * The latent-MoE block on a CUDA context, in the CPU block's order (src/cpu/latent.c) with the same rounding points:
- *   main stream:  router -> down = bf16(x W_down^T) -> experts (fp32 sum u) -> RMSNorm -> up = bf16(v W_up^T)
- *   aux stream:   shared gate_up = bf16(x W_gu^T) -> bf16(act) -> s = bf16(a W_sd^T)
- *   join, then    y = bf16((up + s) + residual)
+ *   routed:  router -> down = bf16(x W_down^T) -> experts (fp32 sum u) -> RMSNorm -> up = bf16(v W_up^T)
+ *   shared:  gate_up = bf16(x W_gu^T) -> bf16(act) -> s = bf16(a W_sd^T)
+ *   then     y = bf16((up + s) + residual)
  * The BF16 projections go through linear plans, the routed experts through a MoE plan, the router through a
- * router plan; the elementwise steps are the kernels of src/cuda/latent/kernels.cu. The shared branch depends on x
- * alone, so it runs beside the routed path, forked and joined by events and an aux stream made at plan time
- * (capturable: no allocation, no sync, no host decision at run time). The stages of a rank (PRE_REDUCE /
+ * router plan; the elementwise steps are the kernels of src/cuda/latent/kernels.cu. The router, the down
+ * projection and the shared branch depend on x alone; the plan's schedule (k3_latent_schedule) says which of them
+ * runs on a second stream, forked and joined by events and an aux stream made at plan time (capturable: no
+ * allocation, no sync, no host decision at run time). The stages of a rank (PRE_REDUCE /
  * POST_REDUCE) cut the same chain around the fp32 partial; with the caller's NCCL communicator, the run is both
  * stages around one in-place all-reduce of the partial in the workspace. Arguments were validated by
  * src/api/latent.c.
@@ -41,6 +42,8 @@ k3_status k3_latent_gpu_run_pre(k3_ctx *ctx, const k3_latent_gpu *p, const k3_la
 k3_status k3_latent_gpu_run_post(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
                                  const float *partial, const k3_latent_moe_weights *w, const void *residual, void *y,
                                  void *ws, void *stream);
+/* The schedule the plan resolved (never AUTO). */
+k3_latent_schedule k3_latent_gpu_schedule(const k3_latent_gpu *p);
 /* PRE_REDUCE, the all-reduce through the plan's communicator, POST_REDUCE. */
 k3_status k3_latent_gpu_run_reduced(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
                                     const void *x, const k3_latent_moe_weights *w, const void *residual, void *y,

@@ -23,6 +23,68 @@ static const k3t_case k_latent_cases[] = {
     {"latent", {7168, 3584, 64, 16, 384, 768}, 4, LAT_RESIDUAL | LAT_GRAPH | LAT_SLOW, 402, K3T_OP_LATENT_MOE},
 };
 
+/* Every forced schedule gives the default plan's bits (y, routing) and reports itself; PRE_REDUCE's partial too
+ * (the same kernels on other streams: the order of the arithmetic does not change). */
+static void latent_schedules(const k3_latent_moe_desc *d0, int32_t M, const void *dx, const k3_latent_moe_weights *dw,
+                             const void *dres, const uint16_t *yg, const int32_t *idg, const float *wg, k3t_dout *dy,
+                             k3t_dout *dids, k3t_dout *dwt) {
+    static const k3_latent_schedule scheds[] = {K3_LATENT_SCHEDULE_SHARED_BESIDE, K3_LATENT_SCHEDULE_ROUTER_BESIDE,
+                                                K3_LATENT_SCHEDULE_SERIAL};
+    static const char *names[] = {"shared-beside", "router-beside", "serial"};
+    const int64_t nk = (int64_t)M * d0->experts.top_k, nh = (int64_t)M * d0->hidden;
+    float *part[3] = {NULL, NULL, NULL};
+    size_t count = 0;
+    for (int i = 0; i < 3; i++) {
+        k3_latent_moe_desc d = *d0;
+        d.schedule = scheds[i];
+        k3_latent_moe_plan *p = NULL;
+        const k3_status sc = k3_latent_moe_plan_create(g_gpu, &d, &p);
+        CHECK(sc == K3_STATUS_SUCCESS, "latent %s plan: %s", names[i], k3_ctx_last_error(g_gpu));
+        if (sc != K3_STATUS_SUCCESS) continue;
+        k3_latent_schedule got = K3_LATENT_SCHEDULE_AUTO;
+        CHECK(k3_latent_moe_plan_schedule(p, &got) == K3_STATUS_SUCCESS && got == scheds[i],
+              "latent %s plan reports schedule %d", names[i], (int)got);
+        size_t wsg = 0;
+        k3_latent_moe_workspace_size(p, &wsg);
+        k3_latent_moe_partial_count(p, M, &count);
+        void *ws = k3t_dalloc(wsg);
+        part[i] = (float *)k3t_dalloc(count * 4);
+        k3t_dout_poison(dy, g_stream), k3t_dout_poison(dids, g_stream), k3t_dout_poison(dwt, g_stream);
+        const k3_status st = k3_latent_moe_run(p, M, dx, dw, dres, k3t_dout_ptr(dy), (int32_t *)k3t_dout_ptr(dids),
+                                               (float *)k3t_dout_ptr(dwt), ws, wsg, g_stream);
+        const k3_status sp = k3_latent_moe_run_stage(p, K3_LATENT_PRE_REDUCE, M, dx, dw, NULL, NULL, part[i], NULL,
+                                                     NULL, ws, wsg, g_stream);
+        CHECK(st == K3_STATUS_SUCCESS && sp == K3_STATUS_SUCCESS, "latent %s run: %s", names[i],
+              k3_ctx_last_error(g_gpu));
+        if (k3t_cuda_ok(cudaStreamSynchronize(g_stream), "latent schedule sync")) {
+            k3t_dout_check(dy, g_stream, k3t_flat(nh), 0, NULL);
+            k3t_dout_check(dids, g_stream, k3t_flat(nk), 0, NULL);
+            k3t_dout_check(dwt, g_stream, k3t_flat(nk), 0, NULL);
+            char what[96];
+            snprintf(what, sizeof what, "latent schedule %s vs the default: y", names[i]);
+            k3t_check_same(what, k3t_dout_host(dy), yg, K3T_BF16, nh);
+            snprintf(what, sizeof what, "latent schedule %s vs the default: ids", names[i]);
+            k3t_check_same(what, k3t_dout_host(dids), idg, K3T_I32, nk);
+            snprintf(what, sizeof what, "latent schedule %s vs the default: weights", names[i]);
+            k3t_check_same(what, k3t_dout_host(dwt), wg, K3T_F32, nk);
+        }
+        cudaFree(ws);
+        k3_latent_moe_plan_destroy(p);
+    }
+    if (part[0] && part[1] && part[2]) {
+        float *h[3];
+        for (int i = 0; i < 3; i++) {
+            h[i] = (float *)malloc(count * 4);
+            cudaMemcpy(h[i], part[i], count * 4, cudaMemcpyDeviceToHost);
+        }
+        k3t_check_same("latent PRE_REDUCE partial: router-beside vs shared-beside", h[1], h[0], K3T_F32,
+                       (int64_t)count);
+        k3t_check_same("latent PRE_REDUCE partial: serial vs shared-beside", h[2], h[0], K3T_F32, (int64_t)count);
+        for (int i = 0; i < 3; i++) free(h[i]);
+    }
+    for (int i = 0; i < 3; i++) cudaFree(part[i]);
+}
+
 static void latent_case(const k3t_case *c) {
     const uint64_t seed = k3t_case_begin(c);
     const int f0 = k3t_failed;
@@ -125,6 +187,7 @@ static void latent_case(const k3t_case *c) {
             bitwise = k3t_check_same("latent second run vs the first: y", k3t_dout_host(&dy), yg, K3T_BF16, nh);
             k3t_check_same("latent second run vs the first: ids", k3t_dout_host(&dids), idg, K3T_I32, nk);
             k3t_check_same("latent second run vs the first: weights", k3t_dout_host(&dwt), wg, K3T_F32, nk);
+            latent_schedules(&d, M, dx, &dw, use_res ? dres : NULL, yg, idg, wg, &dy, &dids, &dwt);
             cudaEvent_t e0, e1;
             cudaEventCreate(&e0);
             cudaEventCreate(&e1);
