@@ -71,6 +71,8 @@ def main(argv=None):
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--calls", type=int, default=64, help="calls queued per batch (default 64)")
     ap.add_argument("--reps", type=int, default=30, help="batches (default 30)")
+    ap.add_argument("--inference-mode", action="store_true",
+                    help="every call (F.linear's too) under torch.inference_mode(), as engines run decode")
     a = ap.parse_args(argv)
     if a.calls < 1 or a.reps < 1:
         ap.error("--calls and --reps must be >= 1")
@@ -78,6 +80,9 @@ def main(argv=None):
     if a.device == "cpu":
         torch.set_num_threads(1)  # a shared machine's other threads would otherwise dominate F.linear
     try:
+        if a.inference_mode:
+            with torch.inference_mode():
+                return measure(a)
         return measure(a)
     finally:
         torch.set_num_threads(threads)
@@ -142,7 +147,8 @@ def measure(a):
     # a compiled extension (TORCH_LIBRARY op in C++) keeps the C call and one C++ dispatch, and drops the Python
     # layers: estimated as the C call minus the bare ctypes cost plus one aten-like dispatch and allocation
     ext = t["k3_linear_run through ctypes alone"] - t["ctypes call of k3_ctx_backend"] + t["its body called directly"]
-    result = dict(device_facts(dev), method="host time per call, GPU busy behind torch.cuda._sleep" if dev == "cuda"
+    result = dict(device_facts(dev), inference_mode=a.inference_mode,
+                  method="host time per call, GPU busy behind torch.cuda._sleep" if dev == "cuda"
                   else "CPU backend: includes the work (logic check only)", calls=a.calls, reps=a.reps,
                   times_us={k: round(v, 3) for k, v in t.items()}, linear_parts_us={k: round(v, 3) for k, v in
                                                                                     parts.items()},

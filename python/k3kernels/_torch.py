@@ -340,17 +340,22 @@ def fused_moe_eager(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_sc
             activation, situ_beta, situ_linear_beta, mode, w13_input_scale, w2_input_scale)
     if _is_compiling() or _dispatch_depth():
         return torch.ops.k3kernels.fused_moe(*args)
+    tensors = (x, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2, w2_scale, w2_scale_2, w13_input_scale,
+               w2_input_scale)
     try:
-        sig = (*[None if t is None else (type(t), t.dtype, t.shape, t.get_device(), t.is_contiguous(), t.requires_grad)
-                 for t in (x, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
-                           w13_input_scale, w2_input_scale)],
-               quant, scale_layout, activation, situ_beta, situ_linear_beta, mode, torch.is_grad_enabled())
+        if torch.is_grad_enabled():  # requires_grad matters only then (direct)
+            sig = (*[None if t is None else (type(t), t.dtype, t.shape, t.get_device(), t.is_contiguous(),
+                                             t.requires_grad) for t in tensors],
+                   quant, scale_layout, activation, situ_beta, situ_linear_beta, mode, True)
+        else:
+            sig = (*[None if t is None else (type(t), t.dtype, t.shape, t.get_device(), t.is_contiguous())
+                     for t in tensors],
+                   quant, scale_layout, activation, situ_beta, situ_linear_beta, mode, False)
         hit = _moe_eager_seen.get(sig)
     except (AttributeError, TypeError):
         sig = hit = None
     if hit is None:
-        if not direct((x, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
-                       w13_input_scale, w2_input_scale)):
+        if not direct(tensors):
             return torch.ops.k3kernels.fused_moe(*args)  # not remembered: autograd or a subclass must see the op
         hit = _fused_moe_verdict(*args)
         if sig is not None:
