@@ -59,7 +59,9 @@ for c in quant dequant; do
     for o in --json --quiet --progress-after bytes_in tensors_out; do contains "$T/out" "$o" "$c --help documents $o"; done
 done
 expect 0 "demo --help" -- "$K3" demo --help
-for o in --json total_ms rel_l2 correctness; do contains "$T/out" "$o" "demo --help documents $o"; done
+for o in --json total_ms rel_l2 correctness block_us percent_of_floor "k3 bench block"; do
+    contains "$T/out" "$o" "demo --help documents $o"
+done
 expect 2 "--progress-after -1" -- "$K3" quant nvfp4 --input "$IN" --output "$T/q" --progress-after -1
 expect 2 "--progress-after x" -- "$K3" dequant --input "$IN" --output "$T/q" --progress-after x
 expect 2 "--progress-after without a value" -- "$K3" quant nvfp4 --input "$IN" --output "$T/q" --progress-after
@@ -138,5 +140,38 @@ jcheck "$T/out" "d['correctness']['pass'] is True and d['correctness']['bitwise_
     "demo: correctness"
 contains "$T/err" "correctness (cpu" "demo --json: the human lines go to stderr"
 contains "$T/err" "total ms" "demo --json: the table goes to stderr"
+
+# ---- demo --json on a GPU (where this build has CUDA and sees one): `k3 bench block`'s row per M ------------------
+if "$K3" info --json 2>/dev/null | grep -q '"backend": "cuda"'; then
+    expect 0 "demo --device cuda --json" -- "$K3" demo --device cuda --m 1,4 --json
+    jcheck "$T/out" "d['backend'] == 'cuda' and d['cpu_fallback'] is False and d['m'] == [1, 4] and d['pass'] is True" \
+        "demo cuda: basics"
+    jcheck "$T/out" "d['copies'] >= 2 and d['reps'] >= 7 and d['copy_seconds'] > 0" "demo cuda: the method's numbers"
+    ROW="{'m', 'block_us', 'router_us', 'down_us', 'experts_us', 'norm_up_us', 'shared_us', 'stages_sum_us', \
+'composition_us', 'experts_touched', 'bytes', 'floor_us', 'percent_of_floor'}"
+    STAGES="('router_us', 'down_us', 'experts_us', 'norm_up_us', 'shared_us')"
+    jcheck "$T/out" "[r['m'] for r in d['runs']] == [1, 4] and all(set(r) == $ROW for r in d['runs'])" \
+        "demo cuda: the fields of bench block --json"
+    jcheck "$T/out" "all(r['block_us'] > 0 and all(r[k] > 0 for k in $STAGES) for r in d['runs'])" "demo cuda: times"
+    jcheck "$T/out" "all(abs(r['stages_sum_us'] - sum(r[k] for k in $STAGES)) < 0.01 and \
+abs(r['composition_us'] - (r['block_us'] - r['stages_sum_us'])) < 0.01 for r in d['runs'])" "demo cuda: sum, composition"
+    # bytes as docs/benchmarks.md counts them at the TP8 rank (H 7168, L 3584, I 384, Is 768): BF16 router gate
+    # [896, H], down and up [L, H], shared [3 Is, H], the norm [L]; x and y [m, H]; per touched expert its FP4 W13
+    # [2I, L] and W2 [L, I], one e4m3 scale per 16 values and two fp32 scale_2
+    DENSE=$((2 * (896 * 7168 + 2 * 3584 * 7168 + 3 * 768 * 7168 + 3584)))
+    PER=$((3 * 384 * 3584 / 2 + 3 * 384 * 3584 / 16 + 8))
+    jcheck "$T/out" "d['runs'][0]['experts_touched'] == 16 and 16 <= d['runs'][1]['experts_touched'] <= 64" \
+        "demo cuda: experts touched"
+    jcheck "$T/out" "all(r['bytes'] == $DENSE + $PER * r['experts_touched'] + 4 * 7168 * r['m'] for r in d['runs'])" \
+        "demo cuda: bytes"
+    jcheck "$T/out" "abs(d['runs'][0]['bytes'] - 185.8e6) < 0.1e6" "demo cuda: M 1 reads the 185.8 MB of the docs"
+    jcheck "$T/out" "all(abs(r['floor_us'] - r['bytes'] / 4.37e6) < 2e-3 and \
+abs(r['percent_of_floor'] - 100 * r['floor_us'] / r['block_us']) < 0.02 for r in d['runs'])" "demo cuda: floor"
+    jcheck "$T/out" "d['correctness']['against'] == 'cpu reference backend' and d['correctness']['ids_identical'] is True" \
+        "demo cuda: correctness against the CPU"
+    for o in "block us" "stages sum" "% floor" "CUDA-graph replay" "correctness (cuda)"; do
+        contains "$T/err" "$o" "demo cuda --json: the table on stderr has '$o'"
+    done
+fi
 
 finish

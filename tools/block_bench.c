@@ -11,7 +11,6 @@
 #include "cli.h"
 
 #define BB_CEILING 4.37e12 /* the H200's HBM read ceiling (docs/benchmarks.md) */
-#define BB_STAGES 6             /* block, router, down, experts, norm+up, shared */
 
 static void block_bench_help(void) {
     printf("usage: k3 bench block [--config tp8|ep16] [--m LIST] [--reps R] [--schedule S] [--json]\n"
@@ -54,6 +53,16 @@ static void block_bench_help(void) {
            BB_MAX_M, BB_MAX_LIST);
 }
 
+const char *k3_bench_schedule_name(k3_latent_schedule s) {
+    switch (s) {
+    case K3_LATENT_SCHEDULE_AUTO: return "auto";
+    case K3_LATENT_SCHEDULE_SHARED_BESIDE: return "shared-beside";
+    case K3_LATENT_SCHEDULE_ROUTER_BESIDE: return "router-beside";
+    case K3_LATENT_SCHEDULE_SERIAL: return "serial";
+    }
+    return "?";
+}
+
 static int bb_parse(int argc, char **argv, bb_opts *o) {
     static const int64_t def_ms[] = {1, 2, 4, 8, 16};
     memset(o, 0, sizeof *o);
@@ -63,11 +72,10 @@ static int bb_parse(int argc, char **argv, bb_opts *o) {
         const char *v;
         if (!strcmp(argv[i], "--json")) o->json = 1;
         else if (!strcmp(argv[i], "--schedule")) {
-            static const char *names[] = {"auto", "shared-beside", "router-beside", "serial"};
             if (!(v = k3_cli_value(argc, argv, &i, "--schedule"))) return K3_EXIT_USAGE;
             o->schedule = -1;
-            for (int s = 0; s < 4; s++)
-                if (!strcmp(v, names[s])) o->schedule = s;
+            for (int s = K3_LATENT_SCHEDULE_AUTO; s <= K3_LATENT_SCHEDULE_SERIAL; s++)
+                if (!strcmp(v, k3_bench_schedule_name((k3_latent_schedule)s))) o->schedule = s;
             if (o->schedule < 0) {
                 fprintf(stderr, "k3 bench block: --schedule must be auto, shared-beside, router-beside or serial (got "
                         "'%s')\n", v);
@@ -143,7 +151,33 @@ static int bb_front(int argc, char **argv, bb_opts *o, int *rc) {
     return *rc != K3_EXIT_OK;
 }
 
+void k3_bench_block_header(FILE *f) {
+    fputs("    M   block us  router    down  experts norm+up  shared  stages sum  compose   MB read  floor us  % floor\n",
+          f);
+}
+
+void k3_bench_block_row(FILE *f, const bb_point *p) {
+    const double *us = p->us;
+    fprintf(f, "%5lld %10.1f %7.1f %7.1f %8.1f %7.1f %7.1f %11.1f %8.1f %9.1f %9.1f %8.1f\n", (long long)p->m, us[0],
+            us[1], us[2], us[3], us[4], us[5], p->sum_us, us[0] - p->sum_us, p->bytes / 1e6, p->floor_us,
+            100.0 * p->floor_us / us[0]);
+}
+
+void k3_bench_block_row_json(FILE *f, const bb_point *p) {
+    const double *us = p->us;
+    fprintf(f, "{\"m\": %lld, \"block_us\": %.3f, \"router_us\": %.3f, \"down_us\": %.3f, \"experts_us\": %.3f, "
+               "\"norm_up_us\": %.3f, \"shared_us\": %.3f, \"stages_sum_us\": %.3f, \"composition_us\": %.3f, "
+               "\"experts_touched\": %d, \"bytes\": %.0f, \"floor_us\": %.3f, \"percent_of_floor\": %.2f}",
+            (long long)p->m, us[0], us[1], us[2], us[3], us[4], us[5], p->sum_us, us[0] - p->sum_us, (int)p->touched,
+            p->bytes, p->floor_us, 100.0 * p->floor_us / us[0]);
+}
+
 #ifndef K3_HAVE_CUDA
+int k3_bench_block_measure(bb_measure *bm) {
+    fprintf(stderr, "%s: this build has no CUDA backend\n", bm->who);
+    return 0;
+}
+
 int k3_bench_block(int argc, char **argv) {
     bb_opts o;
     int rc;
@@ -211,127 +245,108 @@ static k3_status call_shared(void *u, int32_t c, void *s, char *err, size_t n) {
     return st_of(st, err, n, "shared");
 }
 
-static k3_status bb_linear(k3_ctx *ctx, int64_t n, int64_t k, k3_linear_plan **p, void **ws, size_t *wsb) {
+static k3_status bb_linear(k3_ctx *ctx, int64_t n, int64_t k, int64_t max_m, k3_linear_plan **p, void **ws,
+                           size_t *wsb) {
     k3_linear_desc d;
     k3_linear_desc_init(&d, n, k);
-    d.max_m = BB_MAX_M;
+    d.max_m = max_m;
     k3_status st = k3_linear_plan_create(ctx, &d, p);
     if (st == K3_STATUS_SUCCESS) st = k3_linear_workspace_size(*p, wsb);
     if (st != K3_STATUS_SUCCESS) return st;
     return cudaMalloc(ws, *wsb ? *wsb : 16) == cudaSuccess ? K3_STATUS_SUCCESS : K3_STATUS_OUT_OF_MEMORY;
 }
 
-int k3_bench_block(int argc, char **argv) {
-    bb_opts o;
-    int front_rc;
-    if (bb_front(argc, argv, &o, &front_rc)) return front_rc;
-    if (o.ranks) return k3_bench_block_ranks(&o);
-    k3_ctx *ctx = k3_cli_ctx("cuda");
-    if (!ctx) return K3_EXIT_FAIL;
-    int rc = K3_EXIT_FAIL;
+int k3_bench_block_measure(bb_measure *bm) {
+    const char *who = bm->who;
+    const k3_synth_block *hb = bm->hb;
+    k3_ctx *ctx = bm->ctx;
+    int ok = 0;
     bb b;
     memset(&b, 0, sizeof b);
-    k3_synth_block hb;
-    memset(&hb, 0, sizeof hb);
-    k3_cli_mem mm[8];
+    k3_cli_mem *mm = NULL;
     int nmm = 0;
-    int32_t *dmap = NULL;
+    int32_t *dmap = NULL, *hids = NULL;
+    unsigned char *seen = NULL;
     cudaStream_t s = NULL;
     char err[512] = "";
     k3_status st = K3_STATUS_SUCCESS;
-    /* the rank: TP8 (every expert, I / 8) or EP16 (56 whole experts, the router over all 896) */
-    const int32_t e_local = o.ep ? 56 : 896;
-    k3_synth_block_desc(&hb.d, e_local, 16, 7168, 3584, o.ep ? 3072 : 384, o.ep ? 384 : 768, BB_MAX_M);
-    if (o.ep) {
-        hb.d.router.num_experts = 896;
-        hb.d.experts.global_experts = 896;
-        hb.d.parallel.layout = K3_PARALLEL_NONE; /* one rank measured alone: its own partial is normalized */
-    }
-    k3_synth_rng r = {BB_SEED};
-    fprintf(stderr, "k3 bench block: synthesizing the %s rank's weights\n", o.ep ? "EP16" : "TP8");
-    if (!k3_synth_block_make(&hb, &r)) {
-        fprintf(stderr, "k3 bench block: out of host memory\n");
-        goto done;
-    }
-    b.d = hb.d;
-    b.d.schedule = (k3_latent_schedule)o.schedule;
-    k3_arch_info arch;
-    k3_ctx_arch(ctx, &arch);
-    b.copies = k3_bench_cold_copies((double)(hb.bytes_fp4 + hb.bytes_dense), arch.l2_bytes);
-    if (b.copies > 8) b.copies = 8;
+    b.d = hb->d;
+    b.d.schedule = bm->schedule;
+    const int32_t e_global = b.d.router.num_experts, e_local = b.d.experts.num_experts;
+    const int64_t max_m = b.d.max_tokens;
+    for (int j = 0; j < bm->nm; j++)
+        if (bm->ms[j] < 1 || bm->ms[j] > max_m) {
+            fprintf(stderr, "%s: M %lld is outside 1..%lld (the plan's max_tokens)\n", who, (long long)bm->ms[j],
+                    (long long)max_m);
+            return 0;
+        }
+    k3_ctx_arch(ctx, &bm->arch);
+    b.copies = k3_bench_cold_copies((double)(hb->bytes_fp4 + hb->bytes_dense), bm->arch.l2_bytes);
+    if (bm->max_copies > 0 && b.copies > bm->max_copies) b.copies = bm->max_copies;
+    bm->copies = b.copies, bm->calls = b.copies * 4;
     b.w = (k3_latent_moe_weights *)calloc((size_t)b.copies, sizeof *b.w);
-    if (!b.w) goto oom;
-    fprintf(stderr, "k3 bench block: %d weight copies to the device (%.2f GB each)\n", (int)b.copies,
-            (double)(hb.bytes_fp4 + hb.bytes_dense) / 1e9);
-    int32_t hmap[896];
-    for (int32_t g = 0; g < 896; g++) hmap[g] = g < e_local ? g : -1; /* EP16: this rank holds experts 0..55 */
-    if (o.ep && (cudaMalloc((void **)&dmap, sizeof hmap) != cudaSuccess ||
-                 cudaMemcpy(dmap, hmap, sizeof hmap, cudaMemcpyHostToDevice) != cudaSuccess))
+    mm = (k3_cli_mem *)calloc((size_t)b.copies, sizeof *mm);
+    hids = (int32_t *)malloc(sizeof(int32_t) * (size_t)(max_m * b.d.experts.top_k));
+    seen = (unsigned char *)malloc((size_t)(e_local > 0 ? e_local : 1));
+    if (!b.w || !mm || !hids || !seen) goto oom;
+    if (bm->progress)
+        fprintf(bm->progress, "%s: %d weight copies to the device (%.2f GB each)\n", who, (int)b.copies,
+                (double)(hb->bytes_fp4 + hb->bytes_dense) / 1e9);
+    const size_t map_b = sizeof(int32_t) * (size_t)e_global;
+    if (bm->expert_map && (cudaMalloc((void **)&dmap, map_b) != cudaSuccess ||
+                           cudaMemcpy(dmap, bm->expert_map, map_b, cudaMemcpyHostToDevice) != cudaSuccess))
         goto cuda_fail;
+    const double t_copy = k3_cli_now();
     for (int32_t c = 0; c < b.copies; c++) {
         k3_cli_mem_init(&mm[nmm], ctx);
-        if (!k3_synth_block_weights_in(&hb, &mm[nmm++], &b.w[c])) goto oom;
-        if (o.ep) b.w[c].experts.expert_map = dmap;
+        if (!k3_synth_block_weights_in(hb, &mm[nmm++], &b.w[c])) goto oom;
+        if (dmap) b.w[c].experts.expert_map = dmap;
     }
+    bm->copy_s = k3_cli_now() - t_copy;
     /* plans: the block, and each stage's own */
     if ((st = k3_latent_moe_plan_create(ctx, &b.d, &b.lp)) != K3_STATUS_SUCCESS) goto plan_fail;
     k3_latent_moe_workspace_size(b.lp, &b.lws_b);
     k3_router_desc rd = b.d.router;
-    rd.max_tokens = BB_MAX_M;
+    rd.max_tokens = max_m;
     if ((st = k3_router_plan_create(ctx, &rd, &b.rp)) != K3_STATUS_SUCCESS) goto plan_fail;
     k3_router_workspace_size(b.rp, &b.rws_b);
     k3_moe_desc md = b.d.experts;
-    md.max_tokens = BB_MAX_M;
+    md.max_tokens = max_m;
     if ((st = k3_moe_plan_create(ctx, &md, &b.mp)) != K3_STATUS_SUCCESS) goto plan_fail;
     k3_moe_workspace_size(b.mp, &b.mws_b);
     const int64_t H = b.d.hidden, L = b.d.experts.hidden, IS = b.d.shared_inter, K = b.d.experts.top_k;
-    if ((st = bb_linear(ctx, L, H, &b.down, &b.dws, &b.dws_b)) != K3_STATUS_SUCCESS ||
-        (st = bb_linear(ctx, 2 * IS, H, &b.sgu, &b.sgws, &b.sgws_b)) != K3_STATUS_SUCCESS ||
-        (st = bb_linear(ctx, H, IS, &b.sdown, &b.sdws, &b.sdws_b)) != K3_STATUS_SUCCESS)
+    if ((st = bb_linear(ctx, L, H, max_m, &b.down, &b.dws, &b.dws_b)) != K3_STATUS_SUCCESS ||
+        (st = bb_linear(ctx, 2 * IS, H, max_m, &b.sgu, &b.sgws, &b.sgws_b)) != K3_STATUS_SUCCESS ||
+        (st = bb_linear(ctx, H, IS, max_m, &b.sdown, &b.sdws, &b.sdws_b)) != K3_STATUS_SUCCESS)
         goto plan_fail;
     size_t pcount = 0;
-    k3_latent_moe_partial_count(b.lp, BB_MAX_M, &pcount);
-    const size_t mh = (size_t)(BB_MAX_M * H), ml = (size_t)(BB_MAX_M * L), mk = (size_t)(BB_MAX_M * K);
+    k3_latent_moe_partial_count(b.lp, max_m, &pcount);
+    const size_t mh = (size_t)(max_m * H), ml = (size_t)(max_m * L), mk = (size_t)(max_m * K);
     if (cudaMalloc(&b.lws, b.lws_b) != cudaSuccess || cudaMalloc(&b.rws, b.rws_b ? b.rws_b : 16) != cudaSuccess ||
         cudaMalloc(&b.mws, b.mws_b) != cudaSuccess || cudaMalloc((void **)&b.x, mh * 2) != cudaSuccess ||
         cudaMalloc((void **)&b.y, mh * 2) != cudaSuccess || cudaMalloc((void **)&b.xl, ml * 2) != cudaSuccess ||
         cudaMalloc((void **)&b.mo, ml * 2) != cudaSuccess || cudaMalloc((void **)&b.uf, ml * 4) != cudaSuccess ||
-        cudaMalloc((void **)&b.g, (size_t)(BB_MAX_M * 2 * IS) * 2) != cudaSuccess ||
-        cudaMalloc((void **)&b.a, (size_t)(BB_MAX_M * IS) * 2) != cudaSuccess ||
+        cudaMalloc((void **)&b.g, (size_t)(max_m * 2 * IS) * 2) != cudaSuccess ||
+        cudaMalloc((void **)&b.a, (size_t)(max_m * IS) * 2) != cudaSuccess ||
         cudaMalloc((void **)&b.ids, mk * 4) != cudaSuccess || cudaMalloc((void **)&b.wts, mk * 4) != cudaSuccess ||
         cudaMalloc((void **)&b.partial, pcount * 4) != cudaSuccess ||
-        cudaMemset(b.a, 0, (size_t)(BB_MAX_M * IS) * 2) != cudaSuccess ||
+        cudaMemset(b.a, 0, (size_t)(max_m * IS) * 2) != cudaSuccess ||
         cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
         goto cuda_fail;
     {
         uint16_t *hx = (uint16_t *)malloc(mh * 2);
         if (!hx) goto oom;
-        k3_synth_bf16(&r, hx, mh, 1.0);
-        const int ok = cudaMemcpy(b.x, hx, mh * 2, cudaMemcpyHostToDevice) == cudaSuccess;
+        k3_synth_bf16(bm->rng, hx, mh, 1.0);
+        const int in = cudaMemcpy(b.x, hx, mh * 2, cudaMemcpyHostToDevice) == cudaSuccess;
         free(hx);
-        if (!ok) goto cuda_fail;
+        if (!in) goto cuda_fail;
     }
-    static const char *sched_names[] = {"auto", "shared-beside", "router-beside", "serial"};
-    k3_latent_schedule sched = K3_LATENT_SCHEDULE_AUTO;
-    k3_latent_moe_plan_schedule(b.lp, &sched);
-    const char *sched_name = sched >= 0 && sched <= 3 ? sched_names[sched] : "?";
-    if (!o.json)
-        printf("k3 bench block: %s rank on %s (%d SMs): H %lld, E %d of %d top-%lld, L %lld, I %lld, Is %lld, "
-               "NVFP4 W4A16 SiTU, schedule %s; %d weight copies, %lld replays\n"
-               "    M   block us  router    down  experts norm+up  shared  stages sum  compose   MB read  floor us  "
-               "%% floor\n",
-               o.ep ? "EP16" : "TP8", arch.device_name, (int)arch.sm_count, (long long)H, (int)e_local, 896,
-               (long long)K, (long long)L, (long long)b.d.experts.inter, (long long)IS, sched_name, (int)b.copies,
-               (long long)o.reps);
-    else {
-        printf("{\"config\": \"%s\", \"schedule\": \"%s\", \"gpu\": ", o.ep ? "ep16" : "tp8", sched_name);
-        k3_cli_json_string(stdout, arch.device_name);
-        printf(", \"copies\": %d, \"reps\": %lld, \"rows\": [", (int)b.copies, (long long)o.reps);
-    }
+    if ((st = k3_latent_moe_plan_schedule(b.lp, &bm->schedule_run)) != K3_STATUS_SUCCESS) goto plan_fail;
+    if (bm->on_ready) bm->on_ready(bm->user, bm);
     const size_t per_expert = (size_t)(2 * b.d.experts.inter * L) / 2 + (size_t)(L * b.d.experts.inter) / 2 +
                               (size_t)(2 * b.d.experts.inter * L) / 16 + (size_t)(L * b.d.experts.inter) / 16 + 8;
-    for (int j = 0; j < o.nm; j++) {
-        b.m = o.ms[j];
+    for (int j = 0; j < bm->nm; j++) {
+        b.m = bm->ms[j];
         /* the routing the experts stage runs on, and the partial the norm+up stage reads: the block's own */
         if ((st = k3_router_run(b.rp, b.m, b.x, b.w[0].gate, b.w[0].bias, b.ids, b.wts, b.rws, b.rws_b, s)) !=
                 K3_STATUS_SUCCESS ||
@@ -340,51 +355,41 @@ int k3_bench_block(int argc, char **argv) {
             (st = k3_linear_run(b.down, b.m, b.x, b.w[0].down_proj, NULL, b.xl, b.dws, b.dws_b, s)) !=
                 K3_STATUS_SUCCESS)
             goto plan_fail;
-        int32_t hids[BB_MAX_M * 16];
         if (cudaMemcpyAsync(hids, b.ids, (size_t)(b.m * K) * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
             k3_bench_sync(s, err, sizeof err) != K3_STATUS_SUCCESS)
             goto cuda_fail;
-        int32_t touched = 0;
-        unsigned char seen[896];
-        memset(seen, 0, sizeof seen);
+        bb_point p;
+        memset(&p, 0, sizeof p);
+        p.m = b.m;
+        memset(seen, 0, (size_t)(e_local > 0 ? e_local : 1));
         for (int64_t i = 0; i < b.m * K; i++) {
-            const int32_t loc = hids[i] >= 0 && hids[i] < 896 ? hmap[hids[i]] : -1;
-            if (loc >= 0 && loc < e_local && !seen[loc]) seen[loc] = 1, touched++;
+            const int32_t gid = hids[i];
+            const int32_t loc = gid >= 0 && gid < e_global ? (bm->expert_map ? bm->expert_map[gid] : gid) : -1;
+            if (loc >= 0 && loc < e_local && !seen[loc]) seen[loc] = 1, p.touched++;
         }
-        const double bytes = 2.0 * (double)(b.d.router.num_experts * H + 2 * L * H + 3 * IS * H + L) +
-                             (double)touched * (double)per_expert + 4.0 * (double)(b.m * H);
-        const k3_bench_variant v[BB_STAGES] = {{call_block, &b},   {call_router, &b},  {call_down, &b},
-                                               {call_experts, &b}, {call_norm_up, &b}, {call_shared, &b}};
-        const k3_bench_timing tm = {b.copies, b.copies * 4, 3, (int32_t)o.reps};
-        double us[BB_STAGES];
-        if ((st = k3_bench_graph_time_n(v, BB_STAGES, &tm, s, us, err, sizeof err)) != K3_STATUS_SUCCESS) {
-            fprintf(stderr, "k3 bench block: M %lld: %s\n", (long long)b.m, err);
+        p.bytes = 2.0 * (double)(b.d.router.num_experts * H + 2 * L * H + 3 * IS * H + L) +
+                  (double)p.touched * (double)per_expert + 4.0 * (double)(b.m * H);
+        const k3_bench_variant v[BB_VARIANTS] = {{call_block, &b},   {call_router, &b},  {call_down, &b},
+                                                 {call_experts, &b}, {call_norm_up, &b}, {call_shared, &b}};
+        const k3_bench_timing tm = {b.copies, bm->calls, 3, (int32_t)bm->reps};
+        if ((st = k3_bench_graph_time_n(v, BB_VARIANTS, &tm, s, p.us, err, sizeof err)) != K3_STATUS_SUCCESS) {
+            fprintf(stderr, "%s: M %lld: %s\n", who, (long long)b.m, err);
             goto done;
         }
-        const double sum = us[1] + us[2] + us[3] + us[4] + us[5], floor_us = bytes / BB_CEILING * 1e6;
-        if (!o.json)
-            printf("%5lld %10.1f %7.1f %7.1f %8.1f %7.1f %7.1f %11.1f %8.1f %9.1f %9.1f %8.1f\n", (long long)b.m, us[0],
-                   us[1], us[2], us[3], us[4], us[5], sum, us[0] - sum, bytes / 1e6, floor_us,
-                   100.0 * floor_us / us[0]);
-        else
-            printf("%s{\"m\": %lld, \"block_us\": %.3f, \"router_us\": %.3f, \"down_us\": %.3f, \"experts_us\": %.3f, "
-                   "\"norm_up_us\": %.3f, \"shared_us\": %.3f, \"stages_sum_us\": %.3f, \"composition_us\": %.3f, "
-                   "\"experts_touched\": %d, \"bytes\": %.0f, \"floor_us\": %.3f, \"percent_of_floor\": %.2f}",
-                   j ? ", " : "", (long long)b.m, us[0], us[1], us[2], us[3], us[4], us[5], sum, us[0] - sum,
-                   (int)touched, bytes, floor_us, 100.0 * floor_us / us[0]);
-        fflush(stdout);
+        p.sum_us = p.us[1] + p.us[2] + p.us[3] + p.us[4] + p.us[5];
+        p.floor_us = p.bytes / BB_CEILING * 1e6;
+        if (bm->on_point) bm->on_point(bm->user, bm, &p, j);
     }
-    if (o.json) printf("]}\n");
-    rc = K3_EXIT_OK;
+    ok = 1;
     goto done;
 plan_fail:
-    fprintf(stderr, "k3 bench block: %s: %s\n", k3_status_string(st), k3_ctx_last_error(ctx));
+    fprintf(stderr, "%s: %s: %s\n", who, k3_status_string(st), k3_ctx_last_error(ctx));
     goto done;
 cuda_fail:
-    fprintf(stderr, "k3 bench block: a CUDA call failed: %s %s\n", cudaGetErrorString(cudaGetLastError()), err);
+    fprintf(stderr, "%s: a CUDA call failed: %s %s\n", who, cudaGetErrorString(cudaGetLastError()), err);
     goto done;
 oom:
-    fprintf(stderr, "k3 bench block: out of memory\n");
+    fprintf(stderr, "%s: out of memory\n", who);
 done:
     if (s) cudaStreamDestroy(s);
     k3_latent_moe_plan_destroy(b.lp);
@@ -397,7 +402,91 @@ done:
                    b.partial, b.uf, dmap};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     for (int i = 0; i < nmm; i++) k3_cli_mem_free(&mm[i]);
+    free(mm);
     free(b.w);
+    free(hids);
+    free(seen);
+    return ok;
+}
+
+/* The one-GPU bench's printing, as the measurement reaches each step. */
+typedef struct bb_print {
+    const bb_opts *o;
+} bb_print;
+
+static void bb_print_ready(void *user, const bb_measure *bm) {
+    const bb_opts *o = ((const bb_print *)user)->o;
+    const k3_latent_moe_desc *d = &bm->hb->d;
+    if (!o->json) {
+        printf("k3 bench block: %s rank on %s (%d SMs): H %lld, E %d of %d top-%lld, L %lld, I %lld, Is %lld, "
+               "NVFP4 W4A16 SiTU, schedule %s; %d weight copies, %lld replays\n",
+               o->ep ? "EP16" : "TP8", bm->arch.device_name, (int)bm->arch.sm_count, (long long)d->hidden,
+               (int)d->experts.num_experts, (int)d->router.num_experts, (long long)d->experts.top_k,
+               (long long)d->experts.hidden, (long long)d->experts.inter, (long long)d->shared_inter,
+               k3_bench_schedule_name(bm->schedule_run), (int)bm->copies, (long long)o->reps);
+        k3_bench_block_header(stdout);
+    } else {
+        printf("{\"config\": \"%s\", \"schedule\": \"%s\", \"gpu\": ", o->ep ? "ep16" : "tp8",
+               k3_bench_schedule_name(bm->schedule_run));
+        k3_cli_json_string(stdout, bm->arch.device_name);
+        printf(", \"copies\": %d, \"reps\": %lld, \"rows\": [", (int)bm->copies, (long long)o->reps);
+    }
+}
+
+static void bb_print_point(void *user, const bb_measure *bm, const bb_point *p, int j) {
+    const bb_opts *o = ((const bb_print *)user)->o;
+    (void)bm;
+    if (!o->json) {
+        k3_bench_block_row(stdout, p);
+    } else {
+        if (j) fputs(", ", stdout);
+        k3_bench_block_row_json(stdout, p);
+    }
+    fflush(stdout);
+}
+
+int k3_bench_block(int argc, char **argv) {
+    bb_opts o;
+    int front_rc;
+    if (bb_front(argc, argv, &o, &front_rc)) return front_rc;
+    if (o.ranks) return k3_bench_block_ranks(&o);
+    k3_ctx *ctx = k3_cli_ctx("cuda");
+    if (!ctx) return K3_EXIT_FAIL;
+    int rc = K3_EXIT_FAIL;
+    k3_synth_block hb;
+    memset(&hb, 0, sizeof hb);
+    int32_t *hmap = NULL;
+    /* the rank: TP8 (every expert, I / 8) or EP16 (56 whole experts, the router over all 896) */
+    const int32_t e_local = o.ep ? 56 : 896;
+    k3_synth_block_desc(&hb.d, e_local, 16, 7168, 3584, o.ep ? 3072 : 384, o.ep ? 384 : 768, BB_MAX_M);
+    if (o.ep) {
+        hb.d.router.num_experts = 896;
+        hb.d.experts.global_experts = 896;
+        hb.d.parallel.layout = K3_PARALLEL_NONE; /* one rank measured alone: its own partial is normalized */
+        if (!(hmap = (int32_t *)malloc(sizeof(int32_t) * 896))) {
+            fprintf(stderr, "k3 bench block: out of memory\n");
+            goto done;
+        }
+        for (int32_t g = 0; g < 896; g++) hmap[g] = g < e_local ? g : -1; /* EP16: this rank holds experts 0..55 */
+    }
+    k3_synth_rng r = {BB_SEED};
+    fprintf(stderr, "k3 bench block: synthesizing the %s rank's weights\n", o.ep ? "EP16" : "TP8");
+    if (!k3_synth_block_make(&hb, &r)) {
+        fprintf(stderr, "k3 bench block: out of host memory\n");
+        goto done;
+    }
+    bb_print pr = {&o};
+    bb_measure bm;
+    memset(&bm, 0, sizeof bm);
+    bm.who = "k3 bench block", bm.ctx = ctx, bm.hb = &hb, bm.expert_map = hmap, bm.rng = &r;
+    bm.ms = o.ms, bm.nm = o.nm, bm.reps = o.reps, bm.max_copies = 8, bm.progress = stderr;
+    bm.on_ready = bb_print_ready, bm.on_point = bb_print_point, bm.user = &pr;
+    bm.schedule = (k3_latent_schedule)o.schedule;
+    if (!k3_bench_block_measure(&bm)) goto done;
+    if (o.json) printf("]}\n");
+    rc = K3_EXIT_OK;
+done:
+    free(hmap);
     k3_synth_block_free(&hb);
     k3_ctx_destroy(ctx);
     return rc;

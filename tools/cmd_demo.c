@@ -1,7 +1,9 @@
 /*
  * k3 demo: the Kimi-K3 latent-MoE block at its real TP8 shapes (H 7168, 896 experts top-16, L 3584, I 384,
  * shared Is 768, NVFP4 experts) on synthetic weights, timed per stage for a few token counts, then a
- * correctness line on a smaller block (see check_small).
+ * correctness line on a smaller block (see check_small). On CUDA the times are `k3 bench block`'s measurement
+ * (k3_bench_block_measure: graph replay, cold weights, each stage alone beside the block); on the CPU a host clock
+ * per stage of one call.
  *
  * Weights are drawn directly in storage form from a fixed seed: FP4 codes are uniformly random bytes, e4m3 block
  * scales random codes in [0.5, 1.875], and scale_2 per expert makes the dequantized rms 1/sqrt(K) (0.017 for
@@ -15,11 +17,16 @@
 #include "api/moe_internal.h" /* the plan's CPU form: the per-stage timings have no public call */
 #include "cli.h"
 #include "cli_mem.h"
+#include "block_bench.h"
 #include "block_synth.h"
 #include "demo_report.h"
 
 #define DEMO_SEED 0x4b33446d6fULL /* "K3Dmo" */
 #define MAX_M K3_DEMO_MAX_M
+/* CUDA: `k3 bench block`'s defaults; at the TP8 rank's 2.2 GB the cold rule asks for 2 copies, and the replays
+   of the six variants take well under a second per M, so the weights' synthesis and copies dominate the run. */
+#define DEMO_REPS 11
+#define DEMO_MAX_COPIES 8
 
 static double now_s(void) { return k3_cli_now(); }
 
@@ -44,18 +51,27 @@ static void demo_help(void) {
            "total; then a correctness line on a smaller block (E 16, top-4, L 256, I 64, H 512, Is 128): on CUDA\n"
            "the block against the CPU reference backend (routing identical, rel-L2 <= 1e-2); on the CPU (the\n"
            "reference itself) the batch against each token run alone (bitwise). It ends in PASS or FAIL.\n"
-           "On a CUDA context the weights are copied to the device and the GPU block is timed (total only: the\n"
-           "per-stage breakdown is measured on the CPU backend); a backend without the MoE falls back to the CPU.\n\n"
+           "On the CPU each stage of one call is timed with the host clock. On a CUDA context the block is timed\n"
+           "as `k3 bench block` times it, by the same code: the weights copied to the device as often as the cold\n"
+           "rule of docs/benchmarks.md asks (2 copies of the 2.2 GB rank on an H200), 4 back-to-back calls per\n"
+           "copy captured into a CUDA graph, 3 warm-up and %d timed replays, the median per call; the block and\n"
+           "each stage alone (router, down, experts, norm+up, shared) interleaved in the same run, printed in\n"
+           "microseconds with the stages' sum, the bytes read and %% of the HBM read floor (bytes / 4.37 TB/s\n"
+           "over the block's time).\n"
+           "A backend without the MoE falls back to the CPU.\n\n"
            "  --device D   cpu, cuda or auto (default auto)\n"
-           "  --m LIST     token counts, e.g. 1,4,16 or 1-8 (each 1..%d)\n"
+           "  --m LIST     token counts, e.g. 1,4,16 or 1-8 (each 1..%d; on CUDA at most 32, the GPU block's limit)\n"
            "  --json       one JSON object on stdout at the end (the lines above go to stderr instead): backend,\n"
            "               device, cpu_fallback, seed, format, shape (experts, top_k, hidden, latent, inter,\n"
-           "               shared_inter), weights_seconds, weights_bytes_fp4 / _dense, copy_seconds (null on the\n"
-           "               CPU), m, runs (per M: router_ms, down_ms, experts_ms, norm_up_ms, shared_ms (null on\n"
-           "               CUDA), total_ms), correctness (against, shape, m, ids_identical or bitwise_identical,\n"
-           "               finite, rel_l2 and bar (CUDA; null on the CPU), pass), total_seconds, pass\n\n"
+           "               shared_inter), weights_seconds, weights_bytes_fp4 / _dense, copy_seconds (every copy;\n"
+           "               null on the CPU), copies and reps (CUDA only), m, runs (per M; on the CPU: router_ms,\n"
+           "               down_ms, experts_ms, norm_up_ms, shared_ms, total_ms; on CUDA the row of `k3 bench block\n"
+           "               --json`: block_us, router_us, down_us, experts_us, norm_up_us, shared_us, stages_sum_us,\n"
+           "               composition_us, experts_touched, bytes, floor_us, percent_of_floor), correctness\n"
+           "               (against, shape, m, ids_identical or bitwise_identical, finite, rel_l2 and bar (CUDA;\n"
+           "               null on the CPU), pass), total_seconds, pass\n\n"
            "exit status: 0 success, 1 failure (including a failed correctness check), 2 usage error\n",
-           MAX_M);
+           DEMO_REPS, MAX_M);
 }
 
 /* Runs the small block once on ctx: m tokens of host x -> host y, ids, wts. 1 on success. */
@@ -174,6 +190,34 @@ done:
     return ok;
 }
 
+/* CUDA: the demo's lines as `k3 bench block`'s measurement reaches each step. */
+typedef struct demo_gpu {
+    FILE *hu;
+    k3_demo_report *rep;
+} demo_gpu;
+
+static void demo_gpu_ready(void *user, const bb_measure *bm) {
+    demo_gpu *g = (demo_gpu *)user;
+    g->rep->graph = 1, g->rep->copy_s = bm->copy_s, g->rep->copies = bm->copies, g->rep->reps = bm->reps;
+    fprintf(g->hu, "weights copied to the device %d times in %.2f s (calls rotate through the copies: cold weights)\n",
+            (int)bm->copies, bm->copy_s);
+    fprintf(g->hu, "\nk3_latent_moe_run and each stage alone, as `k3 bench block` times them: CUDA-graph replay of %d "
+                   "back-to-back calls, median of %lld replays, us per call\n",
+            (int)bm->calls, (long long)bm->reps);
+    k3_bench_block_header(g->hu);
+}
+
+static void demo_gpu_point(void *user, const bb_measure *bm, const bb_point *p, int j) {
+    demo_gpu *g = (demo_gpu *)user;
+    k3_demo_report *rep = g->rep;
+    (void)bm, (void)j;
+    if (rep->nm >= K3_DEMO_MAX_M) return;
+    rep->m[rep->nm] = p->m, rep->total_ms[rep->nm] = 1e-3 * p->us[0], rep->pt[rep->nm] = *p;
+    rep->nm++;
+    k3_bench_block_row(g->hu, p);
+    fflush(g->hu);
+}
+
 int k3_cmd_demo(int argc, char **argv) {
     const char *device = "auto";
     int64_t ms[MAX_M] = {1, 4, 16};
@@ -242,7 +286,7 @@ int k3_cmd_demo(int argc, char **argv) {
             "backend: %s (%s)\n",
             on_cpu ? "cpu" : "cuda", arch.device_name);
 
-    int rc = K3_EXIT_FAIL, in_ok = 1;
+    int rc = K3_EXIT_FAIL;
     k3_cli_mem mm;
     k3_cli_mem_init(&mm, ctx);
     uint16_t *x = NULL;
@@ -254,51 +298,45 @@ int k3_cmd_demo(int argc, char **argv) {
     rep.bytes_fp4 = (double)b.bytes_fp4, rep.bytes_dense = (double)b.bytes_dense;
     fprintf(hu, "weights: synthesized from seed 0x%llx in %.2f s (%.2f GB NVFP4 experts + %.2f GB BF16 dense)\n",
             (unsigned long long)DEMO_SEED, rep.synth_s, (double)b.bytes_fp4 / 1e9, (double)b.bytes_dense / 1e9);
-    k3_latent_moe_workspace_size(plan, &wsb);
-    const size_t xb = sizeof(uint16_t) * (size_t)(max_m * 7168);
-    if (!(x = malloc(xb))) goto oom;
-    k3_synth_bf16(&r, x, (size_t)(max_m * 7168), 1.0);
-    t0 = now_s();
-    k3_latent_moe_weights cw; /* the weights as the context sees them (device copies on CUDA) */
-    void *cws = k3_cli_mem_alloc(&mm, wsb), *cy = k3_cli_mem_alloc(&mm, xb);
-    const void *cx = k3_cli_mem_in(&mm, x, xb, &in_ok);
-    if (!k3_synth_block_weights_in(&b, &mm, &cw) || !in_ok || !cws || !cy) goto oom;
     if (!on_cpu) {
-        rep.copy_s = now_s() - t0;
-        fprintf(hu, "weights copied to the device in %.2f s\n", rep.copy_s);
-    }
-
-    rep.has_stages = on_cpu;
-    fprintf(hu, "\n%5s %9s %9s %9s %9s %9s %10s   %s\n", "M", "router", "down", "experts", "norm+up", "shared",
-            "total ms", "(k3_latent_moe_run)");
-    const k3_cpu_latent *cpu = k3_latent_moe_plan_cpu(plan);
-    for (int i = 0; i < nm; i++) {
-        const int64_t m = ms[i];
-        if (!on_cpu) { /* warm-up call (module load, first-touch), then the timed one */
-            st = k3_latent_moe_run(plan, m, cx, &cw, NULL, cy, NULL, NULL, cws, wsb, NULL);
-            if (st == K3_STATUS_SUCCESS && !k3_cli_mem_sync(&mm)) st = K3_STATUS_CUDA_ERROR;
-        }
-        t0 = now_s();
-        if (st == K3_STATUS_SUCCESS) st = k3_latent_moe_run(plan, m, cx, &cw, NULL, cy, NULL, NULL, cws, wsb, NULL);
-        if (st == K3_STATUS_SUCCESS && !k3_cli_mem_sync(&mm)) st = K3_STATUS_CUDA_ERROR;
-        const double total = now_s() - t0;
-        if (st != K3_STATUS_SUCCESS) {
-            fprintf(stderr, "k3 demo: run M=%lld: %s\n", (long long)m, k3_ctx_last_error(ctx));
-            goto done;
-        }
-        /* the same block again, stage by stage, for the breakdown (the CPU form of the plan) */
-        stage_clock c;
-        memset(&c, 0, sizeof c);
-        c.last = now_s();
-        if (on_cpu) k3_cpu_latent_run(cpu, m, x, &b.w, NULL, (uint16_t *)cy, NULL, NULL, cws, on_stage, &c);
-        rep.m[rep.nm] = m, rep.total_ms[rep.nm] = 1e3 * total;
-        for (int s = 0; s < K3_DEMO_STAGES; s++) rep.stage_ms[rep.nm][s] = 1e3 * c.t[s];
-        rep.nm++;
-        if (on_cpu)
+        demo_gpu g = {hu, &rep};
+        bb_measure bm;
+        memset(&bm, 0, sizeof bm);
+        bm.who = "k3 demo", bm.ctx = ctx, bm.hb = &b, bm.rng = &r, bm.ms = ms, bm.nm = nm;
+        bm.reps = DEMO_REPS, bm.max_copies = DEMO_MAX_COPIES;
+        bm.on_ready = demo_gpu_ready, bm.on_point = demo_gpu_point, bm.user = &g;
+        if (!k3_bench_block_measure(&bm)) goto done;
+    } else {
+        k3_latent_moe_workspace_size(plan, &wsb);
+        const size_t xb = sizeof(uint16_t) * (size_t)(max_m * 7168);
+        if (!(x = malloc(xb))) goto oom;
+        k3_synth_bf16(&r, x, (size_t)(max_m * 7168), 1.0);
+        void *cws = k3_cli_mem_alloc(&mm, wsb), *cy = k3_cli_mem_alloc(&mm, xb);
+        if (!cws || !cy) goto oom;
+        rep.has_stages = 1;
+        fprintf(hu, "\n%5s %9s %9s %9s %9s %9s %10s   %s\n", "M", "router", "down", "experts", "norm+up", "shared",
+                "total ms", "(k3_latent_moe_run)");
+        const k3_cpu_latent *cpu = k3_latent_moe_plan_cpu(plan);
+        for (int i = 0; i < nm; i++) {
+            const int64_t m = ms[i];
+            t0 = now_s();
+            st = k3_latent_moe_run(plan, m, x, &b.w, NULL, cy, NULL, NULL, cws, wsb, NULL);
+            const double total = now_s() - t0;
+            if (st != K3_STATUS_SUCCESS) {
+                fprintf(stderr, "k3 demo: run M=%lld: %s\n", (long long)m, k3_ctx_last_error(ctx));
+                goto done;
+            }
+            /* the same block again, stage by stage, for the breakdown (the CPU form of the plan) */
+            stage_clock c;
+            memset(&c, 0, sizeof c);
+            c.last = now_s();
+            k3_cpu_latent_run(cpu, m, x, &b.w, NULL, (uint16_t *)cy, NULL, NULL, cws, on_stage, &c);
+            rep.m[rep.nm] = m, rep.total_ms[rep.nm] = 1e3 * total;
+            for (int s = 0; s < K3_DEMO_STAGES; s++) rep.stage_ms[rep.nm][s] = 1e3 * c.t[s];
+            rep.nm++;
             fprintf(hu, "%5lld %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f\n", (long long)m, 1e3 * c.t[0], 1e3 * c.t[1],
                     1e3 * c.t[2], 1e3 * c.t[3], 1e3 * c.t[4], 1e3 * total);
-        else /* the per-stage breakdown exists for the CPU form of the plan only */
-            fprintf(hu, "%5lld %9s %9s %9s %9s %9s %10.3f\n", (long long)m, "-", "-", "-", "-", "-", 1e3 * total);
+        }
     }
     fprintf(hu, "\n");
     rep.pass = check_small(ctx, hu, &rep.check);

@@ -30,10 +30,16 @@ void k3_demo_report_print(const k3_demo_report *r) {
            r->bytes_dense);
     if (r->copy_s >= 0) k3_cli_json_number(stdout, r->copy_s);
     else fputs("null", stdout);
+    if (r->graph) printf(", \"copies\": %d, \"reps\": %lld", (int)r->copies, (long long)r->reps);
     printf(", \"m\": [");
     for (int i = 0; i < r->nm; i++) printf("%s%lld", i ? ", " : "", (long long)r->m[i]);
     printf("], \"runs\": [");
     for (int i = 0; i < r->nm; i++) {
+        if (r->graph) { /* the row of `k3 bench block --json` */
+            if (i) fputs(", ", stdout);
+            k3_bench_block_row_json(stdout, &r->pt[i]);
+            continue;
+        }
         printf("%s{\"m\": %lld", i ? ", " : "", (long long)r->m[i]);
         for (int s = 0; s < K3_DEMO_STAGES; s++) {
             printf(", \"%s\": ", stage[s]);

@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "block_bench.h"
+
 #define K3_DEMO_MAX_M 64
 #define K3_DEMO_STAGES 5 /* router, down, experts, norm+up, shared */
 
@@ -37,6 +39,10 @@ typedef struct k3_demo_report {
     int64_t m[K3_DEMO_MAX_M];
     int has_stages;           /* per-stage times exist (CPU form of the plan) */
     double stage_ms[K3_DEMO_MAX_M][K3_DEMO_STAGES], total_ms[K3_DEMO_MAX_M];
+    int graph;                /* CUDA: pt[] holds `k3 bench block`'s measurement instead of the host-clock times */
+    int32_t copies;           /* graph: weight copies rotated */
+    int64_t reps;             /* graph: timed replays per variant */
+    bb_point pt[K3_DEMO_MAX_M];
     k3_demo_check check;
     double total_s;
     int pass;
