@@ -13,9 +13,25 @@
 
 #define SEED 0x54507261ull /* "TPra" */
 #define TOL 1e-3
-#define MAX_RANKS 4
+#define MAX_RANKS 8
+#define TOL_UNSHARDED 1e-5 /* against the unsharded CPU block: only the fp32 summation order differs */
 
 static k3_ctx *g_ctx;
+
+/* A K3-shaped block scaled down: E experts top_k, shared experts (Is 64) or none. */
+static k3_latent_moe_desc make_desc_ek(k3_weight_format f, int32_t e, int32_t top_k, int shared) {
+    k3_latent_moe_desc d;
+    k3_latent_moe_desc_init(&d);
+    d.hidden = d.router.hidden = 128;
+    d.router.num_experts = d.experts.num_experts = e;
+    d.router.top_k = d.experts.top_k = top_k;
+    d.experts.hidden = 64;
+    d.experts.inter = 128;
+    d.experts.format = f;
+    d.shared_inter = shared ? 64 : 0;
+    d.max_tokens = 8;
+    return d;
+}
 
 static k3_latent_moe_desc make_desc(k3_weight_format f) {
     k3_latent_moe_desc d;
@@ -102,6 +118,21 @@ static void test_split(const char *name, const k3_latent_moe_desc *d, int32_t si
     double *rw = (double *)malloc(sizeof(double) * (size_t)(m * k));
     float *wts = (float *)malloc(sizeof(float) * (size_t)(m * k));
     ref_latent(d, &b.w, m, x, res, ref, rids, rw);
+    /* the unsharded block on the same backend: the sharded result differs from it only by fp32 sum order */
+    uint16_t *yu = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(m * h));
+    int have_unsharded = 0;
+    {
+        k3_latent_moe_plan *pu = NULL;
+        size_t wub = 0;
+        if (k3_latent_moe_plan_create(g_ctx, d, &pu) == K3_STATUS_SUCCESS) {
+            void *wsu = ws_for(pu, &wub);
+            have_unsharded = k3_latent_moe_run(pu, m, x, &b.w, res, yu, NULL, NULL, wsu, wub, NULL) ==
+                             K3_STATUS_SUCCESS;
+            free(wsu);
+        }
+        k3_latent_moe_plan_destroy(pu);
+        CHECK(have_unsharded, "%s: the unsharded block runs: %s", name, k3_ctx_last_error(g_ctx));
+    }
 
     k3t_tp_shard sh[MAX_RANKS];
     k3_latent_moe_weights sw[MAX_RANKS];
@@ -145,10 +176,20 @@ static void test_split(const char *name, const k3_latent_moe_desc *d, int32_t si
             finite &= isfinite(got[i]) != 0;
         }
         const double e = ref_rel_l2(got, ref, m * h);
+        double eu = INFINITY;
+        if (have_unsharded) {
+            double *un = (double *)malloc(sizeof(double) * (size_t)(m * h));
+            for (int64_t i = 0; i < m * h; i++) un[i] = k3_bf16_to_f32(yu[i]);
+            eu = ref_rel_l2(got, un, m * h);
+            free(un);
+        }
         CHECK(ids_same, "%s: routing ids of every rank identical to the fp64 router", name);
         CHECK(finite, "%s: output finite", name);
         CHECK(e <= TOL, "%s: %s%d block output rel-L2 %.3g > %g", name, ep ? "EP" : "TP", (int)size, e, TOL);
-        printf("  %-34s %s%d m=%-2lld rel-L2 vs fp64 %.2e\n", name, ep ? "EP" : "TP", (int)size, (long long)m, e);
+        CHECK(eu <= TOL_UNSHARDED, "%s: %s%d block output vs the unsharded CPU block rel-L2 %.3g > %g", name,
+              ep ? "EP" : "TP", (int)size, eu, TOL_UNSHARDED);
+        printf("  %-34s %s%d m=%-2lld rel-L2 vs fp64 %.2e, vs the unsharded block %.2e\n", name, ep ? "EP" : "TP",
+               (int)size, (long long)m, e, eu);
         /* a rank's plan holds part of the block: the one-call run is refused */
         if (size > 1) {
             st = k3_latent_moe_run(p[0], m, x, &sw[0], NULL, y, NULL, NULL, ws[0], wsb[0], NULL);
@@ -167,6 +208,7 @@ static void test_split(const char *name, const k3_latent_moe_desc *d, int32_t si
     free(x);
     free(res);
     free(y);
+    free(yu);
     free(ref);
     free(got);
     free(rids);
@@ -286,6 +328,19 @@ int main(void) {
         test_tp("bf16 experts", &bf, size, 8, &r);
     }
     test_tp("mxfp4 experts", &mx, 4, 1, &r); /* I / 4 = 32: one MXFP4 block per row of w2 */
+    {
+        /* E 64 top-8 with and without shared experts, up to TP8 (I / 8 = 16: one NVFP4 block per row of w2) */
+        const k3_latent_moe_desc e64 = make_desc_ek(K3_WEIGHT_NVFP4, 64, 8, 1);
+        const k3_latent_moe_desc e64n = make_desc_ek(K3_WEIGHT_NVFP4, 64, 8, 0);
+        const k3_latent_moe_desc e32m = make_desc_ek(K3_WEIGHT_MXFP4, 32, 6, 0);
+        for (int32_t size = 2; size <= MAX_RANKS; size *= 2) {
+            test_tp("nvfp4 E64 top-8 shared", &e64, size, 4, &r);
+            test_tp("nvfp4 E64 top-8 no shared", &e64n, size, 2, &r);
+        }
+        test_tp("mxfp4 E32 top-6 no shared", &e32m, 2, 3, &r);
+        test_ep("nvfp4 E64 top-8 no shared", &e64n, 4, 3, &r);
+        test_ep("mxfp4 E32 top-6 no shared", &e32m, 2, 2, &r);
+    }
     for (int32_t size = 2; size <= MAX_RANKS; size *= 2) {
         test_ep("nvfp4 experts", &nv, size, 5, &r);
         test_ep("bf16 experts", &bf, size, 8, &r);
