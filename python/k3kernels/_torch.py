@@ -276,15 +276,32 @@ def _fused_moe_checked(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13
     return plan
 
 
+_raw_alloc = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_alloc", None)
+_raw_delete = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_delete", None)
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
 def _fused_moe_launch(plan, dev, x, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
                       w13_input_scale, w2_input_scale):
     m, l = x.shape
     w = C.MoeWeights(_ptr(w13), _ptr(w13_scale), _ptr(w13_scale_2), _ptr(w13_input_scale), _ptr(w2), _ptr(w2_scale),
                      _ptr(w2_scale_2), _ptr(w2_input_scale))
     out = x.new_empty((m, l))
+    s = _stream(dev)
+    if dev[0] == "cuda" and plan.ws_bytes and _raw_alloc is not None and _get_device() == dev[1]:
+        # the workspace as a bare block of torch's caching allocator on this stream, handed back right after the
+        # launches: the same stream-ordered lifetime (and graph-pool routing under capture) as a tensor that goes
+        # out of scope, without a tensor's construction cost (several microseconds of host time)
+        ws = _raw_alloc(plan.ws_bytes, s)
+        try:
+            O._check(_lib.k3_moe_run(plan.handle, m, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
+                                     ctypes.byref(w), out.data_ptr(), None, ws, plan.ws_bytes, s), plan.ctx)
+        finally:
+            _raw_delete(ws)
+        return out
     ws = x.new_empty(plan.ws_bytes, dtype=torch.uint8) if plan.ws_bytes else None
     O._check(_lib.k3_moe_run(plan.handle, m, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
-                             ctypes.byref(w), out.data_ptr(), None, _ptr(ws), plan.ws_bytes, _stream(dev)), plan.ctx)
+                             ctypes.byref(w), out.data_ptr(), None, _ptr(ws), plan.ws_bytes, s), plan.ctx)
     return out
 
 
