@@ -1,4 +1,4 @@
-/* A latent-MoE block's random host weights for the CPU tests (test_latent.c, test_latent_tp.c, gpu_latent_tp.c): the
+/* A latent-MoE block's random host weights for the CPU tests (test_latent.c, test_latent_tp.c, test_latent_dp.c, gpu_latent_tp.c): the
  * experts from moe_data.h, a BF16 (or F32) router gate with an optional correction bias, the latent projections,
  * the norm and the shared experts, each with rms ~ 1/sqrt(K). The index of the router's experts is the router's
  * own E (router.num_experts), which an expert-parallel descriptor keeps above the experts'. */
@@ -52,6 +52,15 @@ static inline void ld_make(lat_data *ld, const k3_latent_moe_desc *d, k3t_rng *r
     ld->w.up_proj = ld->up;
     ld->w.shared_gate_up = ld->sgu;
     ld->w.shared_down = ld->sdown;
+}
+
+/* A plan's workspace in host memory, filled with a pattern (a stage must not depend on what it holds). */
+static inline void *ld_ws(k3_latent_moe_plan *p, size_t *bytes) {
+    *bytes = 0;
+    k3_latent_moe_workspace_size(p, bytes);
+    void *ws = malloc(*bytes ? *bytes : 1);
+    if (ws) memset(ws, 0xa5, *bytes);
+    return ws;
 }
 
 static inline void ld_free(lat_data *ld) {

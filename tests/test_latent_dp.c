@@ -36,14 +36,6 @@ static k3_latent_moe_desc make_desc(k3_weight_format f, int32_t e, int32_t k, in
     return d;
 }
 
-static void *ws_for(k3_latent_moe_plan *p, size_t *bytes) {
-    *bytes = 0;
-    k3_latent_moe_workspace_size(p, bytes);
-    void *ws = malloc(*bytes ? *bytes : 1);
-    if (ws) memset(ws, 0xa5, *bytes);
-    return ws;
-}
-
 static double rel_l2_bf16(const uint16_t *a, const uint16_t *b, int64_t n) {
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -111,7 +103,7 @@ static void run_case(const dp_case *c, k3t_rng *r) {
     int ok = k3_latent_moe_plan_create(g_ctx, &d, &pf) == K3_STATUS_SUCCESS;
     CHECK(ok, "%s: unsharded plan: %s", c->name, k3_ctx_last_error(g_ctx));
     if (ok) {
-        wf = ws_for(pf, &wsf);
+        wf = ld_ws(pf, &wsf);
         ok = k3_latent_moe_run(pf, mg, xg, &b.w, resg, yfull, NULL, NULL, wf, wsf, NULL) == K3_STATUS_SUCCESS;
         CHECK(ok, "%s: unsharded run: %s", c->name, k3_ctx_last_error(g_ctx));
     }
@@ -138,7 +130,7 @@ static void run_case(const dp_case *c, k3t_rng *r) {
             ok = 0;
             break;
         }
-        ws[rk] = ws_for(p[rk], &wsb[rk]);
+        ws[rk] = ld_ws(p[rk], &wsb[rk]);
         /* PRE_REDUCE runs on every gathered row: its partial is that of size * m tokens */
         k3_latent_moe_partial_count(p[rk], mg, &count);
         part[rk] = (float *)malloc(sizeof(float) * count);
@@ -319,7 +311,7 @@ static void test_rules(k3t_rng *r) {
     CHECK(ok, "rules: plans: %s", k3_ctx_last_error(g_ctx));
     if (ok) {
         size_t wn = 0, wo = 0;
-        void *wsn = ws_for(pn, &wn), *wso = ws_for(po, &wo);
+        void *wsn = ld_ws(pn, &wn), *wso = ld_ws(po, &wo);
         k3_status st1 = k3_latent_moe_run(pn, m, x, &b.w, res, y1, NULL, NULL, wsn, wn, NULL);
         k3_status st2 = k3_latent_moe_run(po, m, x, &b.w, res, y2, NULL, NULL, wso, wo, NULL);
         CHECK(st1 == K3_STATUS_SUCCESS && st2 == K3_STATUS_SUCCESS, "rules: runs: %s", k3_ctx_last_error(g_ctx));
@@ -346,7 +338,7 @@ static void test_rules(k3t_rng *r) {
     k3_latent_moe_plan *p2 = NULL;
     if (k3_latent_moe_plan_create(g_ctx, &sh.d, &p2) == K3_STATUS_SUCCESS) {
         size_t wb = 0;
-        void *w2 = ws_for(p2, &wb);
+        void *w2 = ld_ws(p2, &wb);
         k3_status st = k3_latent_moe_run(p2, 3, x, &sw, NULL, y2, NULL, NULL, w2, wb, NULL);
         CHECK(st == K3_STATUS_INVALID_ARGUMENT && strstr(k3_ctx_last_error(g_ctx), "too many tokens for this plan") &&
                   strstr(k3_ctx_last_error(g_ctx), "gather 6"),

@@ -47,14 +47,6 @@ static k3_latent_moe_desc make_desc(k3_weight_format f) {
     return d;
 }
 
-static void *ws_for(k3_latent_moe_plan *p, size_t *bytes) {
-    *bytes = 0;
-    k3_latent_moe_workspace_size(p, bytes);
-    void *ws = malloc(*bytes ? *bytes : 1);
-    if (ws) memset(ws, 0xa5, *bytes);
-    return ws;
-}
-
 /* One rank (size 1): PRE then POST equals k3_latent_moe_run bit for bit, with and without a residual. */
 static void test_one_rank(const char *name, const k3_latent_moe_desc *d, k3t_rng *r) {
     lat_data b;
@@ -67,7 +59,7 @@ static void test_one_rank(const char *name, const k3_latent_moe_desc *d, k3t_rng
     k3_status st = k3_latent_moe_plan_create(g_ctx, d, &p);
     CHECK(st == K3_STATUS_SUCCESS, "%s: plan: %s", name, k3_ctx_last_error(g_ctx));
     size_t wsb = 0, count = 0;
-    void *ws = p ? ws_for(p, &wsb) : NULL;
+    void *ws = p ? ld_ws(p, &wsb) : NULL;
     if (p && k3_latent_moe_partial_count(p, m, &count) == K3_STATUS_SUCCESS) {
         CHECK(count == (size_t)(m * (d->experts.hidden + h)), "%s: partial count %zu = m (L + H)", name, count);
         float *part = (float *)malloc(sizeof(float) * count);
@@ -125,7 +117,7 @@ static void test_split(const char *name, const k3_latent_moe_desc *d, int32_t si
         k3_latent_moe_plan *pu = NULL;
         size_t wub = 0;
         if (k3_latent_moe_plan_create(g_ctx, d, &pu) == K3_STATUS_SUCCESS) {
-            void *wsu = ws_for(pu, &wub);
+            void *wsu = ld_ws(pu, &wub);
             have_unsharded = k3_latent_moe_run(pu, m, x, &b.w, res, yu, NULL, NULL, wsu, wub, NULL) ==
                              K3_STATUS_SUCCESS;
             free(wsu);
@@ -153,7 +145,7 @@ static void test_split(const char *name, const k3_latent_moe_desc *d, int32_t si
             ok = 0;
             continue;
         }
-        ws[rk] = ws_for(p[rk], &wsb[rk]);
+        ws[rk] = ld_ws(p[rk], &wsb[rk]);
         k3_latent_moe_partial_count(p[rk], m, &count);
         part[rk] = (float *)malloc(sizeof(float) * count);
         st = k3_latent_moe_run_stage(p[rk], K3_LATENT_PRE_REDUCE, m, x, &sw[rk], NULL, NULL, part[rk], ids, wts,
@@ -258,7 +250,7 @@ static void test_errors(k3t_rng *r) {
         return;
     }
     size_t wsb = 0, count = 0;
-    void *ws = ws_for(p, &wsb);
+    void *ws = ld_ws(p, &wsb);
     const int64_t m = 2;
     k3_latent_moe_partial_count(p, m, &count);
     float *part = (float *)malloc(sizeof(float) * count);
