@@ -112,6 +112,8 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
         if (st == K3_STATUS_SUCCESS) p->ws_sdown_f32 = k3_lt_workspace_size(p->sdown_f32);
         else st = prefix_error(ctx, st, "latent plan: shared down projection (fp32 partial)");
     }
+    /* AUTO: the shared experts beside the routed path, the fastest of the three schedules on SM90, the only
+     * architecture they were measured on (bench/NOTES-block.md); the others take it until they are measured */
     p->schedule = d->schedule != K3_LATENT_SCHEDULE_AUTO ? d->schedule : K3_LATENT_SCHEDULE_SHARED_BESIDE;
     if (p->schedule == K3_LATENT_SCHEDULE_SHARED_BESIDE && is == 0) p->schedule = K3_LATENT_SCHEDULE_SERIAL;
     if (st == K3_STATUS_SUCCESS && p->schedule != K3_LATENT_SCHEDULE_SERIAL) st = k3_fork_join_create(ctx, &p->fj);
