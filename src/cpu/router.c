@@ -2,42 +2,61 @@
  * The CPU router (docs/model.md section 3): fp32 logits, then sigmoid noaux_tc or softmax, top-k, weights.
  *
  * Determinism choices:
- * - logits: fp32 products summed in K3_RT_LANES fixed partial sums combined in a fixed tree order;
+ * - logits: fused multiply-adds into K3_RT_LANES fixed partial sums combined in a fixed tree order;
  * - top-k: a stable insertion selection over ids in ascending order, so equal keys keep the lower id first;
  * - NaN: a NaN logit (or a NaN choice from a NaN bias) is the lowest possible key (-inf), so it is picked only
  *   after every other expert, lowest id first; its weight is 0 (sigmoid) or its probability is 0 (softmax).
  */
 #include "cpu/cpu.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
 #include "core/bf16.h"
 #include "core/router_math.h" /* sigmoid / exp shared bit-for-bit with the CUDA router */
 
-#define K3_RT_LANES 16
+/* The logits' summation order, shared with the CUDA router: element k goes to partial sum (k / K3_RT_PIECE) %
+ * K3_RT_LANES, each partial sum takes its elements in ascending k, every step one fused multiply-add (a single
+ * rounding), and the partial sums meet in a fixed tree. Pieces of 8 elements are one 16-byte load of a BF16 row on
+ * the GPU; 128 partial sums keep each dependent chain short (56 steps at hidden 7168), at 8 per piece. */
+#define K3_RT_LANES 128
+#define K3_RT_PIECE 8
 
+/* Halves first: l += l + 64, then l += l + 32, ..., l += l + 1 (the GPU: across its four warps through shared
+ * memory, then shuffles inside one warp). */
 static inline float rt_reduce(float *t) {
     for (int w = K3_RT_LANES / 2; w >= 1; w /= 2)
         for (int l = 0; l < w; l++) t[l] += t[l + w];
     return t[0];
 }
 
+/* fma(x, g, a) for BF16 x and g: their product has at most 16 significant bits, so the rounded product p is exact
+ * whenever it is a normal finite number (or either factor is zero or not finite), and a + p then rounds once, as the
+ * fused operation does; only an underflowing or overflowing product needs the (slower) fmaf. */
+static inline float rt_fma_bf16(float x, float g, float a) {
+    const float p = x * g, ap = fabsf(p);
+    if ((ap >= FLT_MIN && ap <= FLT_MAX) || x == 0.0f || g == 0.0f || !isfinite(x) || !isfinite(g)) return a + p;
+    return fmaf(x, g, a);
+}
+
 static float rt_dot_bf16(const uint16_t *x, const uint16_t *g, int64_t h) {
     float acc[K3_RT_LANES] = {0};
-    const int64_t hv = h - h % K3_RT_LANES;
-    for (int64_t k = 0; k < hv; k += K3_RT_LANES)
-        for (int l = 0; l < K3_RT_LANES; l++) acc[l] += k3_bf16_bits_to_f32(x[k + l]) * k3_bf16_bits_to_f32(g[k + l]);
-    for (int64_t k = hv; k < h; k++) acc[k - hv] += k3_bf16_bits_to_f32(x[k]) * k3_bf16_bits_to_f32(g[k]);
+    for (int64_t k0 = 0, piece = 0; k0 < h; k0 += K3_RT_PIECE, piece++) {
+        float *a = &acc[piece % K3_RT_LANES];
+        const int64_t k1 = k0 + K3_RT_PIECE < h ? k0 + K3_RT_PIECE : h;
+        for (int64_t k = k0; k < k1; k++) *a = rt_fma_bf16(k3_bf16_bits_to_f32(x[k]), k3_bf16_bits_to_f32(g[k]), *a);
+    }
     return rt_reduce(acc);
 }
 
 static float rt_dot_f32(const uint16_t *x, const float *g, int64_t h) {
     float acc[K3_RT_LANES] = {0};
-    const int64_t hv = h - h % K3_RT_LANES;
-    for (int64_t k = 0; k < hv; k += K3_RT_LANES)
-        for (int l = 0; l < K3_RT_LANES; l++) acc[l] += k3_bf16_bits_to_f32(x[k + l]) * g[k + l];
-    for (int64_t k = hv; k < h; k++) acc[k - hv] += k3_bf16_bits_to_f32(x[k]) * g[k];
+    for (int64_t k0 = 0, piece = 0; k0 < h; k0 += K3_RT_PIECE, piece++) {
+        float *a = &acc[piece % K3_RT_LANES];
+        const int64_t k1 = k0 + K3_RT_PIECE < h ? k0 + K3_RT_PIECE : h;
+        for (int64_t k = k0; k < k1; k++) *a = fmaf(k3_bf16_bits_to_f32(x[k]), g[k], *a);
+    }
     return rt_reduce(acc);
 }
 

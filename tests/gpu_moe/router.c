@@ -133,11 +133,20 @@ static const rcase k_router_cases[] = {
     {{"softmax", {56, 8, 7168}, 16, 0, 106, K3T_OP_ROUTER}, K3_ROUTER_SOFTMAX, K3_DTYPE_BF16, 1, 0, 0, -1, 1.0f},
     {{"softmax", {128, 4, 4096}, 4, 0, 107, K3T_OP_ROUTER}, K3_ROUTER_SOFTMAX, K3_DTYPE_F32, 0, 0, 1, 9, 1.0f},
     {{"softmax", {8, 2, 256}, 512, 0, 108, K3T_OP_ROUTER}, K3_ROUTER_SOFTMAX, K3_DTYPE_BF16, 1, 0, 0, -1, 1.0f},
-    /* the ring kernel's token blockings (2 and 8 per block), E not a multiple of its 8 experts, a partial last
-     * chunk (1000 = 3 x 256 + 232 bf16 / 7 x 128 + 104 f32) */
+    /* E not a multiple of the logits blocks' experts; h 1000 = 125 pieces: threads 125..127 hold no piece */
     {{"sigmoid", {900, 16, 1000}, 2, 0, 109, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_F32, 1, 1, 0, 11, 1.0f},
     {{"sigmoid", {900, 16, 1000}, 6, 0, 110, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, -1, 2.5f},
-    /* the selection's method boundaries (moe_route.cu): 257 and 1024 experts sort, 1025 takes the arg-max rounds */
+    /* the logits kernel's blockings by m (2 x 4, 2 x 8, 4 x 8 experts x tokens), a gate of 2 pieces per thread */
+    {{"sigmoid", {896, 16, 7168}, 4, 0, 114, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, -1, 1.0f},
+    {{"sigmoid", {896, 16, 7168}, 8, 0, 115, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, 2, 1.0f},
+    {{"sigmoid", {896, 16, 7168}, 33, 0, 116, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, -1, 2.5f},
+    {{"sigmoid", {64, 8, 2048}, 5, 0, 117, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_F32, 0, 1, 1, -1, 1.0f},
+    /* the merging selection's sizes: 32 full lists (1024), one list (32), k 16 against 17 (the other selection) */
+    {{"sigmoid", {1024, 16, 512}, 3, 0, 118, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, 7, 1.0f},
+    {{"sigmoid", {32, 16, 520}, 7, 0, 119, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, 31, 1.0f},
+    {{"sigmoid", {300, 17, 512}, 2, 0, 120, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, -1, 1.0f},
+    /* the selection's method boundaries (router.cu): sigmoid keys over <= 1024 experts with top_k <= 16 merge; softmax
+     * over 257..1024 sorts by warps of 128; otherwise (1025 experts) the arg-max rounds */
     {{"sigmoid", {257, 8, 256}, 2, 0, 111, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_F32, 1, 1, 1, 3, 1.0f},
     {{"softmax", {1024, 8, 512}, 3, 0, 112, K3T_OP_ROUTER}, K3_ROUTER_SOFTMAX, K3_DTYPE_BF16, 1, 0, 1, 100, 1.0f},
     {{"sigmoid", {1025, 4, 256}, 2, 0, 113, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 0, 1, 0, -1, 1.0f},

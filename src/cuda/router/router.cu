@@ -1,23 +1,18 @@
 /*
  * The GPU router: the CPU router (src/cpu/router.c) reproduced bit for bit.
  *
- * 1. Logits: 16 lanes per (token, expert) dot product, lane l summing the products of elements l, l + 16, ...
- *    in order (the CPU's K3_RT_LANES partial sums, the tail included, since element hv + i is lane i's last
- *    term), then the CPU's tree (lane l += lane l + w for w = 8, 4, 2, 1) through shuffles. Every product and
- *    sum is a separate __fmul_rn / __fadd_rn, so nvcc cannot fuse them (the host side is -ffp-contract=off).
- *    The order fixes one long dependent chain per lane, so the loads must run far ahead of it: the main kernel
- *    streams the block's gate rows and token rows through a cp.async ring of K chunks in shared memory
- *    (a loop of register loads exposed one DRAM latency per element step and was several times slower on the
- *    H200: bench/NOTES-moe.md). Rows that cannot be copied in 16-byte pieces use the register loop.
- *    The ring kernel is launched with PDL (its gate prefetch overlaps the previous kernel; x goes through L2 by
- *    cp.async, coherent after griddepcontrol.wait); the register loop reads x through the read-only path, so it
- *    starts only after its producer completed (a plain launch).
+ * 1. Logits: the CPU's order, 128 partial sums per (token, expert) dot product, partial sum l taking the 8-element
+ *    pieces l, l + 128, ... in order, every step one fused multiply-add, then the CPU's tree. One thread per partial
+ *    sum, so a piece is one 16-byte load of a BF16 gate row and the dependent chains are short (h / 1024 pieces);
+ *    each block holds EPT experts x TOK tokens so that a gate piece serves TOK tokens and an x piece EPT experts.
+ *    Launched with PDL: the gate pieces are loaded before the wait (weights do not depend on the previous kernel),
+ *    x after it through the coherent path. Rows that are not whole aligned pieces take a scalar kernel.
  * 2. Selection, one block per token, launched with PDL (it reads the logits after its wait, through L2): keys as
  *    on the CPU (sigmoid from core/router_math.h, + bias, NaN -> -inf; or softmax probabilities with the CPU's
- *    sequential sum), then the top_k by one of two exact methods with ties to the lower id, both giving the
- *    sequence the CPU's stable insertion selection produces: for 257..1024 experts each warp sorts its slice as
- *    packed (key, id) words and the warps' first top_k are ranked by counting; otherwise top_k rounds of a
- *    block arg-max. The weights' short sums run on one thread in the CPU's order.
+ *    sequential sum), then the top_k with ties to the lower id, by exact methods that all give the sequence the
+ *    CPU's stable insertion selection produces: for sigmoid keys with E <= 1024 and top_k <= 16, warp sorts of 32
+ *    keys merged in pairs; otherwise, for 257..1024 experts, warp sorts of 128 keys ranked by counting, or top_k
+ *    rounds of a block arg-max.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -27,192 +22,158 @@
 #include "cuda/common/check.cuh"
 #include "cuda/common/ptr_check.h"
 #include "cuda/router/router.h"
-#include "cuda/common/cp_async.cuh"
+#include "cuda/common/loads.cuh"
 #include "cuda/common/pdl.cuh"
 
 namespace {
 
-constexpr int RT_LANES = 16;     /* the CPU's K3_RT_LANES */
-constexpr int RT_EXPERTS = 16;   /* experts per logits block (16 groups of 16 lanes = 256 threads) */
-constexpr int RT_TOKENS = 4;     /* tokens per logits block: each gate element loaded once serves 4 tokens */
-constexpr int RT_UNROLL = 32;    /* gate elements in flight per lane */
+constexpr int LG_LANES = 128; /* the CPU's K3_RT_LANES: one thread per partial sum */
+constexpr int LG_PIECE = 8;   /* the CPU's K3_RT_PIECE: consecutive elements a partial sum takes at a time */
 constexpr int SEL_THREADS = 256;
 constexpr int SEL_SORT_MAX = SEL_THREADS / 32 * 128; /* experts the sorting selection takes: 128 per warp */
 /* Below this many experts the top_k arg-max rounds are faster than the sorts: the sorts' fixed chain of 28 shuffle
  * steps costs more than a few rounds over few keys (measured faster at E 56, slower at E 896, sizes in between not
  * measured: bench/NOTES-moe.md). */
 constexpr int SEL_SORT_MIN = 257;
-
-/* The ring kernel: 8 experts (8 groups of 16 lanes) x TOK tokens per block, K in chunks of RING_CHUNK(G)
- * elements, as many stages as fit the default 48 KB of dynamic shared memory (at most 10). */
-constexpr int RING_EXPERTS = 8;
-constexpr int RING_THREADS = RING_EXPERTS * RT_LANES;
-constexpr int RING_SMEM_MAX = 48 * 1024;
+/* The merging selection (sigmoid keys): one key per thread, 32 keys per warp, lists of the 16 best merged in pairs. */
+constexpr int MSEL_MAX_EXPERTS = 1024;
+constexpr int MSEL_MAX_K = 16;
 
 __device__ __forceinline__ float bf16f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
-__device__ __forceinline__ float gate_f(float g) { return g; }
-__device__ __forceinline__ float gate_f(uint16_t g) { return bf16f(g); }
 
+/* A piece of LG_PIECE gate elements in registers: one 16-byte load for BF16, two for fp32. */
 template <typename G>
-__host__ __device__ constexpr int ring_chunk() { return 512 / (int)sizeof(G); } /* 1 KB of one gate row per stage and expert */
-template <typename G, int TOK>
-__host__ __device__ constexpr int ring_stage_bytes() { return RING_EXPERTS * ring_chunk<G>() * (int)sizeof(G) + TOK * ring_chunk<G>() * 2; }
-template <typename G, int TOK>
-__host__ __device__ constexpr int ring_stages() {
-    return RING_SMEM_MAX / ring_stage_bytes<G, TOK>() < 10 ? RING_SMEM_MAX / ring_stage_bytes<G, TOK>() : 10;
-}
-
-/* A thread's share of the ring copies: its <= 2 gate pieces and <= 2 token pieces of every chunk (16 bytes each, at
- * the same offsets in every chunk), with their sources resolved once, so a chunk's copies cost a compare, an add and
- * the cp.async each (profiled: the copy loop's index arithmetic was a large share of the logits kernel's issue slots).
- * Rows past ne / m repeat the last row (never stored); pieces past h are skipped (the compute loop never reads them).
- * Every issue commits a group, empty past the last chunk, so the wait counts stay uniform. */
-template <typename G, int TOK>
-struct ring_copies {
-    static constexpr int CH = ring_chunk<G>(), GP = CH * (int)sizeof(G) / 16, XP = CH * 2 / 16;
-    static constexpr int NG = (RING_EXPERTS * GP + RING_THREADS - 1) / RING_THREADS;
-    static constexpr int NX = (TOK * XP + RING_THREADS - 1) / RING_THREADS;
-    const G *gsrc[NG];
-    const uint16_t *xsrc[NX];
-    int gk[NG], xk[NX]; /* the piece's first element within a chunk; -1: no piece */
-
-    __device__ __forceinline__ ring_copies(const uint16_t *__restrict__ x, const G *__restrict__ gate, int32_t m,
-                                           int32_t ne, int64_t h, int e0, int t0) {
+struct gate_piece {
+    static constexpr int Q = LG_PIECE * (int)sizeof(G) / 16;
+    uint4 v[Q];
+    __device__ __forceinline__ void load(const G *p, uint64_t pol) {
 #pragma unroll
-        for (int i = 0; i < NG; i++) {
-            const int p = threadIdx.x + i * RING_THREADS, r = p / GP, q = p % GP;
-            gk[i] = p < RING_EXPERTS * GP ? q * (16 / (int)sizeof(G)) : -1;
-            gsrc[i] = gate + (int64_t)min(e0 + r, ne - 1) * h + (gk[i] < 0 ? 0 : gk[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < NX; i++) {
-            const int p = threadIdx.x + i * RING_THREADS, t = p / XP, q = p % XP;
-            xk[i] = p < TOK * XP ? q * 8 : -1;
-            xsrc[i] = x + (int64_t)min(t0 + t, m - 1) * h + (xk[i] < 0 ? 0 : xk[i]);
-        }
+        for (int q = 0; q < Q; q++) v[q] = k3_ld_stream(p + q * (16 / (int)sizeof(G)), pol);
     }
-    /* Copies chunk c into ring slot c % S. */
-    __device__ __forceinline__ void issue(unsigned char *smem, int c, int nchunks, int64_t h) const {
-        constexpr int S = ring_stages<G, TOK>();
-        if (c < nchunks) {
-            unsigned char *st = smem + (size_t)(c % S) * ring_stage_bytes<G, TOK>();
-            const int64_t k0 = (int64_t)c * CH;
+    __device__ __forceinline__ void to_f32(float (&f)[LG_PIECE]) const {
+        if constexpr (sizeof(G) == 2) {
+            const uint32_t w[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
 #pragma unroll
-            for (int i = 0; i < NG; i++)
-                if (gk[i] >= 0 && k0 + gk[i] < h)
-                    k3_cp_async16(st + (threadIdx.x + i * RING_THREADS) * 16, gsrc[i] + k0);
-            unsigned char *xs = st + RING_EXPERTS * CH * sizeof(G);
+            for (int i = 0; i < 4; i++) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        } else {
 #pragma unroll
-            for (int i = 0; i < NX; i++)
-                if (xk[i] >= 0 && k0 + xk[i] < h) k3_cp_async16(xs + (threadIdx.x + i * RING_THREADS) * 16, xsrc[i] + k0);
+            for (int q = 0; q < Q; q++)
+                f[4 * q] = __uint_as_float(v[q].x), f[4 * q + 1] = __uint_as_float(v[q].y),
+                f[4 * q + 2] = __uint_as_float(v[q].z), f[4 * q + 3] = __uint_as_float(v[q].w);
         }
-        k3_cp_async_commit();
     }
 };
 
-/* Needs h % 8 == 0 and 16-byte aligned x and gate (every row then starts 16-byte aligned). */
-template <typename G, int TOK>
-__global__ void __launch_bounds__(RING_THREADS)
-    k3_router_logits_ring_kernel(const uint16_t *__restrict__ x, const G *__restrict__ gate, int32_t m, int32_t ne,
-                                 int64_t h, float *__restrict__ logits) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    constexpr int CH = ring_chunk<G>(), S = ring_stages<G, TOK>();
-    const int lane = threadIdx.x % RT_LANES, grp = threadIdx.x / RT_LANES;
-    const int e0 = blockIdx.x * RING_EXPERTS, t0 = blockIdx.y * TOK;
-    const int nchunks = (int)((h + CH - 1) / CH);
+__device__ __forceinline__ void bf16x8_to_f32(uint4 v, float (&f)[LG_PIECE]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+}
 
-    /* The gate does not depend on the previous kernel: pull the first chunks' rows into L2 while it drains. */
-    for (int p = threadIdx.x; p < RING_EXPERTS * (S - 1) * 8; p += RING_THREADS) {
-        const int r = p % RING_EXPERTS, q = p / RING_EXPERTS; /* 128-byte lines of the first S-1 chunks */
-        const int64_t k = (int64_t)q * (128 / (int)sizeof(G));
-        if (k < h) asm volatile("prefetch.global.L2 [%0];" ::"l"(gate + (int64_t)min(e0 + r, ne - 1) * h + k));
-    }
-    k3_pdl_wait(); /* x comes from the previous kernel */
-    k3_pdl_launch();
-
-    const ring_copies<G, TOK> copies(x, gate, m, ne, h, e0, t0);
-    for (int c = 0; c < S - 1; c++) copies.issue(smem, c, nchunks, h);
-    float acc[TOK];
+/* The 128 partial sums of each of the block's NP (expert, token) dot products meet in the CPU's tree: l += l + 64,
+ * l += l + 32 (across warps, through shared memory), then l += l + w for w = 16 .. 1 by shuffles. Pair p is
+ * expert e0 + p / TOK, token t0 + p % TOK; only real experts and tokens are stored. Every thread must call it. */
+template <int NP, int TOK>
+__device__ __forceinline__ void lg_tree_store(const float *acc, int e0, int t0, int32_t ne, int32_t m,
+                                              float *__restrict__ logits) {
+    __shared__ float part[NP][LG_LANES];
 #pragma unroll
-    for (int t = 0; t < TOK; t++) acc[t] = 0.0f;
-    for (int c = 0; c < nchunks; c++) {
-        k3_cp_async_wait<S - 2>(); /* this thread's pieces of chunk c have landed */
-        __syncthreads();           /* everyone's have; and everyone is done with chunk c - 1, whose slot ... */
-        copies.issue(smem, c + S - 1, nchunks, h); /* ... is refilled here */
-        const unsigned char *st = smem + (size_t)(c % S) * ring_stage_bytes<G, TOK>();
-        const G *gs = (const G *)st + grp * CH + lane;
-        const uint16_t *xs = (const uint16_t *)(st + RING_EXPERTS * CH * sizeof(G)) + lane;
-        const int64_t k0 = (int64_t)c * CH;
-        if (k0 + CH <= h) {
+    for (int p = 0; p < NP; p++) part[p][threadIdx.x] = acc[p];
+    __syncthreads();
+    const int w = threadIdx.x / 32, i = threadIdx.x % 32;
+    for (int p = w; p < NP; p += LG_LANES / 32) {
+        const float a = __fadd_rn(part[p][i], part[p][i + 64]), b = __fadd_rn(part[p][i + 32], part[p][i + 96]);
+        float v = __fadd_rn(a, b);
 #pragma unroll
-            for (int j = 0; j < CH / RT_LANES; j++) {
-                const float g = gate_f(gs[j * RT_LANES]);
-#pragma unroll
-                for (int t = 0; t < TOK; t++)
-                    acc[t] = __fadd_rn(acc[t], __fmul_rn(bf16f(xs[t * CH + j * RT_LANES]), g));
-            }
-        } else {
-            for (int j = 0; j < CH / RT_LANES && k0 + j * RT_LANES + lane < h; j++) {
-                const float g = gate_f(gs[j * RT_LANES]);
-#pragma unroll
-                for (int t = 0; t < TOK; t++)
-                    acc[t] = __fadd_rn(acc[t], __fmul_rn(bf16f(xs[t * CH + j * RT_LANES]), g));
-            }
-        }
-    }
-    k3_cp_async_wait<0>(); /* no copy may outlive the block (the trailing groups are empty) */
-    const int e = e0 + grp;
-#pragma unroll
-    for (int t = 0; t < TOK; t++) {
-        float v = acc[t];
-#pragma unroll
-        for (int w = RT_LANES / 2; w >= 1; w /= 2) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, w, RT_LANES));
-        if (lane == 0 && e < ne && t0 + t < m) logits[(int64_t)(t0 + t) * ne + e] = v;
+        for (int o = 16; o >= 1; o /= 2) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, o));
+        const int e = e0 + p / TOK, t = t0 + p % TOK;
+        if (i == 0 && e < ne && t < m) logits[(int64_t)t * ne + e] = v;
     }
 }
 
-template <bool GATE_F32>
-__global__ void __launch_bounds__(RT_LANES * RT_EXPERTS)
-    k3_router_logits_kernel(const uint16_t *__restrict__ x, const void *__restrict__ gate, int32_t m, int32_t ne,
+/* The logits of EPT experts x TOK tokens per 128-thread block; thread l is partial sum l, i.e. pieces l, l + 128,
+ * ... of every row. Needs h % 8 == 0 and 16-byte aligned x and gate. The gate does not depend on the previous
+ * kernel, so the first NB pieces of each row are loaded before the PDL wait; x (the previous kernel's output) is read
+ * after it, through the coherent path. Rows past ne and m repeat the last row (computed, never stored). */
+template <typename G, int EPT, int TOK, int NB>
+__global__ void __launch_bounds__(LG_LANES)
+    k3_router_logits_kernel(const uint16_t *__restrict__ x, const G *__restrict__ gate, int32_t m, int32_t ne,
                             int64_t h, float *__restrict__ logits) {
-    const int lane = threadIdx.x % RT_LANES;
-    const int e = blockIdx.x * RT_EXPERTS + threadIdx.x / RT_LANES;
-    const int t0 = blockIdx.y * RT_TOKENS;
-    /* no early return: the whole 16-lane group must reach the shuffles (e is uniform within a group) */
-    const bool active = e < ne;
-    float acc[RT_TOKENS];
+    const int l = threadIdx.x;
+    const int e0 = blockIdx.x * EPT, t0 = blockIdx.y * TOK;
+    const int64_t npieces = h / LG_PIECE;
+    const int nsteps = l < npieces ? (int)((npieces - 1 - l) / LG_LANES + 1) : 0;
+    const uint64_t pol = k3_policy_evict_first();
+    const G *grow[EPT];
 #pragma unroll
-    for (int t = 0; t < RT_TOKENS; t++) acc[t] = 0.0f;
-    if (active) {
-        /* RT_UNROLL gate loads issued before the (strictly ordered) adds consume them: memory-level parallelism
-         * for a kernel whose order of summation is fixed */
-        for (int64_t k0 = lane; k0 < h; k0 += (int64_t)RT_LANES * RT_UNROLL) {
-            float g[RT_UNROLL];
+    for (int e = 0; e < EPT; e++) grow[e] = gate + (int64_t)min(e0 + e, ne - 1) * h + (int64_t)l * LG_PIECE;
+    const uint16_t *xrow[TOK];
 #pragma unroll
-            for (int u = 0; u < RT_UNROLL; u++) {
-                const int64_t k = k0 + (int64_t)RT_LANES * u;
-                g[u] = k >= h ? 0.0f
-                              : GATE_F32 ? __ldg((const float *)gate + (int64_t)e * h + k)
-                                         : bf16f(__ldg((const uint16_t *)gate + (int64_t)e * h + k));
-            }
+    for (int t = 0; t < TOK; t++) xrow[t] = x + (int64_t)min(t0 + t, m - 1) * h + (int64_t)l * LG_PIECE;
+
+    gate_piece<G> gp[NB][EPT];
 #pragma unroll
-            for (int u = 0; u < RT_UNROLL; u++) {
-                const int64_t k = k0 + (int64_t)RT_LANES * u;
-                if (k >= h) break;
+    for (int b = 0; b < NB; b++)
+        if (b < nsteps)
 #pragma unroll
-                for (int t = 0; t < RT_TOKENS; t++)
-                    if (t0 + t < m)
-                        acc[t] = __fadd_rn(acc[t], __fmul_rn(bf16f(__ldg(x + (int64_t)(t0 + t) * h + k)), g[u]));
+            for (int e = 0; e < EPT; e++) gp[b][e].load(grow[e] + (int64_t)b * LG_LANES * LG_PIECE, pol);
+    k3_pdl_wait(); /* x comes from the previous kernel */
+    k3_pdl_launch();
+
+    float acc[EPT * TOK];
+#pragma unroll
+    for (int p = 0; p < EPT * TOK; p++) acc[p] = 0.0f;
+    for (int s0 = 0; s0 < nsteps; s0 += NB) {
+        if (s0 > 0)
+#pragma unroll
+            for (int b = 0; b < NB; b++)
+                if (s0 + b < nsteps)
+#pragma unroll
+                    for (int e = 0; e < EPT; e++) gp[b][e].load(grow[e] + (int64_t)(s0 + b) * LG_LANES * LG_PIECE, pol);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            if (s0 + b >= nsteps) break;
+            const int64_t off = (int64_t)(s0 + b) * LG_LANES * LG_PIECE;
+            float gf[EPT][LG_PIECE];
+#pragma unroll
+            for (int e = 0; e < EPT; e++) gp[b][e].to_f32(gf[e]);
+#pragma unroll
+            for (int t = 0; t < TOK; t++) {
+                float xf[LG_PIECE];
+                bf16x8_to_f32(k3_ld_act(xrow[t] + off), xf);
+#pragma unroll
+                for (int e = 0; e < EPT; e++)
+#pragma unroll
+                    for (int i = 0; i < LG_PIECE; i++) acc[e * TOK + t] = __fmaf_rn(xf[i], gf[e][i], acc[e * TOK + t]);
             }
         }
     }
+    lg_tree_store<EPT * TOK, TOK>(acc, e0, t0, ne, m, logits);
+}
+
+/* The same order element by element, for rows that are not whole 16-byte pieces (h % 8 != 0 or unaligned x or
+ * gate): one expert and TOK tokens per block, scalar coherent loads after the wait. */
+template <typename G, int TOK>
+__global__ void __launch_bounds__(LG_LANES)
+    k3_router_logits_scalar_kernel(const uint16_t *__restrict__ x, const G *__restrict__ gate, int32_t m,
+                                   int32_t ne, int64_t h, float *__restrict__ logits) {
+    const int l = threadIdx.x, e = blockIdx.x, t0 = blockIdx.y * TOK;
+    const G *g = gate + (int64_t)e * h;
+    k3_pdl_wait();
+    k3_pdl_launch();
+    float acc[TOK];
 #pragma unroll
-    for (int t = 0; t < RT_TOKENS; t++) {
-        float v = acc[t];
+    for (int t = 0; t < TOK; t++) acc[t] = 0.0f;
+    for (int64_t k0 = (int64_t)l * LG_PIECE; k0 < h; k0 += (int64_t)LG_LANES * LG_PIECE)
+        for (int64_t k = k0; k < k0 + LG_PIECE && k < h; k++) {
+            float gv;
+            if constexpr (sizeof(G) == 2) gv = bf16f(g[k]);
+            else gv = g[k];
 #pragma unroll
-        for (int w = RT_LANES / 2; w >= 1; w /= 2) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, w, RT_LANES));
-        if (active && lane == 0 && t0 + t < m) logits[(int64_t)(t0 + t) * ne + e] = v;
-    }
+            for (int t = 0; t < TOK; t++)
+                acc[t] = __fmaf_rn(bf16f(x[(int64_t)min(t0 + t, m - 1) * h + k]), gv, acc[t]);
+        }
+    lg_tree_store<TOK, TOK>(acc, e, t0, ne, m, logits);
 }
 
 /* (value, id) arg-max with ties to the lower id; a NaN value marks an expert already taken. */
@@ -390,35 +351,92 @@ __global__ void __launch_bounds__(SEL_THREADS)
     }
 }
 
-template <typename G, int TOK>
-cudaError_t launch_ring_tok(const uint16_t *x, const G *gate, int64_t m, int32_t ne, int64_t h, float *logits,
-                            cudaStream_t s) {
-    const dim3 grid((unsigned)((ne + RING_EXPERTS - 1) / RING_EXPERTS), (unsigned)((m + TOK - 1) / TOK));
-    const size_t smem = (size_t)ring_stages<G, TOK>() * ring_stage_bytes<G, TOK>();
-    return k3_launch_pdl(k3_router_logits_ring_kernel<G, TOK>, grid, dim3(RING_THREADS), smem, s, x, gate,
-                         (int32_t)m, ne, h, logits);
+/* The sigmoid selection for E <= 1024 and top_k <= 16, one block per token, one expert per thread (blockDim = 32 x
+ * a power of two): each warp sorts its 32 packed keys, then the warps' lists of their 16 best are merged in pairs
+ * (a bitonic merge of one list against the other reversed) until one list is left; its first top_k are the CPU's
+ * sequence (keys are unique: ids differ; padding packs to 0, below every key). The weights' sum runs in the CPU's
+ * order on lane 0's register chain, the divisions in parallel. */
+__global__ void __launch_bounds__(MSEL_MAX_EXPERTS)
+    k3_router_select_merge_kernel(const float *logits, const float *__restrict__ bias, int32_t ne, int32_t k,
+                                  int32_t renorm, float scaling, int32_t *__restrict__ ids, float *__restrict__ wts) {
+    __shared__ float sg[MSEL_MAX_EXPERTS];
+    __shared__ uint64_t lists[2][MSEL_MAX_EXPERTS / 32][MSEL_MAX_K];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t t = blockIdx.x;
+    const float b = bias && tid < ne ? bias[tid] : 0.0f; /* a weight: not written by the previous kernel */
+    k3_pdl_wait(); /* the logits come from the previous kernel: read after the wait, through L2 */
+    k3_pdl_launch();
+    uint64_t v = 0ull;
+    if (tid < ne) {
+        const float l = __ldcg(logits + t * ne + tid), sgm = k3_rm_sigmoid(l);
+        const float key = __fadd_rn(sgm, b);
+        sg[tid] = isnan(l) ? 0.0f : sgm;
+        v = sel_pack(isnan(key) ? -INFINITY : key, tid);
+    }
+    /* bitonic sort of the warp's 32 keys, descending */
+#pragma unroll
+    for (int kk = 2; kk <= 32; kk *= 2)
+#pragma unroll
+        for (int j = kk / 2; j >= 1; j /= 2) {
+            const uint64_t o = __shfl_xor_sync(0xffffffffu, v, j);
+            const bool take_max = ((lane & j) == 0) == ((lane & kk) == 0);
+            v = take_max ? (o > v ? o : v) : (o < v ? o : v);
+        }
+    if (lane < MSEL_MAX_K) lists[0][warp][lane] = v;
+    __syncthreads();
+    int cur = 0;
+    for (int n = (int)(blockDim.x / 32); n > 1; n /= 2) {
+        if (warp < n / 2) {
+            /* list 2w descending in lanes 0..15, list 2w + 1 ascending in lanes 16..31: a bitonic sequence */
+            v = lane < MSEL_MAX_K ? lists[cur][2 * warp][lane] : lists[cur][2 * warp + 1][31 - lane];
+#pragma unroll
+            for (int j = 16; j >= 1; j /= 2) {
+                const uint64_t o = __shfl_xor_sync(0xffffffffu, v, j);
+                v = (lane & j) == 0 ? (o > v ? o : v) : (o < v ? o : v);
+            }
+            if (lane < MSEL_MAX_K) lists[cur ^ 1][warp][lane] = v;
+        }
+        cur ^= 1;
+        __syncthreads();
+    }
+    if (warp == 0) {
+        const bool mine = lane < k;
+        const int id = mine ? sel_id(lists[cur][0][lane]) : 0;
+        const float w = mine ? sg[id] : 0.0f;
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, w, j));
+        if (mine) {
+            const float out = renorm ? __fmul_rn(__fdiv_rn(w, __fadd_rn(sum, 1e-20f)), scaling) : __fmul_rn(w, scaling);
+            ids[t * k + lane] = id;
+            wts[t * k + lane] = out;
+        }
+    }
 }
 
-/* Tokens per block: each gate element read from shared memory serves TOK tokens; no idle token rows at m < 4. */
+/* Tokens and experts per logits block by m: one (expert, token) pair per thread at m 1, more of both as m grows
+ * (each gate piece serves TOK tokens, each x piece EPT experts); NB pieces of each row in flight. */
 template <typename G>
-cudaError_t launch_ring(const uint16_t *x, const G *gate, int64_t m, int32_t ne, int64_t h, float *logits,
-                        cudaStream_t s) {
-    if (m == 1) return launch_ring_tok<G, 1>(x, gate, m, ne, h, logits, s);
-    if (m == 2) return launch_ring_tok<G, 2>(x, gate, m, ne, h, logits, s);
-    if (m <= 4) return launch_ring_tok<G, 4>(x, gate, m, ne, h, logits, s);
-    return launch_ring_tok<G, 8>(x, gate, m, ne, h, logits, s);
+cudaError_t launch_logits(const uint16_t *x, const G *gate, int64_t m, int32_t ne, int64_t h, float *logits,
+                          cudaStream_t s) {
+    constexpr int Q = LG_PIECE * (int)sizeof(G) / 16; /* 16-byte loads per piece: NB shrinks for fp32 gates */
+#define K3_LG_LAUNCH(EPT, TOK, NB)                                                                                    \
+    return k3_launch_pdl(k3_router_logits_kernel<G, EPT, TOK, (NB) / Q>,                                              \
+                         dim3((unsigned)((ne + (EPT)-1) / (EPT)), (unsigned)((m + (TOK)-1) / (TOK))), dim3(LG_LANES), \
+                         0, s, x, gate, (int32_t)m, ne, h, logits)
+    if (m == 1) K3_LG_LAUNCH(1, 1, 8);
+    if (m == 2) K3_LG_LAUNCH(1, 2, 8);
+    if (m <= 4) K3_LG_LAUNCH(2, 4, 8);
+    if (m <= 8) K3_LG_LAUNCH(2, 8, 8);
+    K3_LG_LAUNCH(4, 16, 2);
+#undef K3_LG_LAUNCH
 }
 
-/* A plain launch: this kernel reads x through the read-only (.nc) path, which is only valid when the kernel
- * that wrote x has completed before this one starts (no PDL). */
-cudaError_t launch_plain(bool f32, const uint16_t *x, const void *gate, int64_t m, int32_t ne, int64_t h,
-                         float *logits, cudaStream_t s) {
-    const dim3 grid((unsigned)((ne + RT_EXPERTS - 1) / RT_EXPERTS), (unsigned)((m + RT_TOKENS - 1) / RT_TOKENS));
-    if (f32)
-        k3_router_logits_kernel<true><<<grid, RT_LANES * RT_EXPERTS, 0, s>>>(x, gate, (int32_t)m, ne, h, logits);
-    else
-        k3_router_logits_kernel<false><<<grid, RT_LANES * RT_EXPERTS, 0, s>>>(x, gate, (int32_t)m, ne, h, logits);
-    return cudaGetLastError();
+template <typename G>
+cudaError_t launch_logits_scalar(const uint16_t *x, const G *gate, int64_t m, int32_t ne, int64_t h, float *logits,
+                                 cudaStream_t s) {
+    constexpr int TOK = 4;
+    return k3_launch_pdl(k3_router_logits_scalar_kernel<G, TOK>, dim3((unsigned)ne, (unsigned)((m + TOK - 1) / TOK)),
+                         dim3(LG_LANES), 0, s, x, gate, (int32_t)m, ne, h, logits);
 }
 
 } // namespace
@@ -436,29 +454,38 @@ extern "C" k3_status k3_cuda_router_run(k3_ctx *ctx, const k3_router_desc *d, in
                                         float *topk_weights, void *ws, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     const int32_t ne = d->num_experts;
-    if (m > (int64_t)65535 * RT_TOKENS)
+    if (m > (int64_t)65535 * 4)
         return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "router run: the CUDA router takes at most %d tokens per call (got %lld)",
-                       65535 * RT_TOKENS, (long long)m);
+                       65535 * 4, (long long)m);
     {
         const void *ptrs[] = {x, gate, bias, topk_ids, topk_weights, ws};
         const char *names[] = {"x", "gate", "bias", "topk_ids", "topk_weights", "ws"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "router run", 6, ptrs, names));
     }
     float *logits = (float *)ws;
-    const bool ring = d->hidden % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)gate & 15) == 0;
-    cudaError_t e = ring ? (d->gate_dtype == K3_DTYPE_F32
-                                ? launch_ring<float>((const uint16_t *)x, (const float *)gate, m, ne, d->hidden, logits, s)
-                                : launch_ring<uint16_t>((const uint16_t *)x, (const uint16_t *)gate, m, ne, d->hidden,
-                                                        logits, s))
-                         : launch_plain(d->gate_dtype == K3_DTYPE_F32, (const uint16_t *)x, gate, m, ne, d->hidden,
-                                        logits, s);
+    const int64_t h = d->hidden;
+    const bool f32 = d->gate_dtype == K3_DTYPE_F32;
+    const bool pieces = h % LG_PIECE == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)gate & 15) == 0;
+    const uint16_t *xb = (const uint16_t *)x;
+    cudaError_t e = pieces ? (f32 ? launch_logits<float>(xb, (const float *)gate, m, ne, h, logits, s)
+                                  : launch_logits<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, logits, s))
+                           : (f32 ? launch_logits_scalar<float>(xb, (const float *)gate, m, ne, h, logits, s)
+                                  : launch_logits_scalar<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, logits, s));
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the router logits kernel failed: %s", cudaGetErrorString(e));
     /* with PDL: select waits for the logits kernel, then reads them through L2 (__ldcg), so its launch gap is hidden */
-    e = k3_launch_pdl(k3_router_select_kernel, dim3((unsigned)m), dim3(SEL_THREADS), (size_t)ne * 2 * sizeof(float),
-                      s, (const float *)logits, d->kind == K3_ROUTER_SIGMOID_NOAUX_TC ? bias : NULL, ne, d->top_k,
-                      (int32_t)(d->kind == K3_ROUTER_SOFTMAX), (int32_t)d->renormalize, d->scaling_factor, topk_ids,
-                      topk_weights);
+    const float *b = d->kind == K3_ROUTER_SIGMOID_NOAUX_TC ? bias : NULL;
+    if (d->kind != K3_ROUTER_SOFTMAX && ne <= MSEL_MAX_EXPERTS && d->top_k <= MSEL_MAX_K) {
+        unsigned lists = 1;
+        while (lists * 32 < (unsigned)ne) lists *= 2;
+        e = k3_launch_pdl(k3_router_select_merge_kernel, dim3((unsigned)m), dim3(lists * 32), 0, s,
+                          (const float *)logits, b, ne, d->top_k, (int32_t)d->renormalize, d->scaling_factor, topk_ids,
+                          topk_weights);
+    } else {
+        e = k3_launch_pdl(k3_router_select_kernel, dim3((unsigned)m), dim3(SEL_THREADS), (size_t)ne * 2 * sizeof(float),
+                          s, (const float *)logits, b, ne, d->top_k, (int32_t)(d->kind == K3_ROUTER_SOFTMAX),
+                          (int32_t)d->renormalize, d->scaling_factor, topk_ids, topk_weights);
+    }
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the router select kernel failed: %s", cudaGetErrorString(e));
     return K3_STATUS_SUCCESS;
