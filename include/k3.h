@@ -845,10 +845,9 @@ typedef enum k3_latent_stage {
  * the same routing from the same x); residual and y are not read and may be NULL. POST_REDUCE reads partial,
  * norm, up_proj and residual (may be NULL or alias y), and writes y; x may be NULL. Both partials are unrounded
  * fp32 sums, and POST_REDUCE rounds where the whole block does (the shared output once, to BF16, after the sum),
- * so the ranks' result differs from the unsharded block only by fp32 summation order (on the CPU backend, one
- * rank's PRE then POST gives k3_latent_moe_run's bits; on CUDA the fp32 shared projection is cuBLASLt's, whose
- * order may differ from the BF16 plan's). partial is 16-byte aligned on CUDA (cudaMalloc is). Both stages take the
- * plan's workspace (k3_latent_moe_workspace_size); one capture may hold PRE_REDUCE, the caller's reduction and
+ * so the ranks' result differs from the unsharded block only by fp32 summation order (one rank's PRE then POST
+ * gives k3_latent_moe_run's bits, on both backends). partial is 16-byte aligned on CUDA (cudaMalloc is). Both
+ * stages take the plan's workspace (k3_latent_moe_workspace_size); one capture may hold PRE_REDUCE, the caller's reduction and
  * POST_REDUCE.
  * The stages run on whatever rows they are given (m <= max_tokens each). With parallel.tokens PER_RANK (m tokens
  * per rank, M = size m <= max_tokens), the engine gathers the ranks' x in rank order into xg [M, H] and runs

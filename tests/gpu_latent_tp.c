@@ -587,6 +587,24 @@ static void test_nccl_one_rank(const block *b, k3t_rng *r) {
         K3T_CU(cudaStreamSynchronize(g_stream));
         K3T_CU(cudaMemcpy(y2, dy, (size_t)n * 2, cudaMemcpyDeviceToHost));
         const int same = k3t_check_same("nccl run vs the stages", y1, y2, K3T_BF16, n);
+        /* the one-GPU block (layout NONE) of the same weights: the same kernels, so the same bits */
+        k3_latent_moe_plan *pn = NULL;
+        int same_one = 0;
+        CHECK(k3_latent_moe_plan_create(g_gpu, &b->d, &pn) == K3_STATUS_SUCCESS, "one-GPU plan: %s",
+              k3_ctx_last_error(g_gpu));
+        if (pn) {
+            size_t wn = 0;
+            void *dwn = ws_of(pn, &wn, 1);
+            uint16_t *y3 = (uint16_t *)malloc((size_t)n * 2);
+            CHECK(k3_latent_moe_run(pn, m, dx, &dw.w, dres, dy, NULL, NULL, dwn, wn, g_stream) == K3_STATUS_SUCCESS,
+                  "one-GPU block: %s", k3_ctx_last_error(g_gpu));
+            K3T_CU(cudaStreamSynchronize(g_stream));
+            K3T_CU(cudaMemcpy(y3, dy, (size_t)n * 2, cudaMemcpyDeviceToHost));
+            same_one = k3t_check_same("nccl run vs the one-GPU block", y1, y3, K3T_BF16, n);
+            free(y3);
+            cudaFree(dwn);
+            k3_latent_moe_plan_destroy(pn);
+        }
         /* captured, replayed on a new x */
         cudaGraph_t gr = NULL;
         cudaGraphExec_t ex = NULL;
@@ -613,8 +631,9 @@ static void test_nccl_one_rank(const block *b, k3t_rng *r) {
         }
         if (ex) cudaGraphExecDestroy(ex);
         if (gr) cudaGraphDestroy(gr);
-        printf("nccl one rank: run %s the stages; graph replay on a new x rel-L2 %.3e vs the cpu block\n",
-               same ? "bitwise equal to" : "DIFFERS from", eg);
+        printf("nccl one rank: run %s the stages and %s the one-GPU block; graph replay on a new x rel-L2 %.3e vs "
+               "the cpu block\n",
+               same ? "bitwise equal to" : "DIFFERS from", same_one ? "bitwise equal to" : "DIFFERS from", eg);
         cudaFree(dwl), cudaFree(dws), cudaFree(dpart), cudaFree(dx), cudaFree(dres), cudaFree(dy);
         free(hwc), free(x), free(res), free(y1), free(y2), free(yc);
         dw_free(&dw);

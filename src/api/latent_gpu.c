@@ -45,14 +45,14 @@ struct k3_latent_gpu {
     int64_t sr; /* rows of shared_gate_up */
     k3_router_plan *router;
     k3_moe_plan *moe;
-    k3_linear_plan *down, *up, *sgu, *sdown;
+    k3_linear_plan *down, *up, *sgu;
     k3_lt_plan *sdown_f32; /* the shared down projection with fp32 output: a rank's partial (the stage API) */
     k3_nccl *nccl;         /* the caller's communicator (library-driven TP), or NULL */
     k3_fork_join *fj;      /* the second stream of the schedule, or NULL (SERIAL, or no shared experts to put beside) */
     k3_latent_schedule schedule; /* resolved: never AUTO */
-    size_t ws_router, ws_moe, ws_down, ws_up, ws_sgu, ws_sdown, ws_sdown_f32;
+    size_t ws_router, ws_moe, ws_down, ws_up, ws_sgu, ws_sdown_f32;
     /* offsets into the workspace, from its first LATENT_WS_ALIGN-aligned byte */
-    size_t o_ids, o_wts, o_router, o_xl, o_u, o_mo, o_moe, o_v, o_z, o_g, o_a, o_s, o_down, o_up, o_sgu, o_sdown,
+    size_t o_ids, o_wts, o_router, o_xl, o_mo, o_moe, o_v, o_z, o_g, o_a, o_down, o_up, o_sgu,
         o_sdown_f32, o_partial, o_xg, o_local, total;
 };
 
@@ -63,7 +63,6 @@ void k3_latent_gpu_destroy(k3_latent_gpu *p) {
     k3_linear_plan_destroy(p->down);
     k3_linear_plan_destroy(p->up);
     k3_linear_plan_destroy(p->sgu);
-    k3_linear_plan_destroy(p->sdown);
     k3_lt_plan_destroy(p->sdown_f32);
     k3_nccl_close(p->nccl);
     k3_fork_join_destroy(p->fj);
@@ -105,8 +104,6 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
     if (st == K3_STATUS_SUCCESS) st = latent_make_linear(ctx, h, l, mt, &p->up, &p->ws_up, "up");
     if (st == K3_STATUS_SUCCESS && is > 0)
         st = latent_make_linear(ctx, p->sr, h, mt, &p->sgu, &p->ws_sgu, "shared gate_up");
-    if (st == K3_STATUS_SUCCESS && is > 0)
-        st = latent_make_linear(ctx, h, is, mt, &p->sdown, &p->ws_sdown, "shared down");
     if (st == K3_STATUS_SUCCESS && is > 0) {
         st = k3_lt_plan_create(ctx, h, is, mt, is, h, 1, &p->sdown_f32);
         if (st == K3_STATUS_SUCCESS) p->ws_sdown_f32 = k3_lt_workspace_size(p->sdown_f32);
@@ -130,21 +127,18 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
     p->o_wts = o, o += latent_align_up((size_t)mt * k * 4);
     p->o_router = o, o += latent_align_up(p->ws_router);
     p->o_xl = o, o += latent_align_up((size_t)(mt * l) * 2);
-    p->o_u = o, o += latent_align_up((size_t)(mt * l) * 4);
     p->o_mo = o, o += latent_align_up((size_t)(mt * l) * 2);
     p->o_moe = o, o += latent_align_up(p->ws_moe);
     p->o_v = o, o += latent_align_up((size_t)(mt * l) * 2);
     p->o_z = o, o += latent_align_up((size_t)(mt * h) * 2);
     p->o_g = o, o += latent_align_up((size_t)(mt * p->sr) * 2);
     p->o_a = o, o += latent_align_up((size_t)(mt * is) * 2);
-    p->o_s = o, o += latent_align_up((size_t)(mt * h) * 2);
     p->o_down = o, o += latent_align_up(p->ws_down);
     p->o_up = o, o += latent_align_up(p->ws_up);
     p->o_sgu = o, o += latent_align_up(p->ws_sgu);
-    p->o_sdown = o, o += latent_align_up(p->ws_sdown);
     p->o_sdown_f32 = o, o += latent_align_up(p->ws_sdown_f32);
-    /* the library-driven run's partial, at max_tokens (with PER_RANK tokens: that of the gathered rows) */
-    p->o_partial = o, o += p->nccl ? latent_align_up(k3_latent_partial_floats(d, mt) * 4) : 0;
+    /* the block's partial between its two stages, at max_tokens (PER_RANK tokens: that of the gathered rows) */
+    p->o_partial = o, o += latent_align_up(k3_latent_partial_floats(d, mt) * 4);
     p->o_xg = p->o_local = o;
     if (p->nccl && d->parallel.tokens == K3_TOKENS_PER_RANK) {
         /* the gathered x [max_tokens, H] and this rank's reduce-scattered partial, at most max_tokens / size rows */
@@ -170,9 +164,8 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
 /* The caller's workspace need not be aligned: the layout starts at its first aligned byte. */
 size_t k3_latent_gpu_ws_bytes(const k3_latent_gpu *p) { return p->total + LATENT_WS_ALIGN; }
 
-/* Where the shared experts' output goes: BF16 (the whole block) or unrounded fp32 (PRE_REDUCE's partial). */
+/* Where the shared experts' unrounded fp32 output goes (the partial after u). */
 typedef struct latent_shared_out {
-    uint16_t *bf16;
     float *f32;
 } latent_shared_out;
 
@@ -185,10 +178,8 @@ static k3_status latent_shared(k3_ctx *ctx, const k3_latent_gpu *p, const k3_lat
     k3_status st = k3_linear_run(p->sgu, m, x, w->shared_gate_up, NULL, g, base + p->o_sgu, p->ws_sgu, s);
     if (st == K3_STATUS_SUCCESS) st = k3_cuda_latent_act_launch(ctx, g, m, is, p->sr, &d->shared_act, a, s);
     if (st != K3_STATUS_SUCCESS) return st;
-    if (out->f32)
-        return k3_lt_run(ctx, p->sdown_f32, m, 0, a, w->shared_down, NULL, out->f32, base + p->o_sdown_f32,
-                         p->ws_sdown_f32, s);
-    return k3_linear_run(p->sdown, m, a, w->shared_down, NULL, out->bf16, base + p->o_sdown, p->ws_sdown, s);
+    return k3_lt_run(ctx, p->sdown_f32, m, 0, a, w->shared_down, NULL, out->f32, base + p->o_sdown_f32,
+                     p->ws_sdown_f32, s);
 }
 
 /* Which join latent_join is asked for: the one before the experts (ROUTER_BESIDE) or the last one (SHARED_BESIDE:
@@ -237,18 +228,19 @@ static k3_status latent_front(k3_ctx *ctx, const k3_latent_gpu *p, const k3_late
 }
 
 /* The block of k3_latent_moe_run on `stream` (topk_ids / topk_weights / residual may be NULL); arguments were
- * validated by the caller. */
+ * validated by the caller. The kernels of PRE_REDUCE then POST_REDUCE on the workspace's partial (u and the
+ * shared experts' fp32 output), so a rank's block (the stages, or NCCL, one rank included) gives this block's
+ * bits; the join of a second stream stays where the schedule puts it (after the up projection for SHARED_BESIDE). */
 k3_status k3_latent_gpu_run(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
-                                const void *x, const k3_latent_moe_weights *w, const void *residual, void *y,
-                                int32_t *topk_ids, float *topk_weights, void *ws, void *stream) {
+                            const void *x, const k3_latent_moe_weights *w, const void *residual, void *y,
+                            int32_t *topk_ids, float *topk_weights, void *ws, void *stream) {
     const int64_t h = d->hidden, l = d->experts.hidden, is = d->shared_inter;
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (LATENT_WS_ALIGN - 1)) & ~(uintptr_t)(LATENT_WS_ALIGN - 1));
     int32_t *ids = topk_ids ? topk_ids : (int32_t *)(base + p->o_ids);
     float *wts = topk_weights ? topk_weights : (float *)(base + p->o_wts);
     uint16_t *xl = (uint16_t *)(base + p->o_xl), *mo = (uint16_t *)(base + p->o_mo), *v = (uint16_t *)(base + p->o_v);
-    uint16_t *z = (uint16_t *)(base + p->o_z), *sh = (uint16_t *)(base + p->o_s);
-    float *u = (float *)(base + p->o_u);
-
+    uint16_t *z = (uint16_t *)(base + p->o_z);
+    float *partial = (float *)(base + p->o_partial);
     {
         const void *ptrs[] = {x, y, residual, ws, w->gate, w->down_proj, w->norm, w->up_proj, w->shared_gate_up,
                               w->shared_down};
@@ -256,14 +248,14 @@ k3_status k3_latent_gpu_run(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent
                                "shared_down"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent run", 10, ptrs, names));
     }
-    const latent_shared_out so = {sh, NULL};
-    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, u, &so, base, stream));
-    k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, u, (const uint16_t *)w->norm, m, l, d->rms_eps, v, stream);
+    const latent_shared_out so = {partial + m * l};
+    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, &so, base, stream));
+    k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, partial, (const uint16_t *)w->norm, m, l, d->rms_eps, v, stream);
     if (st == K3_STATUS_SUCCESS) st = k3_linear_run(p->up, m, v, w->up_proj, NULL, z, base + p->o_up, p->ws_up, stream);
     st = latent_join(ctx, p, LATENT_JOIN_LAST, st, stream);
     if (st != K3_STATUS_SUCCESS) return st;
-    return k3_cuda_latent_sum_launch(ctx, z, is > 0 ? sh : NULL, (const uint16_t *)residual, m * h, (uint16_t *)y,
-                                     stream);
+    return k3_cuda_latent_sum_f32_launch(ctx, z, is > 0 ? partial + m * l : NULL, (const uint16_t *)residual, m * h,
+                                         (uint16_t *)y, stream);
 }
 
 /* PRE_REDUCE on `stream`: the routed path writes u into partial (the experts' fp32 sum), the shared branch its
@@ -284,7 +276,7 @@ k3_status k3_latent_gpu_run_pre(k3_ctx *ctx, const k3_latent_gpu *p, const k3_la
         const char *names[] = {"x", "partial", "ws", "gate", "down_proj", "shared_gate_up", "shared_down"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent stage", 7, ptrs, names));
     }
-    const latent_shared_out so = {NULL, partial + m * l};
+    const latent_shared_out so = {partial + m * l};
     K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, &so, base, stream));
     return latent_join(ctx, p, LATENT_JOIN_LAST, K3_STATUS_SUCCESS, stream);
 }

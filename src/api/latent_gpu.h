@@ -1,7 +1,7 @@
 /*
  * The latent-MoE block on a CUDA context, in the CPU block's order (src/cpu/latent.c) with the same rounding points:
  *   routed:  router -> down = bf16(x W_down^T) -> experts (fp32 sum u) -> RMSNorm -> up = bf16(v W_up^T)
- *   shared:  gate_up = bf16(x W_gu^T) -> bf16(act) -> s = bf16(a W_sd^T)
+ *   shared:  gate_up = bf16(x W_gu^T) -> bf16(act) -> s = a W_sd^T in fp32 (rounded to BF16 by the final sum)
  *   then     y = bf16((up + s) + residual)
  * The BF16 projections go through linear plans, the routed experts through a MoE plan, the router through a
  * router plan; the elementwise steps are the kernels of src/cuda/latent/kernels.cu. The router, the down

@@ -50,19 +50,15 @@ __global__ void k3_latent_act_kernel(const uint16_t *__restrict__ g, int64_t m, 
     a[idx] = k3_f32_to_bf16_bits(v);
 }
 
-/* The shared output's value as the sum takes it: a BF16 output as it is; an fp32 one (the cross-rank sum of the
- * shared partials, k3_latent_moe_run_stage) rounded to BF16 first, where the whole block rounds it. */
-__device__ __forceinline__ float shared_value(const uint16_t *s, int64_t i) { return k3_bf16_bits_to_f32(s[i]); }
-__device__ __forceinline__ float shared_value(const float *s, int64_t i) { return k3_round_bf16(s[i]); }
-
-/* y = bf16((z + s) + r) with s and r optional: the CPU's fp32 adds in its order, one rounding. */
-template <typename S>
-__global__ void k3_latent_sum_kernel(const uint16_t *__restrict__ z, const S *__restrict__ s, const uint16_t *r,
+/* y = bf16((z + bf16(s)) + r) with s and r optional: the shared experts' fp32 output (or the cross-rank sum of
+ * their partials) rounded to BF16 where the CPU block rounds it, then the CPU's fp32 adds in its order, one
+ * rounding. */
+__global__ void k3_latent_sum_kernel(const uint16_t *__restrict__ z, const float *__restrict__ s, const uint16_t *r,
                                      int64_t n, uint16_t *y) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float acc = k3_bf16_bits_to_f32(z[i]);
-    if (s) acc = __fadd_rn(acc, shared_value(s, i));
+    if (s) acc = __fadd_rn(acc, k3_round_bf16(s[i]));
     if (r) acc = __fadd_rn(acc, k3_bf16_bits_to_f32(r[i]));
     y[i] = k3_f32_to_bf16_bits(acc);
 }
@@ -85,16 +81,9 @@ extern "C" k3_status k3_cuda_latent_act_launch(k3_ctx *ctx, const uint16_t *g, i
     return K3_STATUS_SUCCESS;
 }
 
-extern "C" k3_status k3_cuda_latent_sum_launch(k3_ctx *ctx, const uint16_t *z, const uint16_t *s, const uint16_t *r,
-                                               int64_t n, uint16_t *y, void *stream) {
-    k3_latent_sum_kernel<uint16_t><<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(z, s, r, n, y);
-    K3_CUDA_LAUNCH_CHECK(ctx, "latent sum kernel");
-    return K3_STATUS_SUCCESS;
-}
-
 extern "C" k3_status k3_cuda_latent_sum_f32_launch(k3_ctx *ctx, const uint16_t *z, const float *s, const uint16_t *r,
                                                    int64_t n, uint16_t *y, void *stream) {
-    k3_latent_sum_kernel<float><<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(z, s, r, n, y);
+    k3_latent_sum_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(z, s, r, n, y);
     K3_CUDA_LAUNCH_CHECK(ctx, "latent sum kernel (fp32 shared)");
     return K3_STATUS_SUCCESS;
 }

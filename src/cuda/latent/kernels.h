@@ -27,12 +27,8 @@ k3_status k3_cuda_latent_rmsnorm_launch(k3_ctx *ctx, const float *u, const uint1
 k3_status k3_cuda_latent_act_launch(k3_ctx *ctx, const uint16_t *g, int64_t m, int64_t inter, int64_t g_stride,
                                     const k3_act_desc *act, uint16_t *a, void *stream);
 
-/* y[i] = bf16((z[i] + s[i]) + r[i]) for i < n in fp32, one rounding; s and r may be NULL (not added). n >= 1. */
-k3_status k3_cuda_latent_sum_launch(k3_ctx *ctx, const uint16_t *z, const uint16_t *s, const uint16_t *r, int64_t n,
-                                    uint16_t *y, void *stream);
-
-/* y[i] = bf16((z[i] + bf16(s[i])) + r[i]) with s in fp32 (a cross-rank sum of shared partials, rounded where the
- * whole block rounds its shared output); s and r may be NULL. n >= 1. */
+/* y[i] = bf16((z[i] + bf16(s[i])) + r[i]) with s in fp32 (the shared experts' output, or a cross-rank sum of
+ * their partials, rounded where the CPU block rounds its shared output); s and r may be NULL. n >= 1. */
 k3_status k3_cuda_latent_sum_f32_launch(k3_ctx *ctx, const uint16_t *z, const float *s, const uint16_t *r,
                                         int64_t n, uint16_t *y, void *stream);
 
