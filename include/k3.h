@@ -847,8 +847,8 @@ typedef enum k3_latent_stage {
  * fp32 sums, and POST_REDUCE rounds where the whole block does (the shared output once, to BF16, after the sum),
  * so the ranks' result differs from the unsharded block only by fp32 summation order (one rank's PRE then POST
  * gives k3_latent_moe_run's bits, on both backends). partial is 16-byte aligned on CUDA (cudaMalloc is). Both
- * stages take the plan's workspace (k3_latent_moe_workspace_size); one capture may hold PRE_REDUCE, the caller's reduction and
- * POST_REDUCE.
+ * stages take the plan's workspace (k3_latent_moe_workspace_size); one capture may hold PRE_REDUCE, the caller's
+ * reduction and POST_REDUCE.
  * The stages run on whatever rows they are given (m <= max_tokens each). With parallel.tokens PER_RANK (m tokens
  * per rank, M = size m <= max_tokens), the engine gathers the ranks' x in rank order into xg [M, H] and runs
  * PRE_REDUCE(M, xg) into a partial of k3_latent_moe_partial_count(M) floats (u [M, L], then shared [M, H]); it
