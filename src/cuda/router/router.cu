@@ -5,8 +5,8 @@
  *    pieces l, l + 128, ... in order, every step one fused multiply-add, then the CPU's tree. One thread per partial
  *    sum, so a piece is one 16-byte load of a BF16 gate row and the dependent chains are short (h / 1024 pieces);
  *    each block holds EPT experts x TOK tokens so that a gate piece serves TOK tokens and an x piece EPT experts.
- *    Launched with PDL: the gate pieces are loaded before the wait (weights do not depend on the previous kernel),
- *    x after it through the coherent path. Rows that are not whole aligned pieces take a scalar kernel.
+ *    Launched with PDL; x, the previous kernel's output, is read after the wait through the coherent path. Rows
+ *    that are not whole aligned pieces take a scalar kernel.
  * 2. Selection, one block per token, launched with PDL (it reads the logits after its wait, through L2): keys as
  *    on the CPU (sigmoid from core/router_math.h, + bias, NaN -> -inf; or softmax probabilities with the CPU's
  *    sequential sum), then the top_k with ties to the lower id, by exact methods that all give the sequence the
@@ -54,7 +54,8 @@ struct gate_piece {
         if constexpr (sizeof(G) == 2) {
             const uint32_t w[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
 #pragma unroll
-            for (int i = 0; i < 4; i++) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            for (int i = 0; i < 4; i++)
+                f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
         } else {
 #pragma unroll
             for (int q = 0; q < Q; q++)
@@ -67,7 +68,8 @@ struct gate_piece {
 __device__ __forceinline__ void bf16x8_to_f32(uint4 v, float (&f)[LG_PIECE]) {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int i = 0; i < 4; i++) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    for (int i = 0; i < 4; i++)
+        f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
 }
 
 /* The 128 partial sums of each of the block's NP (expert, token) dot products meet in the CPU's tree: l += l + 64,
@@ -93,8 +95,10 @@ __device__ __forceinline__ void lg_tree_store(const float *acc, int e0, int t0, 
 
 /* The logits of EPT experts x TOK tokens per 128-thread block; thread l is partial sum l, i.e. pieces l, l + 128,
  * ... of every row. Needs h % 8 == 0 and 16-byte aligned x and gate. The gate does not depend on the previous
- * kernel, so the first NB pieces of each row are loaded before the PDL wait; x (the previous kernel's output) is read
- * after it, through the coherent path. Rows past ne and m repeat the last row (computed, never stored). */
+ * kernel, so the first NB pieces of each row are asked for before the PDL wait in the source (ptxas still places the
+ * wait first; an L2 prefetch before it made the whole block slower: bench/NOTES-block.md); x (the previous kernel's
+ * output) is read after it, through the coherent path. Rows past ne and m repeat the last row (computed, never
+ * stored). */
 template <typename G, int EPT, int TOK, int NB>
 __global__ void __launch_bounds__(LG_LANES)
     k3_router_logits_kernel(const uint16_t *__restrict__ x, const G *__restrict__ gate, int32_t m, int32_t ne,
