@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "moe_data.h"
+#include "test_util.h"
 
 typedef struct lat_data {
     moe_data md;
@@ -52,6 +53,16 @@ static inline void ld_make(lat_data *ld, const k3_latent_moe_desc *d, k3t_rng *r
     ld->w.up_proj = ld->up;
     ld->w.shared_gate_up = ld->sgu;
     ld->w.shared_down = ld->sdown;
+}
+
+/* A plan of d on ctx: created (want SUCCESS), or refused with want and a message containing needle, and no plan. */
+static inline void ld_expect_plan(k3_ctx *ctx, const char *what, const k3_latent_moe_desc *d, k3_status want,
+                                  const char *needle) {
+    k3_latent_moe_plan *p = NULL;
+    const k3_status st = k3_latent_moe_plan_create(ctx, d, &p);
+    CHECK(st == want && (want == K3_STATUS_SUCCESS || (!p && strstr(k3_ctx_last_error(ctx), needle))),
+          "%s: %s (%s)", what, k3_status_string(st), k3_ctx_last_error(ctx));
+    k3_latent_moe_plan_destroy(p);
 }
 
 /* A plan's workspace in host memory, filled with a pattern (a stage must not depend on what it holds). */

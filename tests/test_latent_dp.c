@@ -267,30 +267,23 @@ static void run_case(const dp_case *c, k3t_rng *r) {
     ld_free(&b);
 }
 
-static void expect_plan(const char *what, const k3_latent_moe_desc *d, k3_status want, const char *needle) {
-    k3_latent_moe_plan *p = NULL;
-    const k3_status st = k3_latent_moe_plan_create(g_ctx, d, &p);
-    CHECK(st == want && (want == K3_STATUS_SUCCESS || (!p && strstr(k3_ctx_last_error(g_ctx), needle))),
-          "%s: %s (%s)", what, k3_status_string(st), k3_ctx_last_error(g_ctx));
-    k3_latent_moe_plan_destroy(p);
-}
-
 /* The field's rules, and the one-call run of a rank of one (the same block as REPLICATED) and of several. */
 static void test_rules(k3t_rng *r) {
     k3_latent_moe_desc d = make_desc(K3_WEIGHT_NVFP4, 16, 4, 1, 1);
     k3_latent_moe_desc e = d;
     e.parallel.tokens = K3_TOKENS_PER_RANK;
-    expect_plan("NONE with PER_RANK tokens", &e, K3_STATUS_INVALID_ARGUMENT, "PER_RANK is for a TP or EP layout");
+    ld_expect_plan(g_ctx, "NONE with PER_RANK tokens", &e, K3_STATUS_INVALID_ARGUMENT,
+                   "PER_RANK is for a TP or EP layout");
     e.parallel.tokens = (k3_parallel_tokens)2;
     e.parallel.layout = K3_PARALLEL_TP;
-    expect_plan("unknown tokens", &e, K3_STATUS_INVALID_ARGUMENT, "parallel.tokens must be");
+    ld_expect_plan(g_ctx, "unknown tokens", &e, K3_STATUS_INVALID_ARGUMENT, "parallel.tokens must be");
     e.parallel.tokens = K3_TOKENS_PER_RANK;
     e.parallel.size = 4;
     e.max_tokens = 3;
     e.experts.inter /= 4, e.shared_inter /= 4;
-    expect_plan("PER_RANK with max_tokens < size", &e, K3_STATUS_INVALID_ARGUMENT, "at least size");
+    ld_expect_plan(g_ctx, "PER_RANK with max_tokens < size", &e, K3_STATUS_INVALID_ARGUMENT, "at least size");
     e.max_tokens = 4;
-    expect_plan("PER_RANK with max_tokens = size", &e, K3_STATUS_SUCCESS, "");
+    ld_expect_plan(g_ctx, "PER_RANK with max_tokens = size", &e, K3_STATUS_SUCCESS, "");
     k3_latent_moe_desc dflt;
     k3_latent_moe_desc_init(&dflt);
     CHECK(dflt.parallel.tokens == K3_TOKENS_REPLICATED, "desc_init: tokens REPLICATED");

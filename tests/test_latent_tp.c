@@ -210,36 +210,29 @@ static void test_split(const char *name, const k3_latent_moe_desc *d, int32_t si
     ld_free(&b);
 }
 
-static void expect_plan(const char *what, const k3_latent_moe_desc *d, k3_status want, const char *needle) {
-    k3_latent_moe_plan *p = NULL;
-    k3_status st = k3_latent_moe_plan_create(g_ctx, d, &p);
-    CHECK(st == want && !p && strstr(k3_ctx_last_error(g_ctx), needle), "%s: %s (%s)", what, k3_status_string(st),
-          k3_ctx_last_error(g_ctx));
-    k3_latent_moe_plan_destroy(p);
-}
-
 static void test_errors(k3t_rng *r) {
     k3_latent_moe_desc d = make_desc(K3_WEIGHT_NVFP4);
     k3_latent_moe_desc e = d;
     e.parallel.layout = K3_PARALLEL_EP;
     e.parallel.size = 2;
-    expect_plan("EP without global_experts", &e, K3_STATUS_INVALID_ARGUMENT, "global_experts");
+    ld_expect_plan(g_ctx, "EP without global_experts", &e, K3_STATUS_INVALID_ARGUMENT, "global_experts");
     e.experts.global_experts = 8; /* not the router's 16 */
-    expect_plan("EP with global_experts != the router's", &e, K3_STATUS_INVALID_ARGUMENT, "router.num_experts");
+    ld_expect_plan(g_ctx, "EP with global_experts != the router's", &e, K3_STATUS_INVALID_ARGUMENT,
+                   "router.num_experts");
     e = d;
     e.parallel.rank = 1;
-    expect_plan("NONE with rank 1", &e, K3_STATUS_INVALID_ARGUMENT, "rank 0 of size 1");
+    ld_expect_plan(g_ctx, "NONE with rank 1", &e, K3_STATUS_INVALID_ARGUMENT, "rank 0 of size 1");
     e = d;
     e.parallel.layout = K3_PARALLEL_TP;
     e.parallel.size = 2;
     e.parallel.rank = 2;
-    expect_plan("TP rank >= size", &e, K3_STATUS_INVALID_ARGUMENT, "0 <= rank < size");
+    ld_expect_plan(g_ctx, "TP rank >= size", &e, K3_STATUS_INVALID_ARGUMENT, "0 <= rank < size");
     e.parallel.rank = 0;
     e.parallel.size = 0;
-    expect_plan("TP size 0", &e, K3_STATUS_INVALID_ARGUMENT, "1 <= size");
+    ld_expect_plan(g_ctx, "TP size 0", &e, K3_STATUS_INVALID_ARGUMENT, "1 <= size");
     e = d;
     e.parallel.layout = (k3_parallel_layout)7;
-    expect_plan("unknown layout", &e, K3_STATUS_INVALID_ARGUMENT, "parallel.layout");
+    ld_expect_plan(g_ctx, "unknown layout", &e, K3_STATUS_INVALID_ARGUMENT, "parallel.layout");
 
     lat_data b;
     ld_make(&b, &d, r, 1);
