@@ -39,7 +39,13 @@ constexpr int SEL_SORT_MIN = 257;
 constexpr int MSEL_MAX_EXPERTS = 1024;
 constexpr int MSEL_MAX_K = 16;
 
-__device__ __forceinline__ float bf16f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
+/* Eight BF16 values (one 16-byte piece) widened to fp32. */
+__device__ __forceinline__ void bf16x8_to_f32(uint4 v, float (&f)[LG_PIECE]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+}
 
 /* A piece of LG_PIECE gate elements in registers: one 16-byte load for BF16, two for fp32. */
 template <typename G>
@@ -52,10 +58,7 @@ struct gate_piece {
     }
     __device__ __forceinline__ void to_f32(float (&f)[LG_PIECE]) const {
         if constexpr (sizeof(G) == 2) {
-            const uint32_t w[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            bf16x8_to_f32(v[0], f);
         } else {
 #pragma unroll
             for (int q = 0; q < Q; q++)
@@ -64,13 +67,6 @@ struct gate_piece {
         }
     }
 };
-
-__device__ __forceinline__ void bf16x8_to_f32(uint4 v, float (&f)[LG_PIECE]) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-}
 
 /* The 128 partial sums of each of the block's NP (expert, token) dot products meet in the CPU's tree: l += l + 64,
  * l += l + 32 (across warps, through shared memory), then l += l + w for w = 16 .. 1 by shuffles. Pair p is
@@ -171,11 +167,11 @@ __global__ void __launch_bounds__(LG_LANES)
     for (int64_t k0 = (int64_t)l * LG_PIECE; k0 < h; k0 += (int64_t)LG_LANES * LG_PIECE)
         for (int64_t k = k0; k < k0 + LG_PIECE && k < h; k++) {
             float gv;
-            if constexpr (sizeof(G) == 2) gv = bf16f(g[k]);
+            if constexpr (sizeof(G) == 2) gv = k3_bf16_to_f32_dev(g[k]);
             else gv = g[k];
 #pragma unroll
             for (int t = 0; t < TOK; t++)
-                acc[t] = __fmaf_rn(bf16f(x[(int64_t)min(t0 + t, m - 1) * h + k]), gv, acc[t]);
+                acc[t] = __fmaf_rn(k3_bf16_to_f32_dev(x[(int64_t)min(t0 + t, m - 1) * h + k]), gv, acc[t]);
         }
     lg_tree_store<TOK, TOK>(acc, e, t0, ne, m, logits);
 }
