@@ -152,7 +152,8 @@ __global__ void __launch_bounds__(LG_LANES)
 }
 
 /* The same order element by element, for rows that are not whole 16-byte pieces (h % 8 != 0 or unaligned x or
- * gate): one expert and TOK tokens per block, scalar coherent loads after the wait. */
+ * gate): one expert and TOK tokens per block. x is read after the wait through L2 (__ldcg): the compiler would
+ * otherwise take the read-only (.nc) path for it, which under PDL may serve lines older than the producer's writes. */
 template <typename G, int TOK>
 __global__ void __launch_bounds__(LG_LANES)
     k3_router_logits_scalar_kernel(const uint16_t *__restrict__ x, const G *__restrict__ gate, int32_t m,
@@ -171,7 +172,7 @@ __global__ void __launch_bounds__(LG_LANES)
             else gv = g[k];
 #pragma unroll
             for (int t = 0; t < TOK; t++)
-                acc[t] = __fmaf_rn(k3_bf16_to_f32_dev(x[(int64_t)min(t0 + t, m - 1) * h + k]), gv, acc[t]);
+                acc[t] = __fmaf_rn(k3_bf16_to_f32_dev(__ldcg(x + (int64_t)min(t0 + t, m - 1) * h + k)), gv, acc[t]);
         }
     lg_tree_store<TOK, TOK>(acc, e, t0, ne, m, logits);
 }
