@@ -164,21 +164,15 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
 /* The caller's workspace need not be aligned: the layout starts at its first aligned byte. */
 size_t k3_latent_gpu_ws_bytes(const k3_latent_gpu *p) { return p->total + LATENT_WS_ALIGN; }
 
-/* Where the shared experts' unrounded fp32 output goes (the partial after u). */
-typedef struct latent_shared_out {
-    float *f32;
-} latent_shared_out;
-
-/* The shared experts on stream s: gate_up, the activation, the down projection into out. */
+/* The shared experts on stream s: gate_up, the activation, the down projection into out (unrounded fp32). */
 static k3_status latent_shared(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
-                               const void *x, const k3_latent_moe_weights *w, const latent_shared_out *out,
-                               uint8_t *base, void *s) {
+                               const void *x, const k3_latent_moe_weights *w, float *out, uint8_t *base, void *s) {
     const int64_t is = d->shared_inter;
     uint16_t *g = (uint16_t *)(base + p->o_g), *a = (uint16_t *)(base + p->o_a);
     k3_status st = k3_linear_run(p->sgu, m, x, w->shared_gate_up, NULL, g, base + p->o_sgu, p->ws_sgu, s);
     if (st == K3_STATUS_SUCCESS) st = k3_cuda_latent_act_launch(ctx, g, m, is, p->sr, &d->shared_act, a, s);
     if (st != K3_STATUS_SUCCESS) return st;
-    return k3_lt_run(ctx, p->sdown_f32, m, 0, a, w->shared_down, NULL, out->f32, base + p->o_sdown_f32,
+    return k3_lt_run(ctx, p->sdown_f32, m, 0, a, w->shared_down, NULL, out, base + p->o_sdown_f32,
                      p->ws_sdown_f32, s);
 }
 
@@ -197,13 +191,14 @@ static k3_status latent_join(k3_ctx *ctx, const k3_latent_gpu *p, int where, k3_
     return st != K3_STATUS_SUCCESS ? st : js;
 }
 
-/* The block up to the experts' fp32 sum u, in the plan's schedule: the router (ids, wts), the down projection (xl),
- * the shared experts (into so; with SHARED_BESIDE still running on the second stream when this returns: the
- * caller's latent_join(LATENT_JOIN_LAST) waits for them) and the routed experts (mo, u). */
+/* The block up to its fp32 partial, in the plan's schedule: the router (ids, wts), the down projection (xl), the
+ * shared experts (into partial after u; with SHARED_BESIDE still running on the second stream when this returns:
+ * the caller's latent_join(LATENT_JOIN_LAST) waits for them) and the routed experts (mo, u = partial [m, L]). */
 static k3_status latent_front(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
                               const void *x, const k3_latent_moe_weights *w, int32_t *ids, float *wts, uint16_t *xl,
-                              uint16_t *mo, float *u, const latent_shared_out *so, uint8_t *base, void *stream) {
+                              uint16_t *mo, float *partial, uint8_t *base, void *stream) {
     const int shared = d->shared_inter > 0;
+    float *u = partial, *so = partial + m * d->experts.hidden;
     k3_status st = K3_STATUS_SUCCESS;
     void *router_s = stream;
     if (p->schedule == K3_LATENT_SCHEDULE_SHARED_BESIDE || p->schedule == K3_LATENT_SCHEDULE_ROUTER_BESIDE) {
@@ -248,8 +243,7 @@ k3_status k3_latent_gpu_run(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent
                                "shared_down"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent run", 10, ptrs, names));
     }
-    const latent_shared_out so = {partial + m * l};
-    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, &so, base, stream));
+    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, base, stream));
     k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, partial, (const uint16_t *)w->norm, m, l, d->rms_eps, v, stream);
     if (st == K3_STATUS_SUCCESS) st = k3_linear_run(p->up, m, v, w->up_proj, NULL, z, base + p->o_up, p->ws_up, stream);
     st = latent_join(ctx, p, LATENT_JOIN_LAST, st, stream);
@@ -263,7 +257,6 @@ k3_status k3_latent_gpu_run(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent
 k3_status k3_latent_gpu_run_pre(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
                                     const void *x, const k3_latent_moe_weights *w, float *partial, int32_t *topk_ids,
                                     float *topk_weights, void *ws, void *stream) {
-    const int64_t l = d->experts.hidden;
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (LATENT_WS_ALIGN - 1)) & ~(uintptr_t)(LATENT_WS_ALIGN - 1));
     int32_t *ids = topk_ids ? topk_ids : (int32_t *)(base + p->o_ids);
     float *wts = topk_weights ? topk_weights : (float *)(base + p->o_wts);
@@ -276,8 +269,7 @@ k3_status k3_latent_gpu_run_pre(k3_ctx *ctx, const k3_latent_gpu *p, const k3_la
         const char *names[] = {"x", "partial", "ws", "gate", "down_proj", "shared_gate_up", "shared_down"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent stage", 7, ptrs, names));
     }
-    const latent_shared_out so = {partial + m * l};
-    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, &so, base, stream));
+    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, base, stream));
     return latent_join(ctx, p, LATENT_JOIN_LAST, K3_STATUS_SUCCESS, stream);
 }
 
