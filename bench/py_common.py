@@ -1,5 +1,5 @@
 """Shared pieces of the Python benchmarks (py_overhead.py, py_graph.py): the package import from a source checkout,
-synthesized NVFP4 experts at the Kimi-K3 TP8 shapes, the C call a binding makes with its exact arguments, the
+synthesized NVFP4 experts at the Kimi-K3 TP8 shapes, the C call a binding makes with its exact arguments (through ctypes or the compiled calls), the
 report (one JSON object on stdout, the readable table on stderr)."""
 import json
 import os
@@ -32,6 +32,17 @@ def routing(m, e, k, device, seed):
     return ids, wts
 
 
+class ctypes_binding:
+    """Inside: the torch front end calls the library through ctypes alone, as without k3kernels._fastcall."""
+
+    def __enter__(self):
+        self.saved = _torch._fc, _torch._linear_run, _torch._moe_run
+        _torch._fc, _torch._linear_run, _torch._moe_run = None, _torch._linear_run_ctypes, _torch._moe_run_ctypes
+
+    def __exit__(self, *exc):
+        _torch._fc, _torch._linear_run, _torch._moe_run = self.saved
+
+
 class CapturedCall:
     """The library call a k3kernels function makes, with its exact arguments (plan, pointers, stream), recorded
     once; the output and workspace pointers are swapped for buffers held here, so the call can be repeated (and
@@ -48,7 +59,8 @@ class CapturedCall:
 
         setattr(lib, name, record)
         try:
-            ref = call()
+            with ctypes_binding():  # recorded from the ctypes call
+                ref = call()
         finally:
             setattr(lib, name, real)
         if len(seen) != 1:
@@ -63,6 +75,30 @@ class CapturedCall:
         self.fn, self.args, self.call, self.ref = real, args, call, ref  # call and ref keep the inputs alive
         self.cuda = ref[0].is_cuda
         self.dev = _torch._device_key(ref[0])
+
+    def fast(self):
+        """The same call through k3kernels._fastcall (k3_linear_run and k3_moe_run), or None without the module."""
+        if _torch._fc is None:
+            return None
+        a = list(self.args)
+        a[0] = a[0].value if hasattr(a[0], "value") else a[0]
+        if self.fn.__name__ == "k3_moe_run":  # the struct's fields in order, then the rest
+            w = a[5]._obj
+            a = a[:5] + [getattr(w, f) for f, _ in type(w)._fields_] + a[6:]
+            fn, run = _torch._MOE_RUN, _torch._fc.moe_run
+        elif self.fn.__name__ == "k3_linear_run":
+            fn, run = _torch._LINEAR_RUN, _torch._fc.linear_run
+        else:
+            raise ValueError("no compiled call for %s" % self.fn.__name__)
+
+        def call():
+            if self.cuda:
+                a[-1] = _torch._stream(self.dev)
+            st = run(fn, *a)
+            if st != 0:
+                raise RuntimeError("the recorded call failed: status %d" % st)
+            return self.outs
+        return call
 
     def __call__(self):
         if self.cuda:  # every run call takes the stream last: the current one, looked up as the binding does

@@ -1,5 +1,5 @@
 """Host overhead of one eager k3kernels call, against torch.nn.functional.linear on the same tensors, and the
-per-call cost of the ctypes path split into its parts (what a compiled extension would save).
+per-call cost split into its parts: the compiled run calls (k3kernels._fastcall) against the ctypes binding.
 
     python3 bench/py_overhead.py                  # the GPU: linear M 1 on 1536 x 7168, fused_moe at K3 TP8 M 1
     python3 bench/py_overhead.py --device cpu     # small shapes on the CPU backend: checks the script's logic only
@@ -16,7 +16,7 @@ import ctypes
 import sys
 import time
 
-from py_common import CapturedCall, _torch, device_facts, k3, median, nvfp4_experts, report, routing, torch
+from py_common import CapturedCall, _torch, ctypes_binding, device_facts, k3, median, nvfp4_experts, report, routing, torch
 
 import torch.nn.functional as F  # noqa: E402
 
@@ -111,6 +111,13 @@ def measure(a):
     moe_c = CapturedCall("k3_moe_run", lambda: k3.fused_moe(xm, p13, p2, wts, ids, **moe_kw), outs=[(6, 0)],
                          ws_index=8)
     lib = _torch._lib
+
+    def ctypes_only(fn):
+        def call():
+            with ctypes_binding():
+                return fn()
+        return call
+
     cases = [
         ("F.linear", lambda: F.linear(x, w), "the bar's baseline: aten dispatch + cuBLAS launch"),
         ("k3.linear (eager, the public call)", lambda: k3.linear(x, w), "eager: wrapper, checks, ctypes (no torch.ops)"),
@@ -124,6 +131,9 @@ def measure(a):
         ("fused_moe_impl (no torch.ops dispatch)", lambda: _torch.fused_moe_impl(
             xm, p13, p2, wts, ids, "nvfp4", s13, g13, s2, g2, "linear", "situ", 4.0, 25.0, "w4a16", None, None), ""),
         ("k3_moe_run through ctypes alone", moe_c, ""),
+        ("k3.linear, ctypes binding", ctypes_only(lambda: k3.linear(x, w)), "without k3kernels._fastcall"),
+        ("k3.fused_moe, ctypes binding", ctypes_only(lambda: k3.fused_moe(xm, p13, p2, wts, ids, **moe_kw)),
+         "without k3kernels._fastcall"),
         ("custom op doing nothing (k3bench::noop)", lambda: noop(x, w), "the Python custom-op layer"),
         ("its body called directly", lambda: x.new_empty((1, n)), "one output allocation"),
         ("ctypes call of k3_ctx_backend", lambda: lib.k3_ctx_backend(ctx), "the bare ctypes cost, 1 argument"),
@@ -133,6 +143,9 @@ def measure(a):
         ("ctypes.byref + struct build (MoeWeights)", lambda: ctypes.byref(_torch.C.MoeWeights(1, 2, 3, 4, 5, 6, 7, 8)),
          "the struct a fused_moe call builds"),
     ]
+    if _torch._fc is not None:
+        cases += [("k3_linear_run through _fastcall alone", lin_c.fast(), "the compiled call"),
+                  ("k3_moe_run through _fastcall alone", moe_c.fast(), "the compiled call")]
     for _, fn, _ in cases:  # warm: plans, contexts, allocator pools
         fn()
     t = dict(zip([label for label, _, _ in cases], host_us([fn for _, fn, _ in cases], dev, a.calls, a.reps)))
@@ -144,9 +157,6 @@ def measure(a):
         "ctypes_call_us": t["k3_linear_run through ctypes alone"],
         "bare_ctypes_us": t["ctypes call of k3_ctx_backend"],
     }
-    # a compiled extension (TORCH_LIBRARY op in C++) keeps the C call and one C++ dispatch, and drops the Python
-    # layers: estimated as the C call minus the bare ctypes cost plus one aten-like dispatch and allocation
-    ext = t["k3_linear_run through ctypes alone"] - t["ctypes call of k3_ctx_backend"] + t["its body called directly"]
     result = dict(device_facts(dev), inference_mode=a.inference_mode,
                   method="host time per call, GPU busy behind torch.cuda._sleep" if dev == "cuda"
                   else "CPU backend: includes the work (logic check only)", calls=a.calls, reps=a.reps,
@@ -154,11 +164,15 @@ def measure(a):
                                                                                     parts.items()},
                   ratio_linear_to_F_linear=round(lin / base, 3), ratio_fused_moe_to_F_linear=round(moe / base, 3),
                   bar=1.5, linear_within_bar=lin <= 1.5 * base, fused_moe_within_bar=moe <= 1.5 * base,
-                  compiled_extension_estimate_us=round(ext, 3), compiled_extension_saving_us=round(lin - ext, 3))
+                  binding=k3.info()["binding"],
+                  fastcall_saving_us={"linear": round(t["k3.linear, ctypes binding"] - lin, 3),
+                                      "fused_moe": round(t["k3.fused_moe, ctypes binding"] - moe, 3)},
+                  ratio_fused_moe_ctypes_to_F_linear=round(t["k3.fused_moe, ctypes binding"] / base, 3))
     rows = [(label, t[label], note) for label, _, note in cases]
     rows += [("k3.linear / F.linear", lin / base, "bar <= 1.5: %s" % ("PASS" if lin <= 1.5 * base else "FAIL")),
              ("k3.fused_moe / F.linear", moe / base, "bar <= 1.5: %s" % ("PASS" if moe <= 1.5 * base else "FAIL")),
-             ("compiled extension, estimated", ext, "saves %.2f us a call" % (lin - ext))]
+             ("k3.fused_moe ctypes binding / F.linear", t["k3.fused_moe, ctypes binding"] / base,
+              "the compiled calls save %.2f us" % (t["k3.fused_moe, ctypes binding"] - moe))]
     report(result, rows, "host us per call (median of %d x %d)%s" % (a.reps, a.calls, "" if dev == "cuda" else
                                                                      "  [CPU: includes the work]"))
     return 0

@@ -4,6 +4,8 @@ include/k3.h is the one source of truth; these mirrors are checked against it by
 library's own *_desc_init functions write (check_layouts), so a layout that drifted fails at import, not later.
 """
 import ctypes
+import importlib.machinery
+import importlib.util
 import os
 
 c_int32, c_int64, c_float, c_size_t, c_void_p, c_char_p = (ctypes.c_int32, ctypes.c_int64, ctypes.c_float,
@@ -126,6 +128,46 @@ def load():
         tried.append(path)
     raise ImportError("k3kernels: libk3.so not found (looked at %s); install the package with `pip install .` or set "
                       "K3KERNELS_LIB" % ", ".join(tried))
+
+
+def _fastcall_candidates():
+    env = os.environ.get("K3KERNELS_FASTCALL")
+    if env:
+        yield env, True
+    here = os.path.dirname(os.path.abspath(__file__))
+    suffix = importlib.machinery.EXTENSION_SUFFIXES
+    for folder in (here, os.path.join(here, "..", "..", "build")):  # the installed package; a source checkout
+        for s in suffix:
+            yield os.path.join(folder, "_fastcall" + s), False
+
+
+def load_fastcall():
+    """The compiled run calls (k3kernels._fastcall, built beside libk3 when the Python headers are found), or None:
+    the torch front end then calls the library through ctypes alone. K3KERNELS_FASTCALL names the module's file;
+    a file named there that cannot be loaded, or whose struct layouts differ from the ctypes mirrors, raises
+    ImportError (asked for explicitly: never dropped silently), K3KERNELS_FASTCALL=0 turns the module off."""
+    if os.environ.get("K3KERNELS_FASTCALL") == "0":
+        return None
+    for path, asked in _fastcall_candidates():
+        path = os.path.normpath(path)
+        if not os.path.exists(path):
+            if asked:
+                raise ImportError("k3kernels: K3KERNELS_FASTCALL names %s, which does not exist" % path)
+            continue
+        try:
+            spec = importlib.util.spec_from_file_location("k3kernels._fastcall", path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            sizes = mod.layouts()
+        except (ImportError, OSError, AttributeError) as e:
+            if asked:
+                raise ImportError("k3kernels: cannot load the compiled run calls %s: %s" % (path, e)) from e
+            continue
+        if sizes != {"k3_moe_weights": ctypes.sizeof(MoeWeights), "pointer": ctypes.sizeof(c_void_p)}:
+            raise ImportError("k3kernels: %s was built from another k3.h than this package's (struct sizes %s); "
+                              "rebuild the package from one source tree" % (path, sizes))
+        return mod, path
+    return None
 
 
 def _declare(lib):

@@ -9,6 +9,7 @@ from . import _capi as C
 
 _lib, _lib_path = C.load()
 C.check_layouts(_lib)
+_fastcall = C.load_fastcall()  # (module, path): the compiled run calls of the torch front end; None: ctypes
 
 
 class K3Error(RuntimeError):
@@ -152,7 +153,8 @@ def info():
     return {"version": _lib.k3_version().decode(), "library": _lib_path, "backend": "cpu",
             "device": a.device_name.decode(), "capability": "%d.%d" % (a.cc_major, a.cc_minor),
             "table": _lib.k3_table_name(a.table).decode(), "has_mixed_bf16_fma": bool(a.has_mixed_bf16_fma),
-            "has_fp4_mma": bool(a.has_fp4_mma)}
+            "has_fp4_mma": bool(a.has_fp4_mma),
+            "binding": "ctypes + compiled run calls (%s)" % _fastcall[1] if _fastcall else "ctypes"}
 
 
 def _is_torch(a):

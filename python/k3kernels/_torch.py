@@ -12,6 +12,11 @@ from . import _capi as C
 from . import _ops as O
 
 _lib = O._lib
+# The compiled run calls (docs/python.md, "the binding choice"): the same C functions as the ctypes ones, called
+# through their addresses in the library ctypes loaded; None when the module was not built.
+_fc = O._fastcall[0] if O._fastcall else None
+_LINEAR_RUN, _ROUTER_RUN, _MOE_RUN = (ctypes.cast(getattr(_lib, n), ctypes.c_void_p).value
+                                      for n in ("k3_linear_run", "k3_router_run", "k3_moe_run"))
 _lock = threading.Lock()
 _ctxs = {}
 _plans = {}
@@ -74,6 +79,7 @@ class _P:
 
     def __init__(self, handle, destroy, ws_bytes, ctx):
         self.handle, self.destroy, self.ws_bytes, self.ctx = handle, destroy, ws_bytes, ctx
+        self.addr = handle.value  # the handle as an int, for the compiled run calls
 
 
 def _make(ctx, create, destroy, wsize, desc):
@@ -168,15 +174,24 @@ def linear_impl(x, weight, residual):
     ws = _ws(plan, x)
     s = _stream(dev)
     if m <= 32:  # one call: no row views to make
-        O._check(_lib.k3_linear_run(plan.handle, m, x.data_ptr(), weight.data_ptr(), _ptr(residual), y.data_ptr(),
-                                    _ptr(ws), plan.ws_bytes, s), ctx)
+        O._check(_linear_run(plan, m, x.data_ptr(), weight.data_ptr(), _ptr(residual), y.data_ptr(), _ptr(ws), s), ctx)
         return y
     for r0 in range(0, m, 32):  # the plan takes up to 32 tokens a call
         r1 = min(m, r0 + 32)
         res = residual[r0:r1] if residual is not None else None
-        O._check(_lib.k3_linear_run(plan.handle, r1 - r0, _ptr(x[r0:r1]), _ptr(weight), _ptr(res), _ptr(y[r0:r1]),
-                                    _ptr(ws), plan.ws_bytes, s), ctx)
+        O._check(_linear_run(plan, r1 - r0, _ptr(x[r0:r1]), _ptr(weight), _ptr(res), _ptr(y[r0:r1]), _ptr(ws), s), ctx)
     return y
+
+
+def _linear_run_fast(plan, m, x, w, residual, y, ws, s):
+    return _fc.linear_run(_LINEAR_RUN, plan.addr, m, x, w, residual, y, ws, plan.ws_bytes, s)
+
+
+def _linear_run_ctypes(plan, m, x, w, residual, y, ws, s):
+    return _lib.k3_linear_run(plan.handle, m, x, w, residual, y, ws, plan.ws_bytes, s)
+
+
+_linear_run = _linear_run_fast if _fc is not None else _linear_run_ctypes
 
 
 def router_impl(x, gate_weight, bias, top_k, renormalize, routed_scaling_factor, softmax):
@@ -212,8 +227,13 @@ def router_impl(x, gate_weight, bias, top_k, renormalize, routed_scaling_factor,
     ids = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
     wts = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
     ws = _ws(plan, x)
-    O._check(_lib.k3_router_run(plan.handle, m, _ptr(x), _ptr(gate_weight), _ptr(bias), _ptr(ids), _ptr(wts),
-                                _ptr(ws), plan.ws_bytes, _stream(dev)), ctx)
+    if _fc is not None:
+        st = _fc.router_run(_ROUTER_RUN, plan.addr, m, x.data_ptr(), gate_weight.data_ptr(), _ptr(bias),
+                            ids.data_ptr(), wts.data_ptr(), _ptr(ws), plan.ws_bytes, _stream(dev))
+    else:
+        st = _lib.k3_router_run(plan.handle, m, _ptr(x), _ptr(gate_weight), _ptr(bias), _ptr(ids), _ptr(wts),
+                                _ptr(ws), plan.ws_bytes, _stream(dev))
+    O._check(st, ctx)
     return wts, ids
 
 
@@ -283,9 +303,7 @@ _get_device = getattr(torch._C, "_cuda_getDevice", None)
 
 def _fused_moe_launch(plan, dev, x, w13, w2, topk_weights, topk_ids, w13_scale, w13_scale_2, w2_scale, w2_scale_2,
                       w13_input_scale, w2_input_scale):
-    m, l = x.shape
-    w = C.MoeWeights(_ptr(w13), _ptr(w13_scale), _ptr(w13_scale_2), _ptr(w13_input_scale), _ptr(w2), _ptr(w2_scale),
-                     _ptr(w2_scale_2), _ptr(w2_input_scale))
+    m = x.shape[0]
     out = torch.empty_like(x, memory_format=torch.contiguous_format)  # [M, L] BF16; cheaper than new_empty
     s = _stream(dev)
     if dev[0] == "cuda" and plan.ws_bytes and _raw_alloc is not None and _get_device() == dev[1]:
@@ -294,15 +312,34 @@ def _fused_moe_launch(plan, dev, x, w13, w2, topk_weights, topk_ids, w13_scale, 
         # out of scope, without a tensor's construction cost (several microseconds of host time)
         ws = _raw_alloc(plan.ws_bytes, s)
         try:
-            O._check(_lib.k3_moe_run(plan.handle, m, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
-                                     ctypes.byref(w), out.data_ptr(), None, ws, plan.ws_bytes, s), plan.ctx)
+            st = _moe_run(plan, m, x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2,
+                          w2_scale, w2_scale_2, w2_input_scale, out, ws, s)
         finally:
             _raw_delete(ws)
-        return out
-    ws = x.new_empty(plan.ws_bytes, dtype=torch.uint8) if plan.ws_bytes else None
-    O._check(_lib.k3_moe_run(plan.handle, m, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
-                             ctypes.byref(w), out.data_ptr(), None, _ptr(ws), plan.ws_bytes, s), plan.ctx)
+    else:
+        ws = x.new_empty(plan.ws_bytes, dtype=torch.uint8) if plan.ws_bytes else None
+        st = _moe_run(plan, m, x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale,
+                      w2_scale_2, w2_input_scale, out, _ptr(ws), s)
+    O._check(st, plan.ctx)
     return out
+
+
+def _moe_run_fast(plan, m, x, ids, wts, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale, w2_scale_2,
+                  w2_input_scale, out, ws, s):
+    return _fc.moe_run(_MOE_RUN, plan.addr, m, x.data_ptr(), ids.data_ptr(), wts.data_ptr(), w13.data_ptr(),
+                       _ptr(w13_scale), _ptr(w13_scale_2), _ptr(w13_input_scale), w2.data_ptr(), _ptr(w2_scale),
+                       _ptr(w2_scale_2), _ptr(w2_input_scale), None, out.data_ptr(), None, ws, plan.ws_bytes, s)
+
+
+def _moe_run_ctypes(plan, m, x, ids, wts, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale, w2_scale_2,
+                    w2_input_scale, out, ws, s):
+    w = C.MoeWeights(w13.data_ptr(), _ptr(w13_scale), _ptr(w13_scale_2), _ptr(w13_input_scale), w2.data_ptr(),
+                     _ptr(w2_scale), _ptr(w2_scale_2), _ptr(w2_input_scale))
+    return _lib.k3_moe_run(plan.handle, m, x.data_ptr(), ids.data_ptr(), wts.data_ptr(), ctypes.byref(w),
+                           out.data_ptr(), None, ws, plan.ws_bytes, s)
+
+
+_moe_run = _moe_run_fast if _fc is not None else _moe_run_ctypes
 
 
 # What a fused_moe call's checks depend on: every tensor's dtype, shape, device and contiguity, and the options.
