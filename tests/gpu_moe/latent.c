@@ -187,6 +187,23 @@ static void latent_case(const k3t_case *c) {
             bitwise = k3t_check_same("latent second run vs the first: y", k3t_dout_host(&dy), yg, K3T_BF16, nh);
             k3t_check_same("latent second run vs the first: ids", k3t_dout_host(&dids), idg, K3T_I32, nk);
             k3t_check_same("latent second run vs the first: weights", k3t_dout_host(&dwt), wg, K3T_F32, nk);
+            { /* the norm weights at an address that is not 16-byte aligned: the RMSNorm reads them element by
+                 element, in the same summation order, so y keeps its bits */
+                uint8_t *odd = (uint8_t *)k3t_dalloc((size_t)L * 2 + 16);
+                k3_latent_moe_weights dw_odd = dw;
+                if (odd && k3t_cuda_ok(cudaMemcpy(odd + 2, norm, (size_t)L * 2, cudaMemcpyHostToDevice), "norm copy")) {
+                    dw_odd.norm = odd + 2;
+                    k3t_dout_poison(&dy, g_stream);
+                    CHECK(k3_latent_moe_run(pg, M, dx, &dw_odd, use_res ? dres : NULL, py, pid, pw, dws, wsg,
+                                            g_stream) == K3_STATUS_SUCCESS,
+                          "latent gpu run, unaligned norm: %s", k3_ctx_last_error(g_gpu));
+                    cudaStreamSynchronize(g_stream);
+                    k3t_dout_check(&dy, g_stream, k3t_flat(nh), 0, NULL);
+                    k3t_check_same("latent run with unaligned norm weights vs aligned: y", k3t_dout_host(&dy), yg,
+                                   K3T_BF16, nh);
+                }
+                cudaFree(odd);
+            }
             latent_schedules(&d, M, dx, &dw, use_res ? dres : NULL, yg, idg, wg, &dy, &dids, &dwt);
             cudaEvent_t e0, e1;
             cudaEventCreate(&e0);

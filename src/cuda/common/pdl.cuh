@@ -11,7 +11,10 @@
  *   whole body), so a kernel after a GEMM may rely only on its own k3_pdl_wait();
  * - a MoE call's first kernel (the dispatch, or the folded GEMM1) is launched plainly, so the call's inputs
  *   (topk_ids, x) are complete when any of its kernels starts: GEMM1's early routing and the combine read topk_ids
- *   before their waits. Launching that first kernel with PDL would break this. */
+ *   before their waits. Launching that first kernel with PDL would break this;
+ * - the latent block's elementwise kernels (RMSNorm, the shared activation, the final sum) wait before reading
+ *   anything the previous kernel wrote; the activation and the sum trigger after their wait, like the MoE
+ *   kernels, the RMSNorm not at all. */
 #ifndef K3_CUDA_PDL_CUH
 #define K3_CUDA_PDL_CUH
 

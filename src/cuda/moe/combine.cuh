@@ -48,6 +48,7 @@ __global__ void k3_moe_combine_kernel(const moe_params P, int64_t m, uint16_t *_
      * pair_out loads remain (one round trip instead of two) */
     const uint32_t ok0 = combine_ok(P, t, 0);
     k3_pdl_wait();
+    k3_pdl_launch(); /* a PDL kernel after the call (the latent block's RMSNorm) may come up */
     float s = combine_add(P, t, c, 0, ok0, 0.0f);
     for (int j0 = COMBINE_BATCH; j0 < P.top_k; j0 += COMBINE_BATCH) s = combine_add(P, t, c, j0, combine_ok(P, t, j0), s);
     out[idx] = k3_f32_to_bf16_bits(s);
