@@ -9,15 +9,8 @@
 set -u
 src=${K3_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
 bin=${K3_BINARY_DIR:-$(dirname "$1")}
-if grep -q '^K3_SANITIZE:BOOL=ON' "$bin/CMakeCache.txt" 2>/dev/null; then
-    echo "SKIPPED: the sanitizer build (the main build runs this test)"
-    exit 77
-fi
-py=$(command -v python3 || true)
-if [ -z "$py" ] || ! "$py" -c 'import setuptools, wheel, pip, numpy' 2>/dev/null; then
-    echo "SKIPPED: python3 with pip, setuptools, wheel and numpy is needed (.ci/run installs them)"
-    exit 77
-fi
+PY_NEEDS="setuptools, wheel, pip, numpy"
+. "$src/tests/lib_python.sh"
 tmp=$(mktemp -d) || { echo "FAIL: mktemp"; exit 1; }
 trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/src" "$tmp/run"
@@ -33,7 +26,7 @@ fi
 echo "pip install: $(( $(date +%s) - t0 )) s"
 [ -f "$tmp/site/k3kernels/_lib/libk3.so" ] || { echo "FAIL: libk3.so is not inside the installed package"; exit 1; }
 want_fast=0
-[ -f "$bin/k3_python_ext.txt" ] && want_fast=1  # this build found the headers of this python3: so must setup.py's
+[ -f "$bin/k3_python_ext.txt" ] && want_fast=1  # this build found this python3's headers: setup.py must too
 cd "$tmp/run" && env -u K3KERNELS_LIB -u K3KERNELS_FASTCALL PYTHONPATH="$tmp/site" "$py" - "$tmp/site" "$want_fast" <<'PY'
 import sys
 import numpy as np
@@ -42,7 +35,7 @@ site, want_fast = sys.argv[1], sys.argv[2] == "1"
 info = k3kernels.info()
 assert k3kernels.__file__.startswith(site), "imported %s, not the installed package" % k3kernels.__file__
 assert info["library"].startswith(site), "loaded %s, not the package's libk3.so" % info["library"]
-assert ("compiled run calls" in info["binding"]) == want_fast, info["binding"]
+assert "compiled run calls" in info["binding"] or not want_fast, "no compiled run calls: " + info["binding"]
 y = k3kernels.linear(np.ones((1, 64), np.float32), np.ones((8, 64), np.float32))  # the README's quick start
 assert y.shape == (1, 8) and (y == 64).all(), y
 print("installed package OK: %s, binding %s" % (k3kernels.__file__, info["binding"]))

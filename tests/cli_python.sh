@@ -8,15 +8,8 @@
 set -u
 src=${K3_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
 bin=${K3_BINARY_DIR:-$(dirname "$1")}
-if grep -q '^K3_SANITIZE:BOOL=ON' "$bin/CMakeCache.txt" 2>/dev/null; then
-    echo "SKIPPED: the sanitizer build's libk3.so cannot be loaded by python (the main build runs these tests)"
-    exit 77
-fi
-py=$(command -v python3 || true)
-if [ -z "$py" ] || ! "$py" -c 'import numpy, pytest' 2>/dev/null; then
-    echo "SKIPPED: python3 with numpy and pytest is needed (.ci/run installs them)"
-    exit 77
-fi
+PY_NEEDS="numpy, pytest"
+. "$src/tests/lib_python.sh"
 lib="$bin/libk3.so"
 [ -f "$lib" ] || { echo "FAIL: $lib not built"; exit 1; }
 cli=${1:-$bin/k3}
