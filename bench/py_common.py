@@ -36,11 +36,12 @@ class ctypes_binding:
     """Inside: the torch front end calls the library through ctypes alone, as without k3kernels._fastcall."""
 
     def __enter__(self):
-        self.saved = _torch._fc, _torch._linear_run, _torch._moe_run
-        _torch._fc, _torch._linear_run, _torch._moe_run = None, _torch._linear_run_ctypes, _torch._moe_run_ctypes
+        self.saved = _torch._fc, _torch._linear_run, _torch._router_run, _torch._moe_run
+        _torch._fc, _torch._linear_run, _torch._router_run, _torch._moe_run = (
+            None, _torch._linear_run_ctypes, _torch._router_run_ctypes, _torch._moe_run_ctypes)
 
     def __exit__(self, *exc):
-        _torch._fc, _torch._linear_run, _torch._moe_run = self.saved
+        _torch._fc, _torch._linear_run, _torch._router_run, _torch._moe_run = self.saved
 
 
 class CapturedCall:

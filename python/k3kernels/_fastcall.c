@@ -64,20 +64,28 @@ static int arg_size(PyObject *o, size_t *out, const char *what)
     return 0;
 }
 
-static int arg_count(Py_ssize_t n, Py_ssize_t want, const char *fn)
+/*
+ * Every run call's arguments: fn, plan, m, then np pointers (None for NULL), then ws_bytes and stream, as the C
+ * functions take them after the plan and m. Refuses a wrong count, a non-int and a NULL fn with a Python error.
+ */
+static int arg_run(PyObject *const *args, Py_ssize_t n, int np, const char *name, void **fn, void **plan,
+                   int64_t *m, void **p, size_t *ws_bytes, void **stream)
 {
-    if (n == want)
-        return 0;
-    PyErr_Format(PyExc_TypeError, "_fastcall.%s takes %zd arguments (got %zd)", fn, want, n);
-    return -1;
-}
-
-/* Pointer arguments args[first .. first + n) into p[0 .. n). */
-static int arg_ptrs(PyObject *const *args, Py_ssize_t first, Py_ssize_t n, void **p)
-{
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (arg_ptr(args[first + i], &p[i], "a pointer argument") != 0)
+    if (n != np + 5) {
+        PyErr_Format(PyExc_TypeError, "_fastcall.%s takes %d arguments (got %zd)", name, np + 5, n);
+        return -1;
+    }
+    if (arg_ptr(args[0], fn, "fn") || arg_ptr(args[1], plan, "plan") || arg_i64(args[2], m, "m"))
+        return -1;
+    for (int i = 0; i < np; i++) {
+        if (arg_ptr(args[3 + i], &p[i], "a pointer argument") != 0)
             return -1;
+    }
+    if (arg_size(args[3 + np], ws_bytes, "ws_bytes") || arg_ptr(args[4 + np], stream, "stream"))
+        return -1;
+    if (*fn == NULL) {
+        PyErr_Format(PyExc_ValueError, "_fastcall.%s: fn is NULL", name);
+        return -1;
     }
     return 0;
 }
@@ -89,14 +97,8 @@ static PyObject *fc_linear_run(PyObject *self, PyObject *const *args, Py_ssize_t
     void *fn, *plan, *p[5], *stream;
     int64_t m;
     size_t ws_bytes;
-    if (arg_count(n, 10, "linear_run") || arg_ptr(args[0], &fn, "fn") || arg_ptr(args[1], &plan, "plan") ||
-        arg_i64(args[2], &m, "m") || arg_ptrs(args, 3, 5, p) || arg_size(args[8], &ws_bytes, "ws_bytes") ||
-        arg_ptr(args[9], &stream, "stream"))
+    if (arg_run(args, n, 5, "linear_run", &fn, &plan, &m, p, &ws_bytes, &stream))
         return NULL;
-    if (fn == NULL) {
-        PyErr_SetString(PyExc_ValueError, "_fastcall.linear_run: fn is NULL");
-        return NULL;
-    }
     k3_status st;
     Py_BEGIN_ALLOW_THREADS
     st = ((k3_linear_run_fn)fn)((k3_linear_plan *)plan, m, p[0], p[1], p[2], p[3], p[4], ws_bytes, stream);
@@ -111,14 +113,8 @@ static PyObject *fc_router_run(PyObject *self, PyObject *const *args, Py_ssize_t
     void *fn, *plan, *p[6], *stream;
     int64_t m;
     size_t ws_bytes;
-    if (arg_count(n, 11, "router_run") || arg_ptr(args[0], &fn, "fn") || arg_ptr(args[1], &plan, "plan") ||
-        arg_i64(args[2], &m, "m") || arg_ptrs(args, 3, 6, p) || arg_size(args[9], &ws_bytes, "ws_bytes") ||
-        arg_ptr(args[10], &stream, "stream"))
+    if (arg_run(args, n, 6, "router_run", &fn, &plan, &m, p, &ws_bytes, &stream))
         return NULL;
-    if (fn == NULL) {
-        PyErr_SetString(PyExc_ValueError, "_fastcall.router_run: fn is NULL");
-        return NULL;
-    }
     k3_status st;
     Py_BEGIN_ALLOW_THREADS
     st = ((k3_router_run_fn)fn)((k3_router_plan *)plan, m, p[0], p[1], (const float *)p[2], (int32_t *)p[3],
@@ -130,29 +126,22 @@ static PyObject *fc_router_run(PyObject *self, PyObject *const *args, Py_ssize_t
 /*
  * moe_run(fn, plan, m, x, topk_ids, topk_weights, w13, w13_scale, w13_scale_2, w13_input_scale, w2, w2_scale,
  *         w2_scale_2, w2_input_scale, expert_map, out, out_f32, ws, ws_bytes, stream) -> k3_status as int
- * The weights' fields in k3_moe_weights order, the struct built here on the stack.
+ * The weights' fields in k3_moe_weights order (p[3 .. 11]), the struct built here on the stack.
  */
 static PyObject *fc_moe_run(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    void *fn, *plan, *io[3], *wp[9], *dst[2], *ws, *stream;
+    void *fn, *plan, *p[15], *stream;
     int64_t m;
     size_t ws_bytes;
-    if (arg_count(n, 20, "moe_run") || arg_ptr(args[0], &fn, "fn") || arg_ptr(args[1], &plan, "plan") ||
-        arg_i64(args[2], &m, "m") || arg_ptrs(args, 3, 3, io) || arg_ptrs(args, 6, 9, wp) ||
-        arg_ptrs(args, 15, 2, dst) || arg_ptr(args[17], &ws, "ws") || arg_size(args[18], &ws_bytes, "ws_bytes") ||
-        arg_ptr(args[19], &stream, "stream"))
+    if (arg_run(args, n, 15, "moe_run", &fn, &plan, &m, p, &ws_bytes, &stream))
         return NULL;
-    if (fn == NULL) {
-        PyErr_SetString(PyExc_ValueError, "_fastcall.moe_run: fn is NULL");
-        return NULL;
-    }
-    k3_moe_weights w = {wp[0], wp[1], (const float *)wp[2], (const float *)wp[3], wp[4], wp[5],
-                        (const float *)wp[6], (const float *)wp[7], (const int32_t *)wp[8]};
+    k3_moe_weights w = {p[3], p[4], (const float *)p[5], (const float *)p[6], p[7], p[8],
+                        (const float *)p[9], (const float *)p[10], (const int32_t *)p[11]};
     k3_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ((k3_moe_run_fn)fn)((k3_moe_plan *)plan, m, io[0], (const int32_t *)io[1], (const float *)io[2], &w,
-                             dst[0], (float *)dst[1], ws, ws_bytes, stream);
+    st = ((k3_moe_run_fn)fn)((k3_moe_plan *)plan, m, p[0], (const int32_t *)p[1], (const float *)p[2], &w, p[12],
+                             (float *)p[13], p[14], ws_bytes, stream);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong((long)st);
 }

@@ -227,14 +227,20 @@ def router_impl(x, gate_weight, bias, top_k, renormalize, routed_scaling_factor,
     ids = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
     wts = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
     ws = _ws(plan, x)
-    if _fc is not None:
-        st = _fc.router_run(_ROUTER_RUN, plan.addr, m, x.data_ptr(), gate_weight.data_ptr(), _ptr(bias),
-                            ids.data_ptr(), wts.data_ptr(), _ptr(ws), plan.ws_bytes, _stream(dev))
-    else:
-        st = _lib.k3_router_run(plan.handle, m, _ptr(x), _ptr(gate_weight), _ptr(bias), _ptr(ids), _ptr(wts),
-                                _ptr(ws), plan.ws_bytes, _stream(dev))
-    O._check(st, ctx)
+    O._check(_router_run(plan, m, x.data_ptr(), gate_weight.data_ptr(), _ptr(bias), ids.data_ptr(), wts.data_ptr(),
+                         _ptr(ws), _stream(dev)), ctx)
     return wts, ids
+
+
+def _router_run_fast(plan, m, x, gate, bias, ids, wts, ws, s):
+    return _fc.router_run(_ROUTER_RUN, plan.addr, m, x, gate, bias, ids, wts, ws, plan.ws_bytes, s)
+
+
+def _router_run_ctypes(plan, m, x, gate, bias, ids, wts, ws, s):
+    return _lib.k3_router_run(plan.handle, m, x, gate, bias, ids, wts, ws, plan.ws_bytes, s)
+
+
+_router_run = _router_run_fast if _fc is not None else _router_run_ctypes
 
 
 def _fused_moe_checked(x, w13, w2, topk_weights, topk_ids, quant, w13_scale, w13_scale_2, w2_scale, w2_scale_2,

@@ -37,6 +37,7 @@ def ctypes_only(monkeypatch):
     def use():
         monkeypatch.setattr(T, "_fc", None)
         monkeypatch.setattr(T, "_linear_run", T._linear_run_ctypes)
+        monkeypatch.setattr(T, "_router_run", T._router_run_ctypes)
         monkeypatch.setattr(T, "_moe_run", T._moe_run_ctypes)
     return use
 

@@ -20,7 +20,7 @@ constexpr int NORM_MAX_THREADS = 1024;
 
 /* The RMSNorm's block size for rows of l elements: one thread per 8-element piece up to 1024 (whole warps). The
  * summation order depends on it, so it is a function of l alone. */
-__host__ __device__ inline int norm_threads(int64_t l) {
+inline int norm_threads(int64_t l) {
     const int64_t pieces = (l + NORM_PIECE - 1) / NORM_PIECE;
     const int64_t t = (pieces + 31) / 32 * 32;
     return (int)(t < NORM_MAX_THREADS ? t : NORM_MAX_THREADS);
