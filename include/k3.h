@@ -772,6 +772,8 @@ typedef enum k3_latent_schedule {
     K3_LATENT_SCHEDULE_ROUTER_BESIDE = 2, /* the router on a second stream beside the down projection and the
                                            * shared experts; the experts start when both are done */
     K3_LATENT_SCHEDULE_SERIAL = 3,        /* one stream: shared experts, router, down, experts, norm, up */
+    K3_LATENT_SCHEDULE_SELECT_BESIDE = 4, /* SHARED_BESIDE, and the router's selection on a third stream beside
+                                           * the down projection (the logits stay on the main stream) */
 } k3_latent_schedule;
 
 typedef struct k3_latent_moe_desc {
@@ -827,8 +829,12 @@ K3_API k3_status k3_latent_moe_run(k3_latent_moe_plan *plan, int64_t m, const vo
                                    int32_t *topk_ids, float *topk_weights, void *ws, size_t ws_bytes,
                                    void *stream);
 
-/* The schedule the plan runs (never AUTO): the descriptor's, or on AUTO the architecture's choice; SERIAL on the
- * CPU backend, and where a second stream would have nothing to run (SHARED_BESIDE without shared experts). */
+/* The schedule a run of m tokens takes (never AUTO; 1 <= m <= max_tokens): the descriptor's at every m, or on AUTO
+ * the architecture's measured choice for that m; SERIAL on the CPU backend, and where a second stream would have
+ * nothing to run (SHARED_BESIDE without shared experts). */
+K3_API k3_status k3_latent_moe_plan_schedule_at(const k3_latent_moe_plan *plan, int64_t m,
+                                                k3_latent_schedule *out);
+/* k3_latent_moe_plan_schedule_at at m = max_tokens. */
 K3_API k3_status k3_latent_moe_plan_schedule(const k3_latent_moe_plan *plan, k3_latent_schedule *out);
 
 /* The block's two halves around the cross-rank reduction. */

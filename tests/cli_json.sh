@@ -148,11 +148,13 @@ if "$K3" info --json 2>/dev/null | grep -q '"backend": "cuda"'; then
         "demo cuda: basics"
     jcheck "$T/out" "d['copies'] >= 2 and d['reps'] >= 7 and d['copy_seconds'] > 0" "demo cuda: the method's numbers"
     ROW="{'m', 'block_us', 'router_us', 'down_us', 'experts_us', 'norm_up_us', 'shared_us', 'stages_sum_us', \
-'composition_us', 'experts_touched', 'bytes', 'floor_us', 'percent_of_floor'}"
+'composition_us', 'experts_touched', 'bytes', 'floor_us', 'percent_of_floor', 'schedule'}"
     STAGES="('router_us', 'down_us', 'experts_us', 'norm_up_us', 'shared_us')"
     jcheck "$T/out" "[r['m'] for r in d['runs']] == [1, 4] and all(set(r) == $ROW for r in d['runs'])" \
         "demo cuda: the fields of bench block --json"
     jcheck "$T/out" "all(r['block_us'] > 0 and all(r[k] > 0 for k in $STAGES) for r in d['runs'])" "demo cuda: times"
+    jcheck "$T/out" "all(r['schedule'] in ('shared-beside', 'router-beside', 'serial', 'select-beside') for r in d['runs'])" \
+        "demo cuda: the schedule each M ran"
     jcheck "$T/out" "all(abs(r['stages_sum_us'] - sum(r[k] for k in $STAGES)) < 0.01 and \
 abs(r['composition_us'] - (r['block_us'] - r['stages_sum_us'])) < 0.01 for r in d['runs'])" "demo cuda: sum, composition"
     # bytes as docs/benchmarks.md counts them at the TP8 rank (H 7168, L 3584, I 384, Is 768): BF16 router gate

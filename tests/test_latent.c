@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "latent_data.h"
+#include "plan/latent_tuning.h"
 #include "moe_data.h"
 #include "ref_moe.h"
 #include "test_util.h"
@@ -282,16 +283,51 @@ static void test_defaults(void) {
           "schedule AUTO by default; the CPU plan runs SERIAL (got %d)", (int)sch);
     EXPECT_INVALID(k3_latent_moe_plan_schedule(p, NULL), "out is NULL", "schedule NULL out");
     CHECK(k3_latent_moe_plan_schedule(NULL, &sch) == K3_STATUS_INVALID_ARGUMENT, "schedule NULL plan");
+    sch = K3_LATENT_SCHEDULE_AUTO;
+    CHECK(k3_latent_moe_plan_schedule_at(p, 1, &sch) == K3_STATUS_SUCCESS && sch == K3_LATENT_SCHEDULE_SERIAL,
+          "schedule at m 1 on the CPU: SERIAL (got %d)", (int)sch);
+    EXPECT_INVALID(k3_latent_moe_plan_schedule_at(p, 0, &sch), "m must be in", "schedule at m 0");
+    EXPECT_INVALID(k3_latent_moe_plan_schedule_at(p, d.max_tokens + 1, &sch), "m must be in",
+                   "schedule past max_tokens");
     k3_latent_moe_plan_destroy(p);
-    d.schedule = K3_LATENT_SCHEDULE_ROUTER_BESIDE; /* a forced schedule plans on the CPU too (one order there) */
+    /* a forced schedule plans on the CPU too (one order there) */
+    for (int s = K3_LATENT_SCHEDULE_SHARED_BESIDE; s <= K3_LATENT_SCHEDULE_SELECT_BESIDE; s++) {
+        d.schedule = (k3_latent_schedule)s;
+        p = NULL;
+        CHECK(k3_latent_moe_plan_create(g_ctx, &d, &p) == K3_STATUS_SUCCESS, "forced schedule %d plans: %s", s,
+              k3_ctx_last_error(g_ctx));
+        k3_latent_moe_plan_destroy(p);
+    }
+    d.schedule = (k3_latent_schedule)5;
     p = NULL;
-    CHECK(k3_latent_moe_plan_create(g_ctx, &d, &p) == K3_STATUS_SUCCESS, "forced schedule plans: %s",
-          k3_ctx_last_error(g_ctx));
-    k3_latent_moe_plan_destroy(p);
-    d.schedule = (k3_latent_schedule)4;
-    p = NULL;
-    EXPECT_INVALID(k3_latent_moe_plan_create(g_ctx, &d, &p), "schedule must be", "schedule 4 refused");
+    EXPECT_INVALID(k3_latent_moe_plan_create(g_ctx, &d, &p), "schedule must be", "schedule 5 refused");
     CHECK(p == NULL, "no plan for a bad schedule");
+}
+
+/* The per-architecture data: every table gives a schedule the CUDA block runs (never AUTO) and 0/1 triggers; an
+ * architecture without measurements the documented defaults. */
+static void test_tuning(void) {
+    const k3_table_id tables[] = {K3_TABLE_NONE, K3_TABLE_SM90, K3_TABLE_SM100, K3_TABLE_SM103};
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        k3_latent_tuning t;
+        memset(&t, 0xA5, sizeof t);
+        k3_latent_tuning_for_table(tables[i], &t);
+        int bad = t.norm_trigger[0] != 0, bad_m = 0;
+        for (int m = 1; m <= K3_LATENT_TUNING_MAX_M; m++) {
+            bad |= t.norm_trigger[m] > 1;
+            if (t.schedule[m] < K3_LATENT_SCHEDULE_SHARED_BESIDE || t.schedule[m] > K3_LATENT_SCHEDULE_SELECT_BESIDE)
+                bad_m = m;
+        }
+        CHECK(!bad, "table %s: triggers are 0 or 1 (index 0 unused)", k3_table_name(tables[i]));
+        CHECK(bad_m == 0, "table %s: a schedule for every m (m %d: %d)", k3_table_name(tables[i]), bad_m,
+              bad_m ? (int)t.schedule[bad_m] : 0);
+    }
+    k3_latent_tuning t;
+    k3_latent_tuning_for_table(K3_TABLE_NONE, &t);
+    int any = 0;
+    for (int m = 1; m <= K3_LATENT_TUNING_MAX_M; m++)
+        any |= t.norm_trigger[m] || t.schedule[m] != K3_LATENT_SCHEDULE_SHARED_BESIDE;
+    CHECK(!any, "no table: SHARED_BESIDE and no early up projection at every m");
 }
 
 int main(void) {
@@ -302,6 +338,7 @@ int main(void) {
         return 1;
     }
     test_defaults();
+    test_tuning();
     test_blocks(&r);
     test_errors(&r);
     k3_ctx_destroy(g_ctx);

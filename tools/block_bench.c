@@ -33,7 +33,8 @@ static void block_bench_help(void) {
            "  --m LIST     token counts (default 1,2,4,8,16; 1..%d, at most %d values)\n"
            "  --reps R     graph replays per point (7..1000)\n"
            "  --schedule S the block's stream schedule (k3_latent_schedule): auto (default: the plan's choice),\n"
-           "               shared-beside, router-beside or serial; the stages are timed alone either way\n"
+           "               shared-beside, router-beside, serial or select-beside; the stages are timed alone\n"
+           "               either way\n"
            "  --json       one JSON object: a row per M with every column\n\n"
            "--tp N / --ep N: the block on N GPUs (0..N-1), one host thread each with its own context, stream and\n"
            "plan whose k3_parallel_desc holds that rank's NCCL communicator (made here by ncclCommInitAll), so the\n"
@@ -60,6 +61,7 @@ const char *k3_bench_schedule_name(k3_latent_schedule s) {
     case K3_LATENT_SCHEDULE_SHARED_BESIDE: return "shared-beside";
     case K3_LATENT_SCHEDULE_ROUTER_BESIDE: return "router-beside";
     case K3_LATENT_SCHEDULE_SERIAL: return "serial";
+    case K3_LATENT_SCHEDULE_SELECT_BESIDE: return "select-beside";
     }
     return "?";
 }
@@ -75,10 +77,10 @@ static int bb_parse(int argc, char **argv, bb_opts *o) {
         else if (!strcmp(argv[i], "--schedule")) {
             if (!(v = k3_cli_value(argc, argv, &i, "--schedule"))) return K3_EXIT_USAGE;
             o->schedule = -1;
-            for (int s = K3_LATENT_SCHEDULE_AUTO; s <= K3_LATENT_SCHEDULE_SERIAL; s++)
+            for (int s = K3_LATENT_SCHEDULE_AUTO; s <= K3_LATENT_SCHEDULE_SELECT_BESIDE; s++)
                 if (!strcmp(v, k3_bench_schedule_name((k3_latent_schedule)s))) o->schedule = s;
             if (o->schedule < 0) {
-                fprintf(stderr, "k3 bench block: --schedule must be auto, shared-beside, router-beside or serial (got "
+                fprintf(stderr, "k3 bench block: --schedule must be auto, shared-beside, router-beside, serial or select-beside (got "
                         "'%s')\n", v);
                 return K3_EXIT_USAGE;
             }
@@ -153,24 +155,26 @@ static int bb_front(int argc, char **argv, bb_opts *o, int *rc) {
 }
 
 void k3_bench_block_header(FILE *f) {
-    fputs("    M   block us  router    down  experts norm+up  shared  stages sum  compose   MB read  floor us  % floor\n",
+    fputs("    M   block us  router    down  experts norm+up  shared  stages sum  compose   MB read  floor us  % floor  "
+          "schedule\n",
           f);
 }
 
 void k3_bench_block_row(FILE *f, const bb_point *p) {
     const double *us = p->us;
-    fprintf(f, "%5lld %10.1f %7.1f %7.1f %8.1f %7.1f %7.1f %11.1f %8.1f %9.1f %9.1f %8.1f\n", (long long)p->m, us[0],
-            us[1], us[2], us[3], us[4], us[5], p->sum_us, us[0] - p->sum_us, p->bytes / 1e6, p->floor_us,
-            100.0 * p->floor_us / us[0]);
+    fprintf(f, "%5lld %10.1f %7.1f %7.1f %8.1f %7.1f %7.1f %11.1f %8.1f %9.1f %9.1f %8.1f  %s\n", (long long)p->m,
+            us[0], us[1], us[2], us[3], us[4], us[5], p->sum_us, us[0] - p->sum_us, p->bytes / 1e6, p->floor_us,
+            100.0 * p->floor_us / us[0], k3_bench_schedule_name(p->schedule));
 }
 
 void k3_bench_block_row_json(FILE *f, const bb_point *p) {
     const double *us = p->us;
     fprintf(f, "{\"m\": %lld, \"block_us\": %.3f, \"router_us\": %.3f, \"down_us\": %.3f, \"experts_us\": %.3f, "
                "\"norm_up_us\": %.3f, \"shared_us\": %.3f, \"stages_sum_us\": %.3f, \"composition_us\": %.3f, "
-               "\"experts_touched\": %d, \"bytes\": %.0f, \"floor_us\": %.3f, \"percent_of_floor\": %.2f}",
+               "\"experts_touched\": %d, \"bytes\": %.0f, \"floor_us\": %.3f, \"percent_of_floor\": %.2f, "
+               "\"schedule\": \"%s\"}",
             (long long)p->m, us[0], us[1], us[2], us[3], us[4], us[5], p->sum_us, us[0] - p->sum_us, (int)p->touched,
-            p->bytes, p->floor_us, 100.0 * p->floor_us / us[0]);
+            p->bytes, p->floor_us, 100.0 * p->floor_us / us[0], k3_bench_schedule_name(p->schedule));
 }
 
 #ifndef K3_HAVE_CUDA
@@ -342,7 +346,6 @@ int k3_bench_block_measure(bb_measure *bm) {
         free(hx);
         if (!in) goto cuda_fail;
     }
-    if ((st = k3_latent_moe_plan_schedule(b.lp, &bm->schedule_run)) != K3_STATUS_SUCCESS) goto plan_fail;
     if (bm->on_ready) bm->on_ready(bm->user, bm);
     const size_t per_expert = (size_t)(2 * b.d.experts.inter * L) / 2 + (size_t)(L * b.d.experts.inter) / 2 +
                               (size_t)(2 * b.d.experts.inter * L) / 16 + (size_t)(L * b.d.experts.inter) / 16 + 8;
@@ -362,6 +365,7 @@ int k3_bench_block_measure(bb_measure *bm) {
         bb_point p;
         memset(&p, 0, sizeof p);
         p.m = b.m;
+        if ((st = k3_latent_moe_plan_schedule_at(b.lp, b.m, &p.schedule)) != K3_STATUS_SUCCESS) goto plan_fail;
         memset(seen, 0, (size_t)(e_local > 0 ? e_local : 1));
         for (int64_t i = 0; i < b.m * K; i++) {
             const int32_t gid = hids[i];
@@ -420,15 +424,17 @@ static void bb_print_ready(void *user, const bb_measure *bm) {
     const k3_latent_moe_desc *d = &bm->hb->d;
     if (!o->json) {
         printf("k3 bench block: %s rank on %s (%d SMs): H %lld, E %d of %d top-%lld, L %lld, I %lld, Is %lld, "
-               "NVFP4 W4A16 SiTU, schedule %s; %d weight copies, %lld replays\n",
+               "NVFP4 W4A16 SiTU, schedule %s%s; %d weight copies, %lld replays\n",
                o->ep ? "EP16" : "TP8", bm->arch.device_name, (int)bm->arch.sm_count, (long long)d->hidden,
                (int)d->experts.num_experts, (int)d->router.num_experts, (long long)d->experts.top_k,
                (long long)d->experts.hidden, (long long)d->experts.inter, (long long)d->shared_inter,
-               k3_bench_schedule_name(bm->schedule_run), (int)bm->copies, (long long)o->reps);
+               k3_bench_schedule_name((k3_latent_schedule)o->schedule),
+               o->schedule == K3_LATENT_SCHEDULE_AUTO ? " (the plan's choice per M: last column)" : "", (int)bm->copies,
+               (long long)o->reps);
         k3_bench_block_header(stdout);
     } else {
         printf("{\"config\": \"%s\", \"schedule\": \"%s\", \"gpu\": ", o->ep ? "ep16" : "tp8",
-               k3_bench_schedule_name(bm->schedule_run));
+               k3_bench_schedule_name((k3_latent_schedule)o->schedule));
         k3_cli_json_string(stdout, bm->arch.device_name);
         printf(", \"copies\": %d, \"reps\": %lld, \"rows\": [", (int)bm->copies, (long long)o->reps);
     }

@@ -39,6 +39,7 @@ typedef struct bb_point {
     double sum_us;          /* the five stages' sum */
     int32_t touched;        /* distinct routed experts the block's routing reads on this rank */
     double bytes, floor_us; /* bytes the block reads and writes; their time at the HBM read ceiling */
+    k3_latent_schedule schedule; /* the schedule the block ran at this m */
 } bb_point;
 
 typedef struct bb_measure bb_measure;
@@ -70,7 +71,6 @@ struct bb_measure {
     int32_t copies;            /* weight copies rotated */
     int32_t calls;             /* back-to-back calls captured per graph (4 per copy) */
     double copy_s;             /* seconds to copy every weight copy to the device */
-    k3_latent_schedule schedule_run; /* the schedule the block's plan runs */
 };
 
 /* The host weights copied to the device bm->copies times, plans for the block and each stage, then for each M
@@ -81,7 +81,7 @@ int k3_bench_block_measure(bb_measure *bm);
 void k3_bench_block_header(FILE *f);
 void k3_bench_block_row(FILE *f, const bb_point *p);
 void k3_bench_block_row_json(FILE *f, const bb_point *p);
-/* "shared-beside", "router-beside", "serial" (or "auto"), as --schedule spells them. */
+/* "shared-beside", "router-beside", "serial", "select-beside" (or "auto"), as --schedule spells them. */
 const char *k3_bench_schedule_name(k3_latent_schedule s);
 
 #endif

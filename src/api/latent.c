@@ -86,9 +86,9 @@ static k3_status latent_check_desc(k3_ctx *ctx, const k3_latent_moe_desc *d) {
     K3_CHECK_ARG(ctx, !pd->nccl_comm || ctx->backend != K3_BACKEND_CPU,
                  "latent plan: parallel.nccl_comm needs a CUDA context (on the CPU backend, run the stages and sum the "
                  "partials)");
-    K3_CHECK_ARG(ctx, d->schedule >= K3_LATENT_SCHEDULE_AUTO && d->schedule <= K3_LATENT_SCHEDULE_SERIAL,
-                 "latent plan: schedule must be a k3_latent_schedule (AUTO, SHARED_BESIDE, ROUTER_BESIDE or SERIAL; "
-                 "got %d)",
+    K3_CHECK_ARG(ctx, d->schedule >= K3_LATENT_SCHEDULE_AUTO && d->schedule <= K3_LATENT_SCHEDULE_SELECT_BESIDE,
+                 "latent plan: schedule must be a k3_latent_schedule (AUTO, SHARED_BESIDE, ROUTER_BESIDE, SERIAL or "
+                 "SELECT_BESIDE; got %d)",
                  (int)d->schedule);
     K3_CHECK_ARG(ctx, pd->tokens == K3_TOKENS_REPLICATED || pd->tokens == K3_TOKENS_PER_RANK,
                  "latent plan: parallel.tokens must be K3_TOKENS_REPLICATED or K3_TOKENS_PER_RANK (got %d)",
@@ -303,18 +303,26 @@ k3_status k3_latent_moe_partial_count(const k3_latent_moe_plan *plan, int64_t m,
     return K3_STATUS_SUCCESS;
 }
 
-k3_status k3_latent_moe_plan_schedule(const k3_latent_moe_plan *plan, k3_latent_schedule *out) {
+k3_status k3_latent_moe_plan_schedule_at(const k3_latent_moe_plan *plan, int64_t m, k3_latent_schedule *out) {
     if (!plan) return K3_STATUS_INVALID_ARGUMENT;
     k3_clear_error(plan->ctx);
     K3_CHECK_ARG(plan->ctx, out != NULL, "latent plan schedule: out is NULL");
+    K3_CHECK_ARG(plan->ctx, m >= 1 && m <= plan->cpu.d.max_tokens,
+                 "latent plan schedule: m must be in [1, max_tokens = %lld] (got %lld)",
+                 (long long)plan->cpu.d.max_tokens, (long long)m);
 #ifdef K3_HAVE_CUDA
     if (plan->gpu) {
-        *out = k3_latent_gpu_schedule(plan->gpu);
+        *out = k3_latent_gpu_schedule(plan->gpu, m);
         return K3_STATUS_SUCCESS;
     }
 #endif
     *out = K3_LATENT_SCHEDULE_SERIAL; /* the CPU backend runs the parts in one order */
     return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_latent_moe_plan_schedule(const k3_latent_moe_plan *plan, k3_latent_schedule *out) {
+    if (!plan) return K3_STATUS_INVALID_ARGUMENT;
+    return k3_latent_moe_plan_schedule_at(plan, plan->cpu.d.max_tokens, out);
 }
 
 k3_status k3_latent_moe_run_stage(k3_latent_moe_plan *plan, k3_latent_stage stage, int64_t m, const void *x,

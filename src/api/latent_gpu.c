@@ -8,12 +8,14 @@
 
 #include "api/moe_internal.h"
 #include "api/ptr_align.h"
+#include "api/router_internal.h"
 #include "comm/nccl.h"
 #include "core/act.h"
 #include "cuda/common/fork_join.h"
 #include "cuda/common/ptr_check.h"
 #include "cuda/gemm/cublaslt.h"
 #include "cuda/latent/kernels.h"
+#include "plan/latent_tuning.h"
 
 /* Re-prefixes the message a sub-check left on the context. */
 static k3_status prefix_error(k3_ctx *ctx, k3_status st, const char *prefix) {
@@ -48,8 +50,10 @@ struct k3_latent_gpu {
     k3_linear_plan *down, *up, *sgu;
     k3_lt_plan *sdown_f32; /* the shared down projection with fp32 output: a rank's partial (the stage API) */
     k3_nccl *nccl;         /* the caller's communicator (library-driven TP), or NULL */
-    k3_fork_join *fj;      /* the second stream of the schedule, or NULL (SERIAL, or no shared experts to put beside) */
-    k3_latent_schedule schedule; /* resolved: never AUTO */
+    k3_fork_join *fj;        /* the second stream of the schedules, or NULL (none of them puts anything beside) */
+    k3_fork_join *fj_select; /* the router's selection beside the down projection (SELECT_BESIDE), or NULL */
+    k3_latent_tuning tuning; /* the architecture's choices per m (AUTO's schedule, the RMSNorm's trigger) */
+    k3_latent_schedule schedule[K3_LATENT_TUNING_MAX_M + 1]; /* index m (1..max_tokens): resolved, never AUTO */
     size_t ws_router, ws_moe, ws_down, ws_up, ws_sgu, ws_sdown_f32;
     /* offsets into the workspace, from its first LATENT_WS_ALIGN-aligned byte */
     size_t o_ids, o_wts, o_router, o_xl, o_mo, o_moe, o_v, o_z, o_g, o_a, o_down, o_up, o_sgu,
@@ -66,6 +70,7 @@ void k3_latent_gpu_destroy(k3_latent_gpu *p) {
     k3_lt_plan_destroy(p->sdown_f32);
     k3_nccl_close(p->nccl);
     k3_fork_join_destroy(p->fj);
+    k3_fork_join_destroy(p->fj_select);
     free(p);
 }
 
@@ -82,6 +87,13 @@ static k3_status latent_make_linear(k3_ctx *ctx, int64_t n, int64_t k, int64_t m
         return k3_fail(ctx, st, "latent plan: %s projection: %s", what, msg);
     }
     return K3_STATUS_SUCCESS;
+}
+
+/* Whether schedule s forks the second stream (the shared experts, or with ROUTER_BESIDE the router, beside the
+ * routed path). */
+static int latent_forks_shared(k3_latent_schedule s, int shared) {
+    return s == K3_LATENT_SCHEDULE_ROUTER_BESIDE ||
+           (shared && (s == K3_LATENT_SCHEDULE_SHARED_BESIDE || s == K3_LATENT_SCHEDULE_SELECT_BESIDE));
 }
 
 /* d: validated, its router and experts max_tokens equal to the block's. */
@@ -109,11 +121,18 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
         if (st == K3_STATUS_SUCCESS) p->ws_sdown_f32 = k3_lt_workspace_size(p->sdown_f32);
         else st = prefix_error(ctx, st, "latent plan: shared down projection (fp32 partial)");
     }
-    /* AUTO: the shared experts beside the routed path, the fastest of the three schedules on SM90, the only
-     * architecture they were measured on (bench/NOTES-block.md); the others take it until they are measured */
-    p->schedule = d->schedule != K3_LATENT_SCHEDULE_AUTO ? d->schedule : K3_LATENT_SCHEDULE_SHARED_BESIDE;
-    if (p->schedule == K3_LATENT_SCHEDULE_SHARED_BESIDE && is == 0) p->schedule = K3_LATENT_SCHEDULE_SERIAL;
-    if (st == K3_STATUS_SUCCESS && p->schedule != K3_LATENT_SCHEDULE_SERIAL) st = k3_fork_join_create(ctx, &p->fj);
+    /* AUTO: the architecture's measured choice per m (plan/latent_tuning.c); the streams any m needs, made now */
+    k3_latent_tuning_for_table(ctx->arch.table, &p->tuning);
+    int need_fj = 0, need_select = 0;
+    for (int64_t m = 1; m <= mt; m++) {
+        k3_latent_schedule s = d->schedule != K3_LATENT_SCHEDULE_AUTO ? d->schedule : p->tuning.schedule[m];
+        if (s == K3_LATENT_SCHEDULE_SHARED_BESIDE && is == 0) s = K3_LATENT_SCHEDULE_SERIAL;
+        p->schedule[m] = s;
+        need_fj |= latent_forks_shared(s, is > 0);
+        need_select |= s == K3_LATENT_SCHEDULE_SELECT_BESIDE;
+    }
+    if (st == K3_STATUS_SUCCESS && need_fj) st = k3_fork_join_create(ctx, &p->fj);
+    if (st == K3_STATUS_SUCCESS && need_select) st = k3_fork_join_create(ctx, &p->fj_select);
     if (st == K3_STATUS_SUCCESS && d->parallel.nccl_comm)
         st = k3_nccl_open(ctx, d->parallel.nccl_comm, d->parallel.rank, d->parallel.size, "latent plan", &p->nccl);
     if (st != K3_STATUS_SUCCESS) {
@@ -161,6 +180,11 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
     return K3_STATUS_SUCCESS;
 }
 
+/* Whether the RMSNorm lets the up projection come up early at m tokens (the tuning's choice; m <= 32). */
+static int32_t latent_norm_trigger(const k3_latent_gpu *p, int64_t m) {
+    return m >= 1 && m <= K3_LATENT_TUNING_MAX_M ? p->tuning.norm_trigger[m] : 0;
+}
+
 /* The caller's workspace need not be aligned: the layout starts at its first aligned byte. */
 size_t k3_latent_gpu_ws_bytes(const k3_latent_gpu *p) { return p->total + LATENT_WS_ALIGN; }
 
@@ -176,16 +200,16 @@ static k3_status latent_shared(k3_ctx *ctx, const k3_latent_gpu *p, const k3_lat
                      p->ws_sdown_f32, s);
 }
 
-/* Which join latent_join is asked for: the one before the experts (ROUTER_BESIDE) or the last one (SHARED_BESIDE:
- * after the up projection in the whole block, at the end of PRE_REDUCE). */
+/* Which join latent_join is asked for: the one before the experts (ROUTER_BESIDE) or the last one (SHARED_BESIDE and
+ * SELECT_BESIDE: after the up projection in the whole block, at the end of PRE_REDUCE). */
 enum { LATENT_JOIN_EXPERTS = 1, LATENT_JOIN_LAST = 2 };
 
 /* Joins the second stream back into `stream` where the plan's schedule has its join; passes st on (a join is made
  * even after a failure, so a capture is never left with an open branch). */
-static k3_status latent_join(k3_ctx *ctx, const k3_latent_gpu *p, int where, k3_status st, void *stream) {
-    const int at = p->schedule == K3_LATENT_SCHEDULE_ROUTER_BESIDE   ? LATENT_JOIN_EXPERTS
-                   : p->schedule == K3_LATENT_SCHEDULE_SHARED_BESIDE ? LATENT_JOIN_LAST
-                                                                     : 0;
+static k3_status latent_join(k3_ctx *ctx, const k3_latent_gpu *p, k3_latent_schedule sc, int where, k3_status st,
+                             void *stream) {
+    if (!latent_forks_shared(sc, p->sr > 0)) return st;
+    const int at = sc == K3_LATENT_SCHEDULE_ROUTER_BESIDE ? LATENT_JOIN_EXPERTS : LATENT_JOIN_LAST;
     if (at != where) return st;
     const k3_status js = k3_fork_join_join(ctx, p->fj, stream);
     return st != K3_STATUS_SUCCESS ? st : js;
@@ -196,29 +220,38 @@ static k3_status latent_join(k3_ctx *ctx, const k3_latent_gpu *p, int where, k3_
  * the caller's latent_join(LATENT_JOIN_LAST) waits for them) and the routed experts (mo, u = partial [m, L]). */
 static k3_status latent_front(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
                               const void *x, const k3_latent_moe_weights *w, int32_t *ids, float *wts, uint16_t *xl,
-                              uint16_t *mo, float *partial, uint8_t *base, void *stream) {
+                              uint16_t *mo, float *partial, uint8_t *base, k3_latent_schedule sc, void *stream) {
     const int shared = d->shared_inter > 0;
     float *u = partial, *so = partial + m * d->experts.hidden;
     k3_status st = K3_STATUS_SUCCESS;
     void *router_s = stream;
-    if (p->schedule == K3_LATENT_SCHEDULE_SHARED_BESIDE || p->schedule == K3_LATENT_SCHEDULE_ROUTER_BESIDE) {
+    if (latent_forks_shared(sc, shared)) {
         K3_TRY(k3_fork_join_fork(ctx, p->fj, stream));
         void *aux = k3_fork_join_aux(p->fj);
-        if (p->schedule == K3_LATENT_SCHEDULE_SHARED_BESIDE) st = latent_shared(ctx, p, d, m, x, w, so, base, aux);
-        else router_s = aux;
+        if (sc == K3_LATENT_SCHEDULE_ROUTER_BESIDE) router_s = aux;
+        else st = latent_shared(ctx, p, d, m, x, w, so, base, aux);
     } else if (shared) {
         st = latent_shared(ctx, p, d, m, x, w, so, base, stream);
     }
+    /* SELECT_BESIDE: the selection on fj_select's stream, joined before the experts (also after a failure once
+     * forked, so a capture is never left with an open branch) */
+    int select_forked = 0;
     if (st == K3_STATUS_SUCCESS)
-        st = k3_router_run(p->router, m, x, w->gate, w->bias, ids, wts, base + p->o_router, p->ws_router, router_s);
+        st = k3_router_run_split(p->router, m, x, w->gate, w->bias, ids, wts, base + p->o_router, p->ws_router,
+                                 router_s, sc == K3_LATENT_SCHEDULE_SELECT_BESIDE ? p->fj_select : NULL,
+                                 &select_forked);
     if (st == K3_STATUS_SUCCESS)
         st = k3_linear_run(p->down, m, x, w->down_proj, NULL, xl, base + p->o_down, p->ws_down, stream);
-    if (st == K3_STATUS_SUCCESS && shared && p->schedule == K3_LATENT_SCHEDULE_ROUTER_BESIDE)
+    if (select_forked) {
+        const k3_status js = k3_fork_join_join(ctx, p->fj_select, stream);
+        if (st == K3_STATUS_SUCCESS) st = js;
+    }
+    if (st == K3_STATUS_SUCCESS && shared && sc == K3_LATENT_SCHEDULE_ROUTER_BESIDE)
         st = latent_shared(ctx, p, d, m, x, w, so, base, stream);
-    st = latent_join(ctx, p, LATENT_JOIN_EXPERTS, st, stream);
+    st = latent_join(ctx, p, sc, LATENT_JOIN_EXPERTS, st, stream);
     if (st == K3_STATUS_SUCCESS)
         st = k3_moe_run(p->moe, m, xl, ids, wts, &w->experts, mo, u, base + p->o_moe, p->ws_moe, stream);
-    if (st != K3_STATUS_SUCCESS) (void)latent_join(ctx, p, LATENT_JOIN_LAST, st, stream);
+    if (st != K3_STATUS_SUCCESS) (void)latent_join(ctx, p, sc, LATENT_JOIN_LAST, st, stream);
     return st;
 }
 
@@ -243,10 +276,11 @@ k3_status k3_latent_gpu_run(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent
                                "shared_down"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent run", 10, ptrs, names));
     }
-    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, base, stream));
-    k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, partial, (const uint16_t *)w->norm, m, l, d->rms_eps, v, stream);
+    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, base, p->schedule[m], stream));
+    k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, partial, (const uint16_t *)w->norm, m, l, d->rms_eps, v,
+                                                 latent_norm_trigger(p, m), stream);
     if (st == K3_STATUS_SUCCESS) st = k3_linear_run(p->up, m, v, w->up_proj, NULL, z, base + p->o_up, p->ws_up, stream);
-    st = latent_join(ctx, p, LATENT_JOIN_LAST, st, stream);
+    st = latent_join(ctx, p, p->schedule[m], LATENT_JOIN_LAST, st, stream);
     if (st != K3_STATUS_SUCCESS) return st;
     return k3_cuda_latent_sum_f32_launch(ctx, z, is > 0 ? partial + m * l : NULL, (const uint16_t *)residual, m * h,
                                          (uint16_t *)y, stream);
@@ -269,8 +303,8 @@ k3_status k3_latent_gpu_run_pre(k3_ctx *ctx, const k3_latent_gpu *p, const k3_la
         const char *names[] = {"x", "partial", "ws", "gate", "down_proj", "shared_gate_up", "shared_down"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent stage", 7, ptrs, names));
     }
-    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, base, stream));
-    return latent_join(ctx, p, LATENT_JOIN_LAST, K3_STATUS_SUCCESS, stream);
+    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, base, p->schedule[m], stream));
+    return latent_join(ctx, p, p->schedule[m], LATENT_JOIN_LAST, K3_STATUS_SUCCESS, stream);
 }
 
 /* POST_REDUCE on `stream`: RMSNorm of the summed u, the up projection, and the sum with the summed shared output. */
@@ -285,7 +319,8 @@ k3_status k3_latent_gpu_run_post(k3_ctx *ctx, const k3_latent_gpu *p, const k3_l
         const char *names[] = {"partial", "y", "residual", "ws", "norm", "up_proj"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent stage", 6, ptrs, names));
     }
-    k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, partial, (const uint16_t *)w->norm, m, l, d->rms_eps, v, stream);
+    k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, partial, (const uint16_t *)w->norm, m, l, d->rms_eps, v,
+                                                 latent_norm_trigger(p, m), stream);
     if (st == K3_STATUS_SUCCESS) st = k3_linear_run(p->up, m, v, w->up_proj, NULL, z, base + p->o_up, p->ws_up, stream);
     if (st != K3_STATUS_SUCCESS) return st;
     return k3_cuda_latent_sum_f32_launch(ctx, z, is > 0 ? partial + m * l : NULL, (const uint16_t *)residual, m * h,
@@ -294,7 +329,7 @@ k3_status k3_latent_gpu_run_post(k3_ctx *ctx, const k3_latent_gpu *p, const k3_l
 
 int k3_latent_gpu_reduces(const k3_latent_gpu *p) { return p && p->nccl; }
 
-k3_latent_schedule k3_latent_gpu_schedule(const k3_latent_gpu *p) { return p->schedule; }
+k3_latent_schedule k3_latent_gpu_schedule(const k3_latent_gpu *p, int64_t m) { return p->schedule[m]; }
 
 /* PER_RANK tokens: gather the ranks' x, PRE_REDUCE on the gathered rows, reduce-scatter this rank's rows of the
  * partial (u and shared, one NCCL group), POST_REDUCE on them. m is this rank's count; size * m <= max_tokens was

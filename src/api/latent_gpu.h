@@ -42,8 +42,8 @@ k3_status k3_latent_gpu_run_pre(k3_ctx *ctx, const k3_latent_gpu *p, const k3_la
 k3_status k3_latent_gpu_run_post(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
                                  const float *partial, const k3_latent_moe_weights *w, const void *residual, void *y,
                                  void *ws, void *stream);
-/* The schedule the plan resolved (never AUTO). */
-k3_latent_schedule k3_latent_gpu_schedule(const k3_latent_gpu *p);
+/* The schedule the plan resolved for runs of m tokens (never AUTO; 1 <= m <= max_tokens). */
+k3_latent_schedule k3_latent_gpu_schedule(const k3_latent_gpu *p, int64_t m);
 /* PRE_REDUCE, the all-reduce through the plan's communicator, POST_REDUCE. */
 k3_status k3_latent_gpu_run_reduced(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
                                     const void *x, const k3_latent_moe_weights *w, const void *residual, void *y,

@@ -1,7 +1,10 @@
 /* The public router API: descriptor defaults, plan validation, run-time checks, dispatch to the backend. */
 #include "core/internal.h"
 #include "api/ptr_align.h"
+#include "api/router_internal.h"
 #include "cpu/cpu.h"
+#include "cuda/common/fork_join.h"
+#include "cuda/common/ptr_check.h"
 #include "cuda/router/router.h"
 
 #include <math.h>
@@ -104,12 +107,12 @@ k3_status k3_router_workspace_size(const k3_router_plan *plan, size_t *out_bytes
     return K3_STATUS_SUCCESS;
 }
 
-k3_status k3_router_run(k3_router_plan *plan, int64_t m, const void *x, const void *gate, const float *bias,
-                        int32_t *topk_ids, float *topk_weights, void *ws, size_t ws_bytes, void *stream) {
-    if (!plan) return K3_STATUS_INVALID_ARGUMENT;
+/* Every run-time rule of k3_router_run (the message on the plan's context). */
+static k3_status router_run_check(const k3_router_plan *plan, int64_t m, const void *x, const void *gate,
+                                  const float *bias, const int32_t *topk_ids, const float *topk_weights,
+                                  const void *ws, size_t ws_bytes) {
     k3_ctx *ctx = plan->ctx;
     const k3_router_desc *d = &plan->desc;
-    k3_clear_error(ctx);
     K3_CHECK_ARG(ctx, m <= d->max_tokens,
                  "router run: too many tokens for this plan: m = %lld, the plan was made for max_tokens = %lld (plan for "
                  "M, or run the batch in pieces of at most max_tokens)",
@@ -139,9 +142,40 @@ k3_status k3_router_run(k3_router_plan *plan, int64_t m, const void *x, const vo
                  plan->ws_bytes);
     K3_CHECK_ARG(ctx, ws != NULL, "router run: ws is NULL (the plan needs %zu bytes, k3_router_workspace_size)",
                  plan->ws_bytes);
+    return K3_STATUS_SUCCESS;
+}
+
+k3_status k3_router_run(k3_router_plan *plan, int64_t m, const void *x, const void *gate, const float *bias,
+                        int32_t *topk_ids, float *topk_weights, void *ws, size_t ws_bytes, void *stream) {
+    int forked;
+    return k3_router_run_split(plan, m, x, gate, bias, topk_ids, topk_weights, ws, ws_bytes, stream, NULL, &forked);
+}
+
+k3_status k3_router_run_split(k3_router_plan *plan, int64_t m, const void *x, const void *gate, const float *bias,
+                              int32_t *topk_ids, float *topk_weights, void *ws, size_t ws_bytes, void *stream,
+                              struct k3_fork_join *select_fj, int *forked) {
+    *forked = 0;
+    if (!plan) return K3_STATUS_INVALID_ARGUMENT;
+    k3_ctx *ctx = plan->ctx;
+    const k3_router_desc *d = &plan->desc;
+    k3_clear_error(ctx);
+    K3_TRY(router_run_check(plan, m, x, gate, bias, topk_ids, topk_weights, ws, ws_bytes));
 #ifdef K3_HAVE_CUDA
-    if (plan->is_cuda) return k3_cuda_router_run(ctx, d, m, x, gate, bias, topk_ids, topk_weights, ws, stream);
+    if (plan->is_cuda) {
+        const void *ptrs[] = {x, gate, bias, topk_ids, topk_weights, ws};
+        const char *names[] = {"x", "gate", "bias", "topk_ids", "topk_weights", "ws"};
+        K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "router run", 6, ptrs, names));
+        K3_TRY(k3_cuda_router_run_logits(ctx, d, m, x, gate, ws, stream));
+        void *select_stream = stream;
+        if (select_fj) {
+            K3_TRY(k3_fork_join_fork(ctx, select_fj, stream));
+            *forked = 1;
+            select_stream = k3_fork_join_aux(select_fj);
+        }
+        return k3_cuda_router_run_select(ctx, d, m, bias, topk_ids, topk_weights, ws, select_stream);
+    }
 #endif
+    K3_CHECK_ARG(ctx, select_fj == NULL, "router run: a second stream for the selection needs a CUDA context");
     const uintptr_t at = ((uintptr_t)ws + (K3_ROUTER_WS_ALIGN - 1)) & ~(uintptr_t)(K3_ROUTER_WS_ALIGN - 1);
     float *scratch = (float *)(void *)at;
     k3_cpu_router(d, m, (const uint16_t *)x, gate, bias, topk_ids, topk_weights, scratch);

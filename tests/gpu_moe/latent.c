@@ -28,13 +28,14 @@ static const k3t_case k_latent_cases[] = {
 static void latent_schedules(const k3_latent_moe_desc *d0, int32_t M, const void *dx, const k3_latent_moe_weights *dw,
                              const void *dres, const uint16_t *yg, const int32_t *idg, const float *wg, k3t_dout *dy,
                              k3t_dout *dids, k3t_dout *dwt) {
-    static const k3_latent_schedule scheds[] = {K3_LATENT_SCHEDULE_SHARED_BESIDE, K3_LATENT_SCHEDULE_ROUTER_BESIDE,
-                                                K3_LATENT_SCHEDULE_SERIAL};
-    static const char *names[] = {"shared-beside", "router-beside", "serial"};
+    enum { NS = 4 };
+    static const k3_latent_schedule scheds[NS] = {K3_LATENT_SCHEDULE_SHARED_BESIDE, K3_LATENT_SCHEDULE_ROUTER_BESIDE,
+                                                  K3_LATENT_SCHEDULE_SERIAL, K3_LATENT_SCHEDULE_SELECT_BESIDE};
+    static const char *names[NS] = {"shared-beside", "router-beside", "serial", "select-beside"};
     const int64_t nk = (int64_t)M * d0->experts.top_k, nh = (int64_t)M * d0->hidden;
-    float *part[3] = {NULL, NULL, NULL};
+    float *part[NS] = {NULL, NULL, NULL, NULL};
     size_t count = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < NS; i++) {
         k3_latent_moe_desc d = *d0;
         d.schedule = scheds[i];
         k3_latent_moe_plan *p = NULL;
@@ -44,6 +45,9 @@ static void latent_schedules(const k3_latent_moe_desc *d0, int32_t M, const void
         k3_latent_schedule got = K3_LATENT_SCHEDULE_AUTO;
         CHECK(k3_latent_moe_plan_schedule(p, &got) == K3_STATUS_SUCCESS && got == scheds[i],
               "latent %s plan reports schedule %d", names[i], (int)got);
+        got = K3_LATENT_SCHEDULE_AUTO;
+        CHECK(k3_latent_moe_plan_schedule_at(p, M, &got) == K3_STATUS_SUCCESS && got == scheds[i],
+              "latent %s plan reports schedule %d at m %d", names[i], (int)got, (int)M);
         size_t wsg = 0;
         k3_latent_moe_workspace_size(p, &wsg);
         k3_latent_moe_partial_count(p, M, &count);
@@ -71,18 +75,20 @@ static void latent_schedules(const k3_latent_moe_desc *d0, int32_t M, const void
         cudaFree(ws);
         k3_latent_moe_plan_destroy(p);
     }
-    if (part[0] && part[1] && part[2]) {
-        float *h[3];
-        for (int i = 0; i < 3; i++) {
+    if (part[0] && part[1] && part[2] && part[3]) {
+        float *h[NS];
+        for (int i = 0; i < NS; i++) {
             h[i] = (float *)malloc(count * 4);
             cudaMemcpy(h[i], part[i], count * 4, cudaMemcpyDeviceToHost);
         }
         k3t_check_same("latent PRE_REDUCE partial: router-beside vs shared-beside", h[1], h[0], K3T_F32,
                        (int64_t)count);
         k3t_check_same("latent PRE_REDUCE partial: serial vs shared-beside", h[2], h[0], K3T_F32, (int64_t)count);
-        for (int i = 0; i < 3; i++) free(h[i]);
+        k3t_check_same("latent PRE_REDUCE partial: select-beside vs shared-beside", h[3], h[0], K3T_F32,
+                       (int64_t)count);
+        for (int i = 0; i < NS; i++) free(h[i]);
     }
-    for (int i = 0; i < 3; i++) cudaFree(part[i]);
+    for (int i = 0; i < NS; i++) cudaFree(part[i]);
 }
 
 static void latent_case(const k3t_case *c) {

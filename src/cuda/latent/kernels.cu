@@ -3,7 +3,7 @@
  * experts' activation, and the final sum with the shared output and the residual. Each rounds where the CPU
  * block (src/cpu/latent.c) rounds. Launched with PDL: each waits before it reads the previous kernel's output (through
  * L2, __ldcg: pdl.cuh's rule for outputs of a kernel still running at launch); the activation and the sum then let
- * the next kernel come up (after the sum: the next block's router), the RMSNorm does not (see there). */
+ * the next kernel come up (after the sum: the next block's router), the RMSNorm where its caller asks (see there). */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -37,7 +37,7 @@ inline int norm_threads(int64_t l) {
 template <bool VEC>
 __global__ void __launch_bounds__(NORM_MAX_THREADS)
     k3_latent_rmsnorm_kernel(const float *u, const uint16_t *__restrict__ norm, int64_t l, float eps,
-                             uint16_t *__restrict__ v) {
+                             uint16_t *__restrict__ v, int trigger) {
     __shared__ float part[NORM_MAX_THREADS / 32];
     const int64_t t = blockIdx.x;
     const int nt = blockDim.x, j = threadIdx.x;
@@ -50,10 +50,11 @@ __global__ void __launch_bounds__(NORM_MAX_THREADS)
         const int64_t p = j + (int64_t)h * nt;
         if (VEC && p < npieces) nw[h] = __ldg(reinterpret_cast<const uint4 *>(norm) + p);
     }
-    /* u: the experts' combine (or the cross-rank sum). No trigger: the up projection comes up when this kernel
-     * ends, since its weight requests issued during this kernel cost more than they hide at M 4-8 (measured,
-     * bench/NOTES-block.md) */
+    /* u: the experts' combine (or the cross-rank sum). The trigger lets the up projection come up while this kernel
+     * runs: its weight requests then hide its ramp, or slow this latency-bound kernel more than they hide; which one
+     * depends on m (the caller's choice, from the plan's data) */
     k3_pdl_wait();
+    if (trigger) k3_pdl_launch();
     float uv[HELD][NORM_PIECE];
     float ss = 0.0f;
     if constexpr (VEC) {
@@ -150,12 +151,14 @@ k3_status latent_launch_status(k3_ctx *ctx, cudaError_t e, const char *what) {
 } // namespace
 
 extern "C" k3_status k3_cuda_latent_rmsnorm_launch(k3_ctx *ctx, const float *u, const uint16_t *norm, int64_t m,
-                                                   int64_t l, float eps, uint16_t *v, void *stream) {
+                                                   int64_t l, float eps, uint16_t *v, int32_t trigger,
+                                                   void *stream) {
     const bool vec = l % NORM_PIECE == 0 && ((uintptr_t)u | (uintptr_t)norm | (uintptr_t)v) % 16 == 0;
     const dim3 grid((unsigned)m), block((unsigned)norm_threads(l));
     const cudaStream_t s = (cudaStream_t)stream;
-    const cudaError_t e = vec ? k3_launch_pdl(k3_latent_rmsnorm_kernel<true>, grid, block, 0, s, u, norm, l, eps, v)
-                              : k3_launch_pdl(k3_latent_rmsnorm_kernel<false>, grid, block, 0, s, u, norm, l, eps, v);
+    const int tr = trigger != 0;
+    const cudaError_t e = vec ? k3_launch_pdl(k3_latent_rmsnorm_kernel<true>, grid, block, 0, s, u, norm, l, eps, v, tr)
+                              : k3_launch_pdl(k3_latent_rmsnorm_kernel<false>, grid, block, 0, s, u, norm, l, eps, v, tr);
     return latent_launch_status(ctx, e, "the latent rmsnorm kernel");
 }
 

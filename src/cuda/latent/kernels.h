@@ -17,9 +17,11 @@ extern "C" {
 
 /* v[t, c] = bf16(bf16(u[t, c] * r_t) * norm[c]) for t < m, c < l, with r_t = 1 / sqrt(mean_c(u[t, c]^2) + eps):
  * the RMSNorm of the experts' fp32 sum. One block per token; the sum of squares in a fixed tree order
- * (deterministic run to run; it may differ from a sequential sum in the last bit). m >= 1. */
+ * (deterministic run to run; it may differ from a sequential sum in the last bit). m >= 1. trigger != 0: the
+ * kernel lets the next kernel on the stream (launched with PDL) come up once its own wait returned, instead of when
+ * it ends (the bits do not depend on it). */
 k3_status k3_cuda_latent_rmsnorm_launch(k3_ctx *ctx, const float *u, const uint16_t *norm, int64_t m, int64_t l,
-                                        float eps, uint16_t *v, void *stream);
+                                        float eps, uint16_t *v, int32_t trigger, void *stream);
 
 /* a[t, c] = bf16(act(g row t)) for t < m, c < inter, g rows g_stride elements apart, in the layout of act->kind:
  * RELU2_NO_MUL reads g[t, c]; SWIGLUOAI the interleaved pair (g[t, 2c], g[t, 2c + 1]); the other gated kinds

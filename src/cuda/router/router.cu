@@ -20,7 +20,6 @@
 
 #include "core/router_math.h"
 #include "cuda/common/check.cuh"
-#include "cuda/common/ptr_check.h"
 #include "cuda/router/router.h"
 #include "cuda/common/loads.cuh"
 #include "cuda/common/pdl.cuh"
@@ -450,44 +449,62 @@ extern "C" size_t k3_cuda_router_ws_bytes(const k3_router_desc *d) {
     return mt * e * sizeof(float);
 }
 
-extern "C" k3_status k3_cuda_router_run(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const void *x,
-                                        const void *gate, const float *bias, int32_t *topk_ids,
-                                        float *topk_weights, void *ws, void *stream) {
-    cudaStream_t s = (cudaStream_t)stream;
+/* The fp32 logits into ws. */
+static k3_status router_logits(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const void *x, const void *gate,
+                               float *logits, cudaStream_t s) {
     const int32_t ne = d->num_experts;
-    if (m > (int64_t)65535 * 4)
-        return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "router run: the CUDA router takes at most %d tokens per call (got %lld)",
-                       65535 * 4, (long long)m);
-    {
-        const void *ptrs[] = {x, gate, bias, topk_ids, topk_weights, ws};
-        const char *names[] = {"x", "gate", "bias", "topk_ids", "topk_weights", "ws"};
-        K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "router run", 6, ptrs, names));
-    }
-    float *logits = (float *)ws;
     const int64_t h = d->hidden;
     const bool f32 = d->gate_dtype == K3_DTYPE_F32;
     const bool pieces = h % LG_PIECE == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)gate & 15) == 0;
     const uint16_t *xb = (const uint16_t *)x;
-    cudaError_t e = pieces ? (f32 ? launch_logits<float>(xb, (const float *)gate, m, ne, h, logits, s)
-                                  : launch_logits<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, logits, s))
-                           : (f32 ? launch_logits_scalar<float>(xb, (const float *)gate, m, ne, h, logits, s)
-                                  : launch_logits_scalar<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, logits, s));
+    const cudaError_t e = pieces ? (f32 ? launch_logits<float>(xb, (const float *)gate, m, ne, h, logits, s)
+                                        : launch_logits<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, logits, s))
+                                 : (f32 ? launch_logits_scalar<float>(xb, (const float *)gate, m, ne, h, logits, s)
+                                        : launch_logits_scalar<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, logits, s));
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the router logits kernel failed: %s", cudaGetErrorString(e));
-    /* with PDL: select waits for the logits kernel, then reads them through L2 (__ldcg), so its launch gap is hidden */
+    return K3_STATUS_SUCCESS;
+}
+
+/* The selection from the logits in ws. With PDL: behind the logits kernel on the same stream it waits for it, then
+ * reads the logits through L2 (__ldcg), so its launch gap is hidden; behind an event (another stream) the wait
+ * returns at once. */
+static k3_status router_select(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const float *bias,
+                               const float *logits, int32_t *topk_ids, float *topk_weights, cudaStream_t s) {
+    const int32_t ne = d->num_experts;
     const float *b = d->kind == K3_ROUTER_SIGMOID_NOAUX_TC ? bias : NULL;
+    cudaError_t e;
     if (d->kind != K3_ROUTER_SOFTMAX && ne <= MSEL_MAX_EXPERTS && d->top_k <= MSEL_MAX_K) {
         unsigned lists = 1;
         while (lists * 32 < (unsigned)ne) lists *= 2;
-        e = k3_launch_pdl(k3_router_select_merge_kernel, dim3((unsigned)m), dim3(lists * 32), 0, s,
-                          (const float *)logits, b, ne, d->top_k, (int32_t)d->renormalize, d->scaling_factor, topk_ids,
-                          topk_weights);
+        e = k3_launch_pdl(k3_router_select_merge_kernel, dim3((unsigned)m), dim3(lists * 32), 0, s, logits, b, ne,
+                          d->top_k, (int32_t)d->renormalize, d->scaling_factor, topk_ids, topk_weights);
     } else {
         e = k3_launch_pdl(k3_router_select_kernel, dim3((unsigned)m), dim3(SEL_THREADS), (size_t)ne * 2 * sizeof(float),
-                          s, (const float *)logits, b, ne, d->top_k, (int32_t)(d->kind == K3_ROUTER_SOFTMAX),
+                          s, logits, b, ne, d->top_k, (int32_t)(d->kind == K3_ROUTER_SOFTMAX),
                           (int32_t)d->renormalize, d->scaling_factor, topk_ids, topk_weights);
     }
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the router select kernel failed: %s", cudaGetErrorString(e));
     return K3_STATUS_SUCCESS;
+}
+
+static k3_status router_check_m(k3_ctx *ctx, int64_t m) {
+    if (m > (int64_t)65535 * 4)
+        return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "router run: the CUDA router takes at most %d tokens per call (got %lld)",
+                       65535 * 4, (long long)m);
+    return K3_STATUS_SUCCESS;
+}
+
+extern "C" k3_status k3_cuda_router_run_logits(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const void *x,
+                                               const void *gate, void *ws, void *stream) {
+    K3_TRY(router_check_m(ctx, m));
+    return router_logits(ctx, d, m, x, gate, (float *)ws, (cudaStream_t)stream);
+}
+
+extern "C" k3_status k3_cuda_router_run_select(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const float *bias,
+                                               int32_t *topk_ids, float *topk_weights, const void *ws,
+                                               void *stream) {
+    K3_TRY(router_check_m(ctx, m));
+    return router_select(ctx, d, m, bias, (const float *)ws, topk_ids, topk_weights, (cudaStream_t)stream);
 }
