@@ -148,7 +148,8 @@ if "$K3" info --json 2>/dev/null | grep -q '"backend": "cuda"'; then
         "demo cuda: basics"
     jcheck "$T/out" "d['copies'] >= 2 and d['reps'] >= 7 and d['copy_seconds'] > 0" "demo cuda: the method's numbers"
     ROW="{'m', 'block_us', 'router_us', 'down_us', 'experts_us', 'norm_up_us', 'shared_us', 'stages_sum_us', \
-'composition_us', 'experts_touched', 'bytes', 'floor_us', 'percent_of_floor', 'schedule'}"
+'composition_us', 'main_path_us', 'block_over_main_path', 'experts_touched', 'bytes', 'floor_us', \
+'percent_of_floor', 'schedule'}"
     STAGES="('router_us', 'down_us', 'experts_us', 'norm_up_us', 'shared_us')"
     jcheck "$T/out" "[r['m'] for r in d['runs']] == [1, 4] and all(set(r) == $ROW for r in d['runs'])" \
         "demo cuda: the fields of bench block --json"
@@ -157,6 +158,8 @@ if "$K3" info --json 2>/dev/null | grep -q '"backend": "cuda"'; then
         "demo cuda: the schedule each M ran"
     jcheck "$T/out" "all(abs(r['stages_sum_us'] - sum(r[k] for k in $STAGES)) < 0.01 and \
 abs(r['composition_us'] - (r['block_us'] - r['stages_sum_us'])) < 0.01 for r in d['runs'])" "demo cuda: sum, composition"
+    jcheck "$T/out" "all(abs(r['main_path_us'] - (r['stages_sum_us'] - r['shared_us'])) < 0.01 and \
+abs(r['block_over_main_path'] - r['block_us'] / r['main_path_us']) < 1e-3 for r in d['runs'])" "demo cuda: the main path"
     # bytes as docs/benchmarks.md counts them at the TP8 rank (H 7168, L 3584, I 384, Is 768): BF16 router gate
     # [896, H], down and up [L, H], shared [3 Is, H], the norm [L]; x and y [m, H]; per touched expert its FP4 W13
     # [2I, L] and W2 [L, I], one e4m3 scale per 16 values and two fp32 scale_2

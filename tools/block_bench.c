@@ -25,8 +25,10 @@ static void block_bench_help(void) {
            "experts' two projections through BF16 linear plans (the block's shared down writes fp32; their\n"
            "activation, about a microsecond, left out). The stages' sum beside the\n"
            "block's time is the composition cost (the shared experts overlap the routed path in the block, so the\n"
-           "sum can exceed it). Bytes = router gate + down + up + shared + the distinct experts the routing touches\n"
-           "(weights and block scales) + x + y; %% of the floor = bytes / 4.37 TB/s over the block's time.\n"
+           "sum can exceed it); 'x main' is the block over the main path's stages alone (router + down + experts +\n"
+           "norm+up: the shared experts hidden, the composition bar's ratio). Bytes = router gate + down + up +\n"
+           "shared + the distinct experts the routing touches (weights and block scales) + x + y; %% of the floor =\n"
+           "bytes / 4.37 TB/s over the block's time.\n"
            "Method: calls captured into a CUDA graph over weight copies exceeding 3x the L2, replayed R times\n"
            "(default 11), the six variants' replays interleaved, median per call.\n"
            "  --config C   tp8 (default) or ep16\n"
@@ -155,25 +157,28 @@ static int bb_front(int argc, char **argv, bb_opts *o, int *rc) {
 }
 
 void k3_bench_block_header(FILE *f) {
-    fputs("    M   block us  router    down  experts norm+up  shared  stages sum  compose   MB read  floor us  % floor  "
-          "schedule\n",
+    fputs("    M   block us  router    down  experts norm+up  shared  stages sum  compose  x main   MB read  floor us  "
+          "% floor  schedule\n",
           f);
 }
 
 void k3_bench_block_row(FILE *f, const bb_point *p) {
     const double *us = p->us;
-    fprintf(f, "%5lld %10.1f %7.1f %7.1f %8.1f %7.1f %7.1f %11.1f %8.1f %9.1f %9.1f %8.1f  %s\n", (long long)p->m,
-            us[0], us[1], us[2], us[3], us[4], us[5], p->sum_us, us[0] - p->sum_us, p->bytes / 1e6, p->floor_us,
-            100.0 * p->floor_us / us[0], k3_bench_schedule_name(p->schedule));
+    fprintf(f, "%5lld %10.1f %7.1f %7.1f %8.1f %7.1f %7.1f %11.1f %8.1f %7.3f %9.1f %9.1f %8.1f  %s\n",
+            (long long)p->m, us[0], us[1], us[2], us[3], us[4], us[5], p->sum_us, us[0] - p->sum_us,
+            us[0] / p->main_us, p->bytes / 1e6, p->floor_us, 100.0 * p->floor_us / us[0],
+            k3_bench_schedule_name(p->schedule));
 }
 
 void k3_bench_block_row_json(FILE *f, const bb_point *p) {
     const double *us = p->us;
     fprintf(f, "{\"m\": %lld, \"block_us\": %.3f, \"router_us\": %.3f, \"down_us\": %.3f, \"experts_us\": %.3f, "
                "\"norm_up_us\": %.3f, \"shared_us\": %.3f, \"stages_sum_us\": %.3f, \"composition_us\": %.3f, "
+               "\"main_path_us\": %.3f, \"block_over_main_path\": %.4f, "
                "\"experts_touched\": %d, \"bytes\": %.0f, \"floor_us\": %.3f, \"percent_of_floor\": %.2f, "
                "\"schedule\": \"%s\"}",
-            (long long)p->m, us[0], us[1], us[2], us[3], us[4], us[5], p->sum_us, us[0] - p->sum_us, (int)p->touched,
+            (long long)p->m, us[0], us[1], us[2], us[3], us[4], us[5], p->sum_us, us[0] - p->sum_us, p->main_us,
+            us[0] / p->main_us, (int)p->touched,
             p->bytes, p->floor_us, 100.0 * p->floor_us / us[0], k3_bench_schedule_name(p->schedule));
 }
 
@@ -382,6 +387,7 @@ int k3_bench_block_measure(bb_measure *bm) {
             goto done;
         }
         p.sum_us = p.us[1] + p.us[2] + p.us[3] + p.us[4] + p.us[5];
+        p.main_us = p.us[1] + p.us[2] + p.us[3] + p.us[4];
         p.floor_us = p.bytes / BB_CEILING * 1e6;
         if (bm->on_point) bm->on_point(bm->user, bm, &p, j);
     }

@@ -37,6 +37,7 @@ typedef struct bb_point {
     int64_t m;
     double us[BB_VARIANTS]; /* the block, then each stage alone: router, down, experts, norm+up, shared */
     double sum_us;          /* the five stages' sum */
+    double main_us;         /* the main path's: router + down + experts + norm+up (the shared experts hidden) */
     int32_t touched;        /* distinct routed experts the block's routing reads on this rank */
     double bytes, floor_us; /* bytes the block reads and writes; their time at the HBM read ceiling */
     k3_latent_schedule schedule; /* the schedule the block ran at this m */

@@ -67,7 +67,8 @@ static void demo_help(void) {
            "               null on the CPU), copies and reps (CUDA only), m, runs (per M; on the CPU: router_ms,\n"
            "               down_ms, experts_ms, norm_up_ms, shared_ms, total_ms; on CUDA the row of `k3 bench block\n"
            "               --json`: block_us, router_us, down_us, experts_us, norm_up_us, shared_us, stages_sum_us,\n"
-           "               composition_us, experts_touched, bytes, floor_us, percent_of_floor), correctness\n"
+           "               composition_us, main_path_us, block_over_main_path, experts_touched, bytes, floor_us,\n"
+           "               percent_of_floor, schedule), correctness\n"
            "               (against, shape, m, ids_identical or bitwise_identical, finite, rel_l2 and bar (CUDA;\n"
            "               null on the CPU), pass), total_seconds, pass\n\n"
            "exit status: 0 success, 1 failure (including a failed correctness check), 2 usage error\n",
