@@ -49,6 +49,25 @@ expect 2 "plan --moe bad format" -- "$K3" plan --moe --arch 9.0 --format fp8
 expect 1 "plan --moe bad shape" -- "$K3" plan --moe --arch 9.0 --top-k 0
 contains "$T/err" "top_k" "plan --moe names the bad field"
 
+# k3 plan --latent: the block's per-m schedule and RMSNorm trigger from the architecture's data
+expect 0 "plan --latent help" -- "$K3" plan --latent --help
+contains "$T/out" "--max-tokens M" "plan --latent help"
+expect 0 "plan --latent sm90" -- "$K3" plan --latent --arch 9.0 --max-tokens 32
+contains "$T/out" "this CPU context runs SERIAL" "plan --latent says a CPU context runs serially"
+rows=$(awk '$1 ~ /^[0-9]+$/' "$T/out" | wc -l)
+[ "$rows" -eq 32 ] && ok || bad "plan --latent --max-tokens 32 printed $rows rows"
+if awk '$1 ~ /^[0-9]+$/ && !($2 ~ /^(shared-beside|select-beside|router-beside|serial)$/ && $3 ~ /^(yes|no)$/) { e = 1 }
+        END { exit e }' "$T/out"; then ok; else bad "plan --latent: a row without a schedule and a trigger"; fi
+expect 0 "plan --latent sm100 json" -- "$K3" plan --latent --arch 10.0 --max-tokens 4 --json
+if command -v python3 >/dev/null 2>&1; then
+    if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d["m"]; assert d["table"] == "sm100" and \
+len(r) == 4 and all(x["schedule"] == "shared-beside" and x["rmsnorm_trigger"] is False for x in r)' "$T/out"; then ok
+    else bad "plan --latent --json on sm100: four rows of the defaults"; fi
+fi
+expect 2 "plan --latent max-tokens 33" -- "$K3" plan --latent --arch 9.0 --max-tokens 33
+contains "$T/err" "1..32" "plan --latent names the range"
+expect 2 "plan --latent unknown option" -- "$K3" plan --latent --frobnicate 1
+
 expect 0 "configs" -- "$K3" plan --configs
 contains "$T/out" "skinny" "configs lists skinny"
 contains "$T/out" "mma" "configs lists mma"

@@ -22,6 +22,7 @@ int k3_cmd_run(int argc, char **argv);
 int k3_cmd_demo(int argc, char **argv);
 int k3_cmd_plan(int argc, char **argv);
 int k3_cmd_plan_moe(int argc, char **argv); /* `k3 plan --moe` (tools/cmd_plan_moe.c) */
+int k3_cmd_plan_latent(int argc, char **argv); /* `k3 plan --latent` (tools/cmd_plan_latent.c) */
 int k3_cmd_bench(int argc, char **argv);
 int k3_cmd_tune(int argc, char **argv);
 int k3_cmd_convert(int argc, char **argv);

@@ -19,7 +19,8 @@ static void plan_help(void) {
            "  --max-m M      the largest token count to resolve (1..32, default 16)\n"
            "  --configs      list the compiled kernel configurations (the registry) instead\n"
            "  --json         one JSON object on stdout\n"
-           "  --moe          the routed-experts plan instead (k3 plan --moe --help)\n");
+           "  --moe          the routed-experts plan instead (k3 plan --moe --help)\n"
+           "  --latent       the latent-MoE block's per-m schedule instead (k3 plan --latent --help)\n");
 }
 
 static void print_configs(int json) {
@@ -111,6 +112,7 @@ static int print_shape(k3_ctx *ctx, k3_shape s, int64_t max_m, int json, int fir
 int k3_cmd_plan(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--moe")) return k3_cmd_plan_moe(argc, argv);
+        else if (!strcmp(argv[i], "--latent")) return k3_cmd_plan_latent(argc, argv);
     int json = 0, force = 0, configs = 0;
     const char *arch = NULL, *device = "auto", *table = NULL, *shapes_arg = NULL;
     int64_t max_m = 16;

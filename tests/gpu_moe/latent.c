@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "gpu_moe/gpu_moe.h"
+#include "plan/latent_tuning.h"
 
 static uint16_t *rand_bf16_buf(k3t_rng *r, int64_t n, float scale, float offset) {
     uint16_t *b = (uint16_t *)malloc((size_t)n * 2);
@@ -141,6 +142,19 @@ static void latent_case(const k3t_case *c) {
     const k3_status sg = k3_latent_moe_plan_create(g_gpu, &d, &pg);
     CHECK(sc == K3_STATUS_SUCCESS, "latent cpu plan: %s", k3_ctx_last_error(g_cpu));
     CHECK(sg == K3_STATUS_SUCCESS, "latent gpu plan: %s", k3_ctx_last_error(g_gpu));
+    if (sg == K3_STATUS_SUCCESS) { /* AUTO runs the architecture's data at every m (shared experts present) */
+        k3_arch_info a;
+        k3_ctx_arch(g_gpu, &a);
+        k3_latent_tuning t;
+        k3_latent_tuning_for_table(a.table, &t);
+        int bad_m = 0;
+        for (int32_t m = 1; m <= M; m++) {
+            k3_latent_schedule got = K3_LATENT_SCHEDULE_AUTO;
+            if (k3_latent_moe_plan_schedule_at(pg, m, &got) != K3_STATUS_SUCCESS || got != t.schedule[m]) bad_m = m;
+        }
+        CHECK(bad_m == 0, "latent AUTO plan: the schedule at m %d is not the %s data's", (int)bad_m,
+              k3_table_name(a.table));
+    }
     double rel = INFINITY, rel_graph = -1.0, us = 0.0;
     int ids_eq = 0, w_eq = 0, bitwise = 0, graph_ok = -1;
     const int64_t nk = (int64_t)M * K, nh = (int64_t)M * H;
