@@ -52,8 +52,10 @@ struct k3_latent_gpu {
     k3_nccl *nccl;         /* the caller's communicator (library-driven TP), or NULL */
     k3_fork_join *fj;        /* the second stream of the schedules, or NULL (none of them puts anything beside) */
     k3_fork_join *fj_select; /* the router's selection beside the down projection (SELECT_BESIDE), or NULL */
-    k3_latent_tuning tuning; /* the architecture's choices per m (AUTO's schedule, the RMSNorm's trigger) */
-    k3_latent_schedule schedule[K3_LATENT_TUNING_MAX_M + 1]; /* index m (1..max_tokens): resolved, never AUTO */
+    /* index m (1..max_tokens), resolved at plan time: the schedule (never AUTO), and whether the RMSNorm lets the
+     * up projection come up early (the architecture's data, plan/latent_tuning.c) */
+    k3_latent_schedule schedule[K3_LATENT_TUNING_MAX_M + 1];
+    int32_t norm_trigger[K3_LATENT_TUNING_MAX_M + 1];
     size_t ws_router, ws_moe, ws_down, ws_up, ws_sgu, ws_sdown_f32;
     /* offsets into the workspace, from its first LATENT_WS_ALIGN-aligned byte */
     size_t o_ids, o_wts, o_router, o_xl, o_mo, o_moe, o_v, o_z, o_g, o_a, o_down, o_up, o_sgu,
@@ -122,12 +124,14 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
         else st = prefix_error(ctx, st, "latent plan: shared down projection (fp32 partial)");
     }
     /* AUTO: the architecture's measured choice per m (plan/latent_tuning.c); the streams any m needs, made now */
-    k3_latent_tuning_for_table(ctx->arch.table, &p->tuning);
+    k3_latent_tuning tuning;
+    k3_latent_tuning_for_table(ctx->arch.table, &tuning);
     int need_fj = 0, need_select = 0;
     for (int64_t m = 1; m <= mt; m++) {
-        k3_latent_schedule s = d->schedule != K3_LATENT_SCHEDULE_AUTO ? d->schedule : p->tuning.schedule[m];
+        k3_latent_schedule s = d->schedule != K3_LATENT_SCHEDULE_AUTO ? d->schedule : tuning.schedule[m];
         if (s == K3_LATENT_SCHEDULE_SHARED_BESIDE && is == 0) s = K3_LATENT_SCHEDULE_SERIAL;
         p->schedule[m] = s;
+        p->norm_trigger[m] = tuning.norm_trigger[m];
         need_fj |= latent_forks_shared(s, is > 0);
         need_select |= s == K3_LATENT_SCHEDULE_SELECT_BESIDE;
     }
@@ -178,11 +182,6 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
     p->total = o;
     *out = p;
     return K3_STATUS_SUCCESS;
-}
-
-/* Whether the RMSNorm lets the up projection come up early at m tokens (the tuning's choice; m <= 32). */
-static int32_t latent_norm_trigger(const k3_latent_gpu *p, int64_t m) {
-    return m >= 1 && m <= K3_LATENT_TUNING_MAX_M ? p->tuning.norm_trigger[m] : 0;
 }
 
 /* The caller's workspace need not be aligned: the layout starts at its first aligned byte. */
@@ -278,7 +277,7 @@ k3_status k3_latent_gpu_run(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent
     }
     K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, base, p->schedule[m], stream));
     k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, partial, (const uint16_t *)w->norm, m, l, d->rms_eps, v,
-                                                 latent_norm_trigger(p, m), stream);
+                                                 p->norm_trigger[m], stream);
     if (st == K3_STATUS_SUCCESS) st = k3_linear_run(p->up, m, v, w->up_proj, NULL, z, base + p->o_up, p->ws_up, stream);
     st = latent_join(ctx, p, p->schedule[m], LATENT_JOIN_LAST, st, stream);
     if (st != K3_STATUS_SUCCESS) return st;
@@ -320,7 +319,7 @@ k3_status k3_latent_gpu_run_post(k3_ctx *ctx, const k3_latent_gpu *p, const k3_l
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent stage", 6, ptrs, names));
     }
     k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, partial, (const uint16_t *)w->norm, m, l, d->rms_eps, v,
-                                                 latent_norm_trigger(p, m), stream);
+                                                 p->norm_trigger[m], stream);
     if (st == K3_STATUS_SUCCESS) st = k3_linear_run(p->up, m, v, w->up_proj, NULL, z, base + p->o_up, p->ws_up, stream);
     if (st != K3_STATUS_SUCCESS) return st;
     return k3_cuda_latent_sum_f32_launch(ctx, z, is > 0 ? partial + m * l : NULL, (const uint16_t *)residual, m * h,

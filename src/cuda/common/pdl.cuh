@@ -14,7 +14,7 @@
  *   before their waits. Launching that first kernel with PDL would break this;
  * - the latent block's elementwise kernels (RMSNorm, the shared activation, the final sum) wait before reading
  *   anything the previous kernel wrote; the activation and the sum trigger after their wait, like the MoE
- *   kernels, the RMSNorm not at all. */
+ *   kernels, and so does the RMSNorm at the token counts whose plan data ask for it (plan/latent_tuning.c). */
 #ifndef K3_CUDA_PDL_CUH
 #define K3_CUDA_PDL_CUH
 
