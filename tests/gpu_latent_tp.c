@@ -153,7 +153,7 @@ static int tp_stages(const block *b, const k3t_tp_shard *sh, const k3_latent_moe
             }
             for (size_t i = 0; i < count; i++) sum[i] += part[i];
         }
-        if (device) K3T_CU(cudaMemcpy(dpart[0], sum, count * 4, cudaMemcpyHostToDevice));
+        if (device) (void)k3t_to_device(dpart[0], sum, count * 4);
         float *in = device ? dpart[0] : sum;
         const k3_latent_moe_weights *w = device ? &dw[0].w : &hw_rank[0];
         const k3_status st = k3_latent_moe_run_stage(p[0], K3_LATENT_POST_REDUCE, m, NULL, w, dres, dy, in, NULL, NULL,
@@ -476,7 +476,7 @@ static void test_nccl_two_gpus(const block *b, k3t_rng *r, void *lib, int ep) {
             K3T_CU(cudaSetDevice(rk));
             memcpy(local, sum + rk * m * l, (size_t)(m * l) * 4);
             if (hs) memcpy(local + m * l, sum + mg * l + rk * m * hs, (size_t)(m * hs) * 4);
-            K3T_CU(cudaMemcpy(dpart[rk], local, lcount * 4, cudaMemcpyHostToDevice));
+            (void)k3t_to_device(dpart[rk], local, lcount * 4);
             const k3_status s2 = k3_latent_moe_run_stage(p[rk], K3_LATENT_POST_REDUCE, m, NULL, &dw[rk].w, dres[rk],
                                                          dy[rk], dpart[rk], NULL, NULL, ws[rk], wsb[rk], st[rk]);
             CHECK(s2 == K3_STATUS_SUCCESS, "%s: rank %d post: %s", what, rk, k3_ctx_last_error(ctx[rk]));
@@ -617,8 +617,8 @@ static void test_nccl_one_rank(const block *b, k3t_rng *r) {
             if (cst == K3_STATUS_SUCCESS && ce == cudaSuccess &&
                 k3t_cuda_ok(cudaGraphInstantiate(&ex, gr, 0), "nccl graph instantiate")) {
                 for (int64_t i = 0; i < n; i++) x[i] = k3_bf16_from_f32((float)k3t_normal(r));
-                K3T_CU(cudaMemcpy(dx, x, (size_t)n * 2, cudaMemcpyHostToDevice));
-                if (k3t_cuda_ok(cudaGraphLaunch(ex, g_stream), "nccl graph launch") &&
+                /* waited for: g_stream does not wait for the legacy stream's copy */
+                if (k3t_to_device(dx, x, (size_t)n * 2) && k3t_cuda_ok(cudaGraphLaunch(ex, g_stream), "nccl graph launch") &&
                     k3t_cuda_ok(cudaStreamSynchronize(g_stream), "nccl graph sync")) {
                     K3T_CU(cudaMemcpy(y1, dy, (size_t)n * 2, cudaMemcpyDeviceToHost));
                     CHECK(k3_latent_moe_run(pc, m, x, &b->hw, res, yc, NULL, NULL, hwc, wc, NULL) == K3_STATUS_SUCCESS,

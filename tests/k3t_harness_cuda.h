@@ -38,12 +38,17 @@ static inline void *k3t_dalloc(size_t bytes) {
     return p;
 }
 
-/* A device copy of host memory. A pageable cudaMemcpy may return before its DMA lands, and the tests' streams do
- * not wait for the legacy stream: the copy is waited for here. */
+/* Host memory copied to device memory d, and waited for: a pageable cudaMemcpy may return before its DMA lands,
+ * and the tests' streams do not wait for the legacy stream. 1 on success (a failure is recorded). */
+static inline int k3t_to_device(void *d, const void *h, size_t bytes) {
+    return k3t_cuda_ok(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), "copy to device") &&
+           k3t_cuda_ok(cudaDeviceSynchronize(), "copy to device (sync)");
+}
+
+/* A device copy of host memory (k3t_to_device into a new buffer). */
 static inline void *k3t_dup(const void *h, size_t bytes) {
     void *d = k3t_dalloc(bytes);
-    if (d && bytes && k3t_cuda_ok(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), "copy to device"))
-        k3t_cuda_ok(cudaDeviceSynchronize(), "copy to device (sync)");
+    if (d && bytes) (void)k3t_to_device(d, h, bytes);
     return d;
 }
 
