@@ -211,7 +211,7 @@ static void latent_case(const k3t_case *c) {
                  element, in the same summation order, so y keeps its bits */
                 uint8_t *odd = (uint8_t *)k3t_dalloc((size_t)L * 2 + 16);
                 k3_latent_moe_weights dw_odd = dw;
-                if (odd && k3t_cuda_ok(cudaMemcpy(odd + 2, norm, (size_t)L * 2, cudaMemcpyHostToDevice), "norm copy")) {
+                if (odd && k3t_to_device(odd + 2, norm, (size_t)L * 2)) {
                     dw_odd.norm = odd + 2;
                     k3t_dout_poison(&dy, g_stream);
                     CHECK(k3_latent_moe_run(pg, M, dx, &dw_odd, use_res ? dres : NULL, py, pid, pw, dws, wsg,
