@@ -774,6 +774,8 @@ typedef enum k3_latent_schedule {
     K3_LATENT_SCHEDULE_SERIAL = 3,        /* one stream: shared experts, router, down, experts, norm, up */
     K3_LATENT_SCHEDULE_SELECT_BESIDE = 4, /* SHARED_BESIDE, and the router's selection on a third stream beside
                                            * the down projection (the logits stay on the main stream) */
+    K3_LATENT_SCHEDULE_LOGITS_FIRST = 5,  /* SELECT_BESIDE with the shared experts started after the router logits,
+                                           * which then run alone */
 } k3_latent_schedule;
 
 typedef struct k3_latent_moe_desc {

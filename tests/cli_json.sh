@@ -154,7 +154,7 @@ if "$K3" info --json 2>/dev/null | grep -q '"backend": "cuda"'; then
     jcheck "$T/out" "[r['m'] for r in d['runs']] == [1, 4] and all(set(r) == $ROW for r in d['runs'])" \
         "demo cuda: the fields of bench block --json"
     jcheck "$T/out" "all(r['block_us'] > 0 and all(r[k] > 0 for k in $STAGES) for r in d['runs'])" "demo cuda: times"
-    jcheck "$T/out" "all(r['schedule'] in ('shared-beside', 'router-beside', 'serial', 'select-beside') for r in d['runs'])" \
+    jcheck "$T/out" "all(r['schedule'] in ('shared-beside', 'router-beside', 'serial', 'select-beside', 'logits-first') for r in d['runs'])" \
         "demo cuda: the schedule each M ran"
     jcheck "$T/out" "all(abs(r['stages_sum_us'] - sum(r[k] for k in $STAGES)) < 0.01 and \
 abs(r['composition_us'] - (r['block_us'] - r['stages_sum_us'])) < 0.01 for r in d['runs'])" "demo cuda: sum, composition"

@@ -56,7 +56,7 @@ expect 0 "plan --latent sm90" -- "$K3" plan --latent --arch 9.0 --max-tokens 32
 contains "$T/out" "this CPU context runs SERIAL" "plan --latent says a CPU context runs serially"
 rows=$(awk '$1 ~ /^[0-9]+$/' "$T/out" | wc -l)
 [ "$rows" -eq 32 ] && ok || bad "plan --latent --max-tokens 32 printed $rows rows"
-if awk '$1 ~ /^[0-9]+$/ && !($2 ~ /^(shared-beside|select-beside|router-beside|serial)$/ && $3 ~ /^(yes|no)$/) { e = 1 }
+if awk '$1 ~ /^[0-9]+$/ && !($2 ~ /^(shared-beside|select-beside|logits-first|router-beside|serial)$/ && $3 ~ /^(yes|no)$/) { e = 1 }
         END { exit e }' "$T/out"; then ok; else bad "plan --latent: a row without a schedule and a trigger"; fi
 expect 0 "plan --latent sm100 json" -- "$K3" plan --latent --arch 10.0 --max-tokens 4 --json
 if command -v python3 >/dev/null 2>&1; then

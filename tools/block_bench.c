@@ -35,8 +35,8 @@ static void block_bench_help(void) {
            "  --m LIST     token counts (default 1,2,4,8,16; 1..%d, at most %d values)\n"
            "  --reps R     graph replays per point (7..1000)\n"
            "  --schedule S the block's stream schedule (k3_latent_schedule): auto (default: the plan's choice),\n"
-           "               shared-beside, router-beside, serial or select-beside; the stages are timed alone\n"
-           "               either way\n"
+           "               shared-beside, router-beside, serial, select-beside or logits-first; the stages are\n"
+           "               timed alone either way\n"
            "  --json       one JSON object: a row per M with every column\n\n"
            "--tp N / --ep N: the block on N GPUs (0..N-1), one host thread each with its own context, stream and\n"
            "plan whose k3_parallel_desc holds that rank's NCCL communicator (made here by ncclCommInitAll), so the\n"
@@ -64,6 +64,7 @@ const char *k3_bench_schedule_name(k3_latent_schedule s) {
     case K3_LATENT_SCHEDULE_ROUTER_BESIDE: return "router-beside";
     case K3_LATENT_SCHEDULE_SERIAL: return "serial";
     case K3_LATENT_SCHEDULE_SELECT_BESIDE: return "select-beside";
+    case K3_LATENT_SCHEDULE_LOGITS_FIRST: return "logits-first";
     }
     return "?";
 }
@@ -79,10 +80,11 @@ static int bb_parse(int argc, char **argv, bb_opts *o) {
         else if (!strcmp(argv[i], "--schedule")) {
             if (!(v = k3_cli_value(argc, argv, &i, "--schedule"))) return K3_EXIT_USAGE;
             o->schedule = -1;
-            for (int s = K3_LATENT_SCHEDULE_AUTO; s <= K3_LATENT_SCHEDULE_SELECT_BESIDE; s++)
+            for (int s = K3_LATENT_SCHEDULE_AUTO; s <= K3_LATENT_SCHEDULE_LOGITS_FIRST; s++)
                 if (!strcmp(v, k3_bench_schedule_name((k3_latent_schedule)s))) o->schedule = s;
             if (o->schedule < 0) {
-                fprintf(stderr, "k3 bench block: --schedule must be auto, shared-beside, router-beside, serial or select-beside (got "
+                fprintf(stderr, "k3 bench block: --schedule must be auto, shared-beside, router-beside, serial, select-beside or "
+                        "logits-first (got "
                         "'%s')\n", v);
                 return K3_EXIT_USAGE;
             }

@@ -82,7 +82,8 @@ int k3_bench_block_measure(bb_measure *bm);
 void k3_bench_block_header(FILE *f);
 void k3_bench_block_row(FILE *f, const bb_point *p);
 void k3_bench_block_row_json(FILE *f, const bb_point *p);
-/* "shared-beside", "router-beside", "serial", "select-beside" (or "auto"), as --schedule spells them. */
+/* "shared-beside", "router-beside", "serial", "select-beside", "logits-first" (or "auto"), as --schedule spells
+ * them. */
 const char *k3_bench_schedule_name(k3_latent_schedule s);
 
 #endif

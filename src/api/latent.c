@@ -86,9 +86,9 @@ static k3_status latent_check_desc(k3_ctx *ctx, const k3_latent_moe_desc *d) {
     K3_CHECK_ARG(ctx, !pd->nccl_comm || ctx->backend != K3_BACKEND_CPU,
                  "latent plan: parallel.nccl_comm needs a CUDA context (on the CPU backend, run the stages and sum the "
                  "partials)");
-    K3_CHECK_ARG(ctx, d->schedule >= K3_LATENT_SCHEDULE_AUTO && d->schedule <= K3_LATENT_SCHEDULE_SELECT_BESIDE,
-                 "latent plan: schedule must be a k3_latent_schedule (AUTO, SHARED_BESIDE, ROUTER_BESIDE, SERIAL or "
-                 "SELECT_BESIDE; got %d)",
+    K3_CHECK_ARG(ctx, d->schedule >= K3_LATENT_SCHEDULE_AUTO && d->schedule <= K3_LATENT_SCHEDULE_LOGITS_FIRST,
+                 "latent plan: schedule must be a k3_latent_schedule (AUTO, SHARED_BESIDE, ROUTER_BESIDE, SERIAL, "
+                 "SELECT_BESIDE or LOGITS_FIRST; got %d)",
                  (int)d->schedule);
     K3_CHECK_ARG(ctx, pd->tokens == K3_TOKENS_REPLICATED || pd->tokens == K3_TOKENS_PER_RANK,
                  "latent plan: parallel.tokens must be K3_TOKENS_REPLICATED or K3_TOKENS_PER_RANK (got %d)",

@@ -95,7 +95,12 @@ static k3_status latent_make_linear(k3_ctx *ctx, int64_t n, int64_t k, int64_t m
  * routed path). */
 static int latent_forks_shared(k3_latent_schedule s, int shared) {
     return s == K3_LATENT_SCHEDULE_ROUTER_BESIDE ||
-           (shared && (s == K3_LATENT_SCHEDULE_SHARED_BESIDE || s == K3_LATENT_SCHEDULE_SELECT_BESIDE));
+           (shared && (s == K3_LATENT_SCHEDULE_SHARED_BESIDE || s == K3_LATENT_SCHEDULE_SELECT_BESIDE ||
+                       s == K3_LATENT_SCHEDULE_LOGITS_FIRST));
+}
+/* Whether schedule s runs the router's selection on the third stream. */
+static int latent_select_beside(k3_latent_schedule s) {
+    return s == K3_LATENT_SCHEDULE_SELECT_BESIDE || s == K3_LATENT_SCHEDULE_LOGITS_FIRST;
 }
 
 /* d: validated, its router and experts max_tokens equal to the block's. */
@@ -133,7 +138,7 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
         p->schedule[m] = s;
         p->norm_trigger[m] = tuning.norm_trigger[m];
         need_fj |= latent_forks_shared(s, is > 0);
-        need_select |= s == K3_LATENT_SCHEDULE_SELECT_BESIDE;
+        need_select |= latent_select_beside(s);
     }
     if (st == K3_STATUS_SUCCESS && need_fj) st = k3_fork_join_create(ctx, &p->fj);
     if (st == K3_STATUS_SUCCESS && need_select) st = k3_fork_join_create(ctx, &p->fj_select);
@@ -199,8 +204,8 @@ static k3_status latent_shared(k3_ctx *ctx, const k3_latent_gpu *p, const k3_lat
                      p->ws_sdown_f32, s);
 }
 
-/* Which join latent_join is asked for: the one before the experts (ROUTER_BESIDE) or the last one (SHARED_BESIDE and
- * SELECT_BESIDE: after the up projection in the whole block, at the end of PRE_REDUCE). */
+/* Which join latent_join is asked for: the one before the experts (ROUTER_BESIDE) or the last one (the others that
+ * fork: after the up projection in the whole block, at the end of PRE_REDUCE). */
 enum { LATENT_JOIN_EXPERTS = 1, LATENT_JOIN_LAST = 2 };
 
 /* Joins the second stream back into `stream` where the plan's schedule has its join; passes st on (a join is made
@@ -224,21 +229,28 @@ static k3_status latent_front(k3_ctx *ctx, const k3_latent_gpu *p, const k3_late
     float *u = partial, *so = partial + m * d->experts.hidden;
     k3_status st = K3_STATUS_SUCCESS;
     void *router_s = stream;
-    if (latent_forks_shared(sc, shared)) {
+    const int shared_late = sc == K3_LATENT_SCHEDULE_LOGITS_FIRST; /* forked after the router's logits */
+    int shared_forked = 0;
+    if (latent_forks_shared(sc, shared) && !shared_late) {
         K3_TRY(k3_fork_join_fork(ctx, p->fj, stream));
+        shared_forked = 1;
         void *aux = k3_fork_join_aux(p->fj);
         if (sc == K3_LATENT_SCHEDULE_ROUTER_BESIDE) router_s = aux;
         else st = latent_shared(ctx, p, d, m, x, w, so, base, aux);
-    } else if (shared) {
+    } else if (shared && !shared_late) {
         st = latent_shared(ctx, p, d, m, x, w, so, base, stream);
     }
-    /* SELECT_BESIDE: the selection on fj_select's stream, joined before the experts (also after a failure once
-     * forked, so a capture is never left with an open branch) */
+    /* SELECT_BESIDE, LOGITS_FIRST: the selection on fj_select's stream, joined before the experts (also after a
+     * failure once forked, so a capture is never left with an open branch) */
     int select_forked = 0;
     if (st == K3_STATUS_SUCCESS)
         st = k3_router_run_split(p->router, m, x, w->gate, w->bias, ids, wts, base + p->o_router, p->ws_router,
-                                 router_s, sc == K3_LATENT_SCHEDULE_SELECT_BESIDE ? p->fj_select : NULL,
-                                 &select_forked);
+                                 router_s, latent_select_beside(sc) ? p->fj_select : NULL, &select_forked);
+    if (st == K3_STATUS_SUCCESS && shared_late && shared) {
+        st = k3_fork_join_fork(ctx, p->fj, stream);
+        shared_forked = st == K3_STATUS_SUCCESS;
+        if (st == K3_STATUS_SUCCESS) st = latent_shared(ctx, p, d, m, x, w, so, base, k3_fork_join_aux(p->fj));
+    }
     if (st == K3_STATUS_SUCCESS)
         st = k3_linear_run(p->down, m, x, w->down_proj, NULL, xl, base + p->o_down, p->ws_down, stream);
     if (select_forked) {
@@ -250,7 +262,8 @@ static k3_status latent_front(k3_ctx *ctx, const k3_latent_gpu *p, const k3_late
     st = latent_join(ctx, p, sc, LATENT_JOIN_EXPERTS, st, stream);
     if (st == K3_STATUS_SUCCESS)
         st = k3_moe_run(p->moe, m, xl, ids, wts, &w->experts, mo, u, base + p->o_moe, p->ws_moe, stream);
-    if (st != K3_STATUS_SUCCESS) (void)latent_join(ctx, p, sc, LATENT_JOIN_LAST, st, stream);
+    /* on success every forking schedule has forked; after a failure, join only a fork that was made */
+    if (st != K3_STATUS_SUCCESS && shared_forked) (void)latent_join(ctx, p, sc, LATENT_JOIN_LAST, st, stream);
     return st;
 }
 

@@ -29,12 +29,13 @@ static const k3t_case k_latent_cases[] = {
 static void latent_schedules(const k3_latent_moe_desc *d0, int32_t M, const void *dx, const k3_latent_moe_weights *dw,
                              const void *dres, const uint16_t *yg, const int32_t *idg, const float *wg, k3t_dout *dy,
                              k3t_dout *dids, k3t_dout *dwt) {
-    enum { NS = 4 };
+    enum { NS = 5 };
     static const k3_latent_schedule scheds[NS] = {K3_LATENT_SCHEDULE_SHARED_BESIDE, K3_LATENT_SCHEDULE_ROUTER_BESIDE,
-                                                  K3_LATENT_SCHEDULE_SERIAL, K3_LATENT_SCHEDULE_SELECT_BESIDE};
-    static const char *names[NS] = {"shared-beside", "router-beside", "serial", "select-beside"};
+                                                  K3_LATENT_SCHEDULE_SERIAL, K3_LATENT_SCHEDULE_SELECT_BESIDE,
+                                                  K3_LATENT_SCHEDULE_LOGITS_FIRST};
+    static const char *names[NS] = {"shared-beside", "router-beside", "serial", "select-beside", "logits-first"};
     const int64_t nk = (int64_t)M * d0->experts.top_k, nh = (int64_t)M * d0->hidden;
-    float *part[NS] = {NULL, NULL, NULL, NULL};
+    float *part[NS] = {NULL, NULL, NULL, NULL, NULL};
     size_t count = 0;
     for (int i = 0; i < NS; i++) {
         k3_latent_moe_desc d = *d0;
@@ -76,7 +77,7 @@ static void latent_schedules(const k3_latent_moe_desc *d0, int32_t M, const void
         cudaFree(ws);
         k3_latent_moe_plan_destroy(p);
     }
-    if (part[0] && part[1] && part[2] && part[3]) {
+    if (part[0] && part[1] && part[2] && part[3] && part[4]) {
         float *h[NS];
         for (int i = 0; i < NS; i++) {
             h[i] = (float *)malloc(count * 4);
@@ -86,6 +87,8 @@ static void latent_schedules(const k3_latent_moe_desc *d0, int32_t M, const void
                        (int64_t)count);
         k3t_check_same("latent PRE_REDUCE partial: serial vs shared-beside", h[2], h[0], K3T_F32, (int64_t)count);
         k3t_check_same("latent PRE_REDUCE partial: select-beside vs shared-beside", h[3], h[0], K3T_F32,
+                       (int64_t)count);
+        k3t_check_same("latent PRE_REDUCE partial: logits-first vs shared-beside", h[4], h[0], K3T_F32,
                        (int64_t)count);
         for (int i = 0; i < NS; i++) free(h[i]);
     }
