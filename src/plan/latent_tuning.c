@@ -14,7 +14,7 @@ static const latent_tuning_range sm90_rows[] = {
     {1, 1, K3_LATENT_SCHEDULE_LOGITS_FIRST, 1},
     {2, 4, K3_LATENT_SCHEDULE_LOGITS_FIRST, 0},
     {5, 8, K3_LATENT_SCHEDULE_SELECT_BESIDE, 0},
-    {9, K3_LATENT_TUNING_MAX_M, K3_LATENT_SCHEDULE_LOGITS_FIRST, 1},
+    {9, K3_LATENT_TUNING_MAX_M, K3_LATENT_SCHEDULE_LOGITS_FIRST, 0},
 };
 
 static void set_rows(k3_latent_tuning *out, const latent_tuning_range *r, size_t n) {
