@@ -291,7 +291,7 @@ static void test_defaults(void) {
                    "schedule past max_tokens");
     k3_latent_moe_plan_destroy(p);
     /* a forced schedule plans on the CPU too (one order there) */
-    for (int s = K3_LATENT_SCHEDULE_SHARED_BESIDE; s <= K3_LATENT_SCHEDULE_LOGITS_FIRST; s++) {
+    for (int s = K3_LATENT_SCHEDULE_SHARED_BESIDE; s <= K3_LATENT_SCHEDULE_LAST; s++) {
         d.schedule = (k3_latent_schedule)s;
         p = NULL;
         CHECK(k3_latent_moe_plan_create(g_ctx, &d, &p) == K3_STATUS_SUCCESS, "forced schedule %d plans: %s", s,
@@ -315,7 +315,7 @@ static void test_tuning(void) {
         int bad = t.norm_trigger[0] != 0, bad_m = 0;
         for (int m = 1; m <= K3_LATENT_TUNING_MAX_M; m++) {
             bad |= t.norm_trigger[m] > 1;
-            if (t.schedule[m] < K3_LATENT_SCHEDULE_SHARED_BESIDE || t.schedule[m] > K3_LATENT_SCHEDULE_LOGITS_FIRST)
+            if (t.schedule[m] < K3_LATENT_SCHEDULE_SHARED_BESIDE || t.schedule[m] > K3_LATENT_SCHEDULE_LAST)
                 bad_m = m;
         }
         CHECK(!bad, "table %s: triggers are 0 or 1 (index 0 unused)", k3_table_name(tables[i]));

@@ -9,6 +9,7 @@
 #include "block_bench.h"
 #include "block_synth.h"
 #include "cli.h"
+#include "plan/latent_tuning.h"
 
 #define BB_CEILING 4.37e12 /* the H200's HBM read ceiling (docs/benchmarks.md) */
 
@@ -80,7 +81,7 @@ static int bb_parse(int argc, char **argv, bb_opts *o) {
         else if (!strcmp(argv[i], "--schedule")) {
             if (!(v = k3_cli_value(argc, argv, &i, "--schedule"))) return K3_EXIT_USAGE;
             o->schedule = -1;
-            for (int s = K3_LATENT_SCHEDULE_AUTO; s <= K3_LATENT_SCHEDULE_LOGITS_FIRST; s++)
+            for (int s = K3_LATENT_SCHEDULE_AUTO; s <= K3_LATENT_SCHEDULE_LAST; s++)
                 if (!strcmp(v, k3_bench_schedule_name((k3_latent_schedule)s))) o->schedule = s;
             if (o->schedule < 0) {
                 fprintf(stderr, "k3 bench block: --schedule must be auto, shared-beside, router-beside, serial, select-beside or "

@@ -5,6 +5,7 @@
 #include "api/ptr_align.h"
 #include "core/act.h"
 #include "core/act_check.h"
+#include "plan/latent_tuning.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -86,7 +87,7 @@ static k3_status latent_check_desc(k3_ctx *ctx, const k3_latent_moe_desc *d) {
     K3_CHECK_ARG(ctx, !pd->nccl_comm || ctx->backend != K3_BACKEND_CPU,
                  "latent plan: parallel.nccl_comm needs a CUDA context (on the CPU backend, run the stages and sum the "
                  "partials)");
-    K3_CHECK_ARG(ctx, d->schedule >= K3_LATENT_SCHEDULE_AUTO && d->schedule <= K3_LATENT_SCHEDULE_LOGITS_FIRST,
+    K3_CHECK_ARG(ctx, d->schedule >= K3_LATENT_SCHEDULE_AUTO && d->schedule <= K3_LATENT_SCHEDULE_LAST,
                  "latent plan: schedule must be a k3_latent_schedule (AUTO, SHARED_BESIDE, ROUTER_BESIDE, SERIAL, "
                  "SELECT_BESIDE or LOGITS_FIRST; got %d)",
                  (int)d->schedule);

@@ -10,6 +10,8 @@
 #include "k3.h"
 
 #define K3_LATENT_TUNING_MAX_M 32 /* the CUDA block's max_tokens */
+/* The highest k3_latent_schedule value: the one bound that validation, the CLI and the tests loop to. */
+#define K3_LATENT_SCHEDULE_LAST K3_LATENT_SCHEDULE_LOGITS_FIRST
 
 typedef struct k3_latent_tuning {
     k3_latent_schedule schedule[K3_LATENT_TUNING_MAX_M + 1]; /* index m (1..32): what AUTO runs (never AUTO) */
