@@ -192,7 +192,13 @@ int main(int argc, char **argv) {
             k3_status st = k3_kda_proj_run(plan, m, x, w, wfb, qkvg, fab, g1, ws, ws_bytes, s);
             K3T_CU(cudaStreamEndCapture(s, &graph));
             CHECK(st == K3_STATUS_SUCCESS, "capture m=%lld: %s", (long long)m, k3_ctx_last_error(ctx));
-            K3T_CU(cudaGraphInstantiate(&exec, graph, 0));
+            /* the branch's kernels at the capturing stream's priority; instantiated as PyTorch's graphs are */
+            int prio = 0, kernels = 0;
+            K3T_CU(cudaStreamGetPriority(s, &prio));
+            const int bad = k3t_graph_priority_mismatches(graph, prio, &kernels);
+            CHECK(bad == 0 && kernels > 0, "m=%lld graph: %d of %d kernels at a priority other than the stream's %d",
+                  (long long)m, bad, kernels, prio);
+            K3T_CU(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority));
             K3T_CU(cudaGraphLaunch(exec, s));
             K3T_CU(cudaStreamSynchronize(s));
             check_all(&ob, s, m);

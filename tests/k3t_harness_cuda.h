@@ -107,4 +107,34 @@ static inline int k3t_dout_check(k3t_dout *d, cudaStream_t stream, k3t_region r,
     return k3t_check_out(&d->h, r, flags, outside);
 }
 
+/* The kernel nodes of captured graph g (*kernels, may be NULL) and how many of them carry a priority other than
+ * want: the per-node priority that a graph instantiated with cudaGraphInstantiateFlagUseNodePriority (as PyTorch's
+ * CUDA graphs are) runs each kernel at. -1 (recorded) when the graph cannot be read. */
+static inline int k3t_graph_priority_mismatches(cudaGraph_t g, int want, int *kernels) {
+    size_t n = 0;
+    if (kernels) *kernels = 0;
+    if (!k3t_cuda_ok(cudaGraphGetNodes(g, NULL, &n), "graph nodes (count)")) return -1;
+    cudaGraphNode_t *nodes = (cudaGraphNode_t *)calloc(n ? n : 1, sizeof *nodes);
+    if (!nodes || !k3t_cuda_ok(cudaGraphGetNodes(g, nodes, &n), "graph nodes")) {
+        free(nodes);
+        return -1;
+    }
+    int bad = 0, k = 0;
+    for (size_t i = 0; i < n && bad >= 0; i++) {
+        enum cudaGraphNodeType t;
+        if (!k3t_cuda_ok(cudaGraphNodeGetType(nodes[i], &t), "graph node type")) bad = -1;
+        if (bad < 0 || t != cudaGraphNodeTypeKernel) continue;
+        cudaKernelNodeAttrValue v;
+        memset(&v, 0, sizeof v);
+        if (!k3t_cuda_ok(cudaGraphKernelNodeGetAttribute(nodes[i], cudaKernelNodeAttributePriority, &v),
+                         "kernel node priority"))
+            bad = -1;
+        else
+            k++, bad += v.priority != want;
+    }
+    free(nodes);
+    if (kernels) *kernels = k;
+    return bad;
+}
+
 #endif

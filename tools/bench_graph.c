@@ -77,7 +77,8 @@ static k3_status capture(const k3_bench_variant *v, const k3_bench_timing *t, cu
         if ((st = v->fn(v->user, i % t->copies, s, err, err_size)) != K3_STATUS_SUCCESS) goto done;
     capturing = 0;
     BG_CUDA(cudaStreamEndCapture(s, &graph));
-    BG_CUDA(cudaGraphInstantiate(exec, graph, 0));
+    /* per-node priorities, as torch.cuda.CUDAGraph instantiates: what an engine's replay of the block runs */
+    BG_CUDA(cudaGraphInstantiate(exec, graph, cudaGraphInstantiateFlagUseNodePriority));
 done:
     if (capturing) { /* leave the stream usable after a failed capture */
         cudaGraph_t g = NULL;

@@ -64,7 +64,7 @@ typedef struct kda_bench {
     size_t ws_bytes;
     k3_kda_proj_plan *def, *seq; /* the default (tuned) plan overlapped at every M, and sequential */
     k3_linear_plan *qkvg_plan, *lt_qkvg, *lt_fab, *lt_fb;
-    cudaStream_t aux; /* --diag: the bench's own fork/join (a highest-priority aux stream) */
+    cudaStream_t aux; /* --diag: the bench's own fork/join (an aux stream at the default priority, as the bench's) */
     k3_cuda_kda_sliced *sliced; /* --diag: the sliced F_AB kernel's state */
     cudaEvent_t fork, join;
     cudaEvent_t ts[4]; /* --diag trace (timing events, direct launches): fork, QKVG done, F_AB done, f_b done */
@@ -141,10 +141,10 @@ static k3_status call_cublas(KB_CALL_ARGS) {
 }
 
 /* --diag variants: what each part of the branch costs beside the table's QKVG. QKVG (the linear plan's table) is
- * queued first on the caller's stream, as the library does; the branch runs on the bench's own highest-priority
- * aux stream after a fork event and is joined back: nothing (the events alone), the F_AB kernel alone (sliced at
- * M <= 8, narrow above), f_b alone (reading whatever fab holds: timing only), or both (the library's overlap with
- * that shape). */
+ * queued first on the caller's stream, as the library does; the branch runs on the bench's own aux stream (at the
+ * bench stream's priority, as the library's fork sets it) after a fork event and is joined back: nothing (the
+ * events alone), the F_AB kernel alone (sliced at M <= 8, narrow above), f_b alone (reading whatever fab holds:
+ * timing only), or both (the library's overlap with that shape). */
 enum { FJ_FAB = 1, FJ_FB = 2 };
 
 static k3_status call_fj(kda_bench *b, int32_t c, cudaStream_t s, int parts, char *err, size_t err_size) {
@@ -369,9 +369,7 @@ int k3_bench_kda(int argc, char **argv) {
         for (int a = 0; a < KB_ALTS; a++) k3_kda_proj_workspace_size(alts[a].plan, &all[6 + a]);
         for (int i = 0; i < 6 + KB_ALTS; i++) mx = all[i] > mx ? all[i] : mx;
         if (diag) {
-            int least = 0, greatest = 0;
-            if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
-                cudaStreamCreateWithPriority(&b.aux, cudaStreamNonBlocking, greatest) != cudaSuccess ||
+            if (cudaStreamCreateWithFlags(&b.aux, cudaStreamNonBlocking) != cudaSuccess ||
                 cudaEventCreateWithFlags(&b.fork, cudaEventDisableTiming) != cudaSuccess ||
                 cudaEventCreateWithFlags(&b.join, cudaEventDisableTiming) != cudaSuccess ||
                 cudaEventCreate(&b.ts[0]) != cudaSuccess || cudaEventCreate(&b.ts[1]) != cudaSuccess ||

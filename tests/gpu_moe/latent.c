@@ -24,6 +24,51 @@ static const k3t_case k_latent_cases[] = {
     {"latent", {7168, 3584, 64, 16, 384, 768}, 4, LAT_RESIDUAL | LAT_GRAPH | LAT_SLOW, 402, K3T_OP_LATENT_MOE},
 };
 
+/* Plan p captured (two calls) on a stream at the device's least and at its greatest priority: every kernel of the
+ * graph (the branches on the plan's own streams too) carries the capturing stream's priority, and the graph
+ * instantiated with per-node priorities, as PyTorch instantiates its graphs, replays the eager run's bits (yg). */
+static void latent_graph_priorities(k3_latent_moe_plan *p, const char *name, int32_t M, const void *dx,
+                                    const k3_latent_moe_weights *dw, const void *dres, const uint16_t *yg,
+                                    int64_t nh, k3t_dout *dy, void *ws, size_t wsg) {
+    int range[2] = {0, 0}; /* least, greatest */
+    if (!k3t_cuda_ok(cudaDeviceGetStreamPriorityRange(&range[0], &range[1]), "stream priority range")) return;
+    for (int r = 0; r < 2; r++) {
+        cudaStream_t s = NULL;
+        cudaGraph_t gr = NULL;
+        cudaGraphExec_t ex = NULL;
+        if (!k3t_cuda_ok(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, range[r]), "priority stream"))
+            continue;
+        if (k3t_cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "priority capture")) {
+            k3_status st = K3_STATUS_SUCCESS; /* two calls: a fork of a branch stream already in the capture */
+            for (int call = 0; call < 2 && st == K3_STATUS_SUCCESS; call++)
+                st = k3_latent_moe_run(p, M, dx, dw, dres, k3t_dout_ptr(dy), NULL, NULL, ws, wsg, s);
+            const cudaError_t ce = cudaStreamEndCapture(s, &gr);
+            CHECK(st == K3_STATUS_SUCCESS && ce == cudaSuccess, "latent %s capture at priority %d: %s / %s", name,
+                  range[r], k3_ctx_last_error(g_gpu), cudaGetErrorString(ce));
+        }
+        int kernels = 0;
+        const int bad = gr ? k3t_graph_priority_mismatches(gr, range[r], &kernels) : -1;
+        CHECK(bad == 0 && kernels > 0, "latent %s graph captured at priority %d: %d of %d kernels at another", name,
+              range[r], bad, kernels);
+        if (gr && k3t_cuda_ok(cudaGraphInstantiate(&ex, gr, cudaGraphInstantiateFlagUseNodePriority),
+                              "instantiate with node priorities")) {
+            k3t_dout_poison(dy, s);
+            if (k3t_cuda_ok(cudaGraphLaunch(ex, s), "node-priority graph launch") &&
+                k3t_cuda_ok(cudaStreamSynchronize(s), "node-priority graph sync")) {
+                k3t_dout_check(dy, s, k3t_flat(nh), 0, NULL);
+                char what[112];
+                snprintf(what, sizeof what, "latent %s graph at priority %d (node priorities) vs eager: y", name,
+                         range[r]);
+                k3t_check_same(what, k3t_dout_host(dy), yg, K3T_BF16, nh);
+            }
+        }
+        if (ex) cudaGraphExecDestroy(ex);
+        if (gr) cudaGraphDestroy(gr);
+        cudaStreamDestroy(s);
+        cudaGetLastError();
+    }
+}
+
 /* Every forced schedule gives the default plan's bits (y, routing) and reports itself; PRE_REDUCE's partial too
  * (the same kernels on other streams: the order of the arithmetic does not change). */
 static void latent_schedules(const k3_latent_moe_desc *d0, int32_t M, const void *dx, const k3_latent_moe_weights *dw,
@@ -74,6 +119,7 @@ static void latent_schedules(const k3_latent_moe_desc *d0, int32_t M, const void
             snprintf(what, sizeof what, "latent schedule %s vs the default: weights", names[i]);
             k3t_check_same(what, k3t_dout_host(dwt), wg, K3T_F32, nk);
         }
+        latent_graph_priorities(p, names[i], M, dx, dw, dres, yg, nh, dy, ws, wsg);
         cudaFree(ws);
         k3_latent_moe_plan_destroy(p);
     }

@@ -1,4 +1,5 @@
 #include <cstdlib>
+#include <cstring>
 
 #include "cuda/common/check.cuh"
 #include "cuda/common/fork_join.h"
@@ -13,11 +14,8 @@ extern "C" k3_status k3_fork_join_create(k3_ctx *ctx, k3_fork_join **out) {
     *out = NULL;
     k3_fork_join *fj = (k3_fork_join *)calloc(1, sizeof *fj);
     if (!fj) return k3_fail(ctx, K3_STATUS_OUT_OF_MEMORY, "out of host memory");
-    /* The branch is short: the highest priority lets the block scheduler place its blocks ahead of the main
-     * stream's later waves. (For the KDA overlap, highest and lowest measured the same: its QKVG is one wave.) */
-    int least = 0, greatest = 0;
-    cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-    if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&fj->aux, cudaStreamNonBlocking, greatest);
+    /* The branch's priority is set at each fork from the forking stream's (k3_fork_join_fork). */
+    cudaError_t e = cudaStreamCreateWithFlags(&fj->aux, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&fj->fork, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&fj->join, cudaEventDisableTiming);
     if (e != cudaSuccess) {
@@ -39,7 +37,23 @@ extern "C" void k3_fork_join_destroy(k3_fork_join *fj) {
 
 extern "C" void *k3_fork_join_aux(const k3_fork_join *fj) { return (void *)fj->aux; }
 
+/* The branch runs at the priority of the stream it forks from: a branch above the caller's work slows the main
+ * path the caller asked for, and a graph instantiated with per-node priorities (as PyTorch's are) keeps what the
+ * streams had at capture. The attribute is set only on a change, so a capture (one priority throughout) never
+ * touches the branch stream while it is being captured. */
+static cudaError_t fork_join_match_priority(cudaStream_t aux, cudaStream_t main_stream) {
+    int want = 0, have = 0;
+    cudaError_t e = cudaStreamGetPriority(main_stream, &want);
+    if (e == cudaSuccess) e = cudaStreamGetPriority(aux, &have);
+    if (e != cudaSuccess || want == have) return e;
+    cudaStreamAttrValue v;
+    memset(&v, 0, sizeof v);
+    v.priority = want;
+    return cudaStreamSetAttribute(aux, cudaStreamAttributePriority, &v);
+}
+
 extern "C" k3_status k3_fork_join_fork(k3_ctx *ctx, k3_fork_join *fj, void *main_stream) {
+    K3_CUDA_TRY(ctx, fork_join_match_priority(fj->aux, (cudaStream_t)main_stream));
     K3_CUDA_TRY(ctx, cudaEventRecord(fj->fork, (cudaStream_t)main_stream));
     K3_CUDA_TRY(ctx, cudaStreamWaitEvent(fj->aux, fj->fork, 0));
     return K3_STATUS_SUCCESS;

@@ -1,9 +1,9 @@
 /* A reusable fork/join of one auxiliary stream, created at plan time:
  *   fork(main): record `fork` on main, aux waits for it   -> work queued on aux now runs after main's prefix
  *   join(main): record `join` on aux, main waits for it   -> main's suffix runs after the aux branch
- * The aux stream has the highest priority; events are created with timing disabled. No allocation, no sync,
- * no host decision at run time, so the pattern records into a CUDA graph as a fork and a join edge when main
- * is being captured. */
+ * fork also gives the aux stream the main stream's priority; events are created with timing disabled. No
+ * allocation, no sync, no host decision at run time, so the pattern records into a CUDA graph as a fork and a join
+ * edge when main is being captured. */
 #ifndef K3_CUDA_FORK_JOIN_H
 #define K3_CUDA_FORK_JOIN_H
 
