@@ -665,6 +665,8 @@ typedef enum k3_moe_force {
     K3_MOE_FORCE_NO_PAIR = 2,  /* GEMM1 in 16-output blocks where it would put gate and up rows in one tile */
     K3_MOE_FORCE_NO_TILES = 4, /* GEMM2 one 16-row tile per warp where it would take two or four */
     K3_MOE_FORCE_NO_EARLY = 8, /* GEMM1's first wave waits for the dispatch kernel where it would route itself */
+    K3_MOE_FORCE_NO_BALANCE = 16, /* the folded GEMM1 takes as many blocks per SM as fit where it would hold them
+                                   * to its grid's share (k3_moe_launch_info.gemm1_blocks_per_sm) */
 } k3_moe_force;
 
 /* What a CUDA MoE plan launches for m tokens (k3_moe_plan_kernel): the instance names of the registry
@@ -681,6 +683,9 @@ typedef struct k3_moe_launch_info {
     int32_t gemm2_split_k;      /* GEMM2's warps split K */
     int32_t gemm2_tiles;        /* GEMM2 16-row tiles per warp */
     int64_t early_blocks;       /* GEMM1 blocks that route themselves ahead of the dispatch kernel */
+    int32_t gemm1_blocks_per_sm; /* the folded GEMM1's one-wave grid held to this many blocks per SM (its grid's
+                                    share, rounded up), so that blocks which find SMs busy at launch wait for them
+                                    instead of stacking on the free ones; 0 = as many as fit */
 } k3_moe_launch_info;
 
 /* The tensors of the routed experts; every pointer is device memory on CUDA, host on CPU. */

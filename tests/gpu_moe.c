@@ -54,12 +54,12 @@ double now_s(void) {
  * shape the call takes: where the GEMMs route themselves (W4A16, np <= 256, small grids: the dispatch folded
  * in), the dispatch-kernel path; where GEMM1 runs in paired tiles, its 16-output blocks; where GEMM2 runs two or
  * four row tiles per warp, one; where GEMM1's first wave routes itself ahead of the dispatch kernel, every block
- * after it. Each alternative is a plan of the same descriptor with that shape forced off (k3_moe_desc.force_shape),
+ * after it; where the folded GEMM1 is held to its grid's share of blocks per SM, as many as fit. Each alternative is a plan of the same descriptor with that shape forced off (k3_moe_desc.force_shape),
  * and k3_moe_plan_kernel says which of them the call at M takes. */
-enum { ALT_DISPATCH_PATH, ALT_UNPAIRED, ALT_ONE_TILE, ALT_LATE_ROUTING, N_ALT };
-static const char *const k_alt_name[N_ALT] = {"dispatch-path", "unpaired", "one-tile", "late-routing"};
+enum { ALT_DISPATCH_PATH, ALT_UNPAIRED, ALT_ONE_TILE, ALT_LATE_ROUTING, ALT_UNBALANCED, N_ALT };
+static const char *const k_alt_name[N_ALT] = {"dispatch-path", "unpaired", "one-tile", "late-routing", "unbalanced"};
 static const int32_t k_alt_force[N_ALT] = {K3_MOE_FORCE_NO_FOLD, K3_MOE_FORCE_NO_PAIR, K3_MOE_FORCE_NO_TILES,
-                                           K3_MOE_FORCE_NO_EARLY};
+                                           K3_MOE_FORCE_NO_EARLY, K3_MOE_FORCE_NO_BALANCE};
 
 typedef struct alt_shapes {
     k3_moe_plan *plan[N_ALT]; /* the descriptor with that shape forced off (NULL where it does not apply) */
@@ -92,6 +92,7 @@ static int shape_facts(const k3_moe_desc *d, int64_t M, const k3_moe_weights *dw
     a->applies[ALT_UNPAIRED] = li.pair;
     a->applies[ALT_ONE_TILE] = li.gemm2_tiles > 1;
     a->applies[ALT_LATE_ROUTING] = li.early;
+    a->applies[ALT_UNBALANCED] = li.gemm1_blocks_per_sm > 0;
     for (int i = 0; i < N_ALT; i++) {
         if (!a->applies[i]) continue;
         k3_moe_desc fd = *d;
@@ -161,7 +162,7 @@ static void moe_case(const mcase *c) {
 
     k3_moe_plan *pc = NULL, *pg = NULL;
     double rel = INFINITY, rel_bf = INFINITY, rel_graph = -1.0, us = 0.0, t_cpu = 0.0;
-    int bitwise = 0, graph_ok = -1, same[N_ALT] = {-1, -1, -1, -1};
+    int bitwise = 0, graph_ok = -1, same[N_ALT] = {-1, -1, -1, -1, -1};
     int32_t g2_tiles = 1;
     CHECK(c->c.budget == (c->mode == K3_MOE_W4A4 ? K3T_OP_MOE_W4A4 : K3T_OP_MOE_W4A16),
           "%s: the case's budget is its mode's", tag);
@@ -363,11 +364,12 @@ static void moe_case(const mcase *c) {
                                         : "random",
            rel, rel_bf, tol, bitwise ? "bitwise equal" : "DIFFER", us, t_cpu, now_s() - t_start);
     const int sd = same[ALT_DISPATCH_PATH], su = same[ALT_UNPAIRED], st1 = same[ALT_ONE_TILE],
-              sl = same[ALT_LATE_ROUTING];
+              sl = same[ALT_LATE_ROUTING], sb = same[ALT_UNBALANCED];
     printf(sd < 0 ? ", not folded" : sd ? ", folded = dispatch path bitwise" : ", folded = dispatch path DIFFER");
     if (su >= 0) printf(su ? ", paired = unpaired bitwise" : ", paired = unpaired DIFFER");
     if (st1 >= 0) printf(st1 ? ", %d tiles = 1 tile bitwise" : ", %d tiles = 1 tile DIFFER", g2_tiles);
     if (sl >= 0) printf(sl ? ", early = late routing bitwise" : ", early = late routing DIFFER");
+    if (sb >= 0) printf(sb ? ", balanced = unbalanced bitwise" : ", balanced = unbalanced DIFFER");
     if (c->graph) printf(", graph replay with new routing %s (rel-L2 %.3e)", graph_ok > 0 ? "ok" : "FAILED", rel_graph);
     printf(", seed 0x%llx\n", (unsigned long long)seed);
     fflush(stdout);

@@ -29,7 +29,7 @@ static int o_async_ok(int layout, int64_t cols) { return layout == K3_SCALE_SWIZ
 
 typedef struct oshape {
     int nt, gated, g2_split, as1, as2, fold, pair, early, wide, g2_dense, direct, g2_tiles, tpu;
-    int64_t g1x, g1y, g2x, g2y, early_blocks;
+    int64_t g1x, g1y, g2x, g2y, early_blocks, g1_per_sm;
     /* the instance launch_fmt picked: GEMM1 (async, fold, pair, early), GEMM2 (nt, ks, async, fold, minb, tiles) */
     int i1_async, i1_fold, i1_pair, i1_early;
     int i2_nt, i2_ks, i2_async, i2_fold, i2_minb, i2_direct, i2_tiles;
@@ -38,6 +38,7 @@ typedef struct oshape {
 static oshape oracle(const k3_moe_desc *d, int64_t sms, int64_t m, uint32_t no) {
     const int no_fold = (no & K3_MOE_FORCE_NO_FOLD) != 0, no_pair = (no & K3_MOE_FORCE_NO_PAIR) != 0;
     const int no_t2 = (no & K3_MOE_FORCE_NO_TILES) != 0, no_early = (no & K3_MOE_FORCE_NO_EARLY) != 0;
+    const int no_balance = (no & K3_MOE_FORCE_NO_BALANCE) != 0;
     const int32_t np = (int32_t)(m * d->top_k);
     const int32_t slots = np < d->num_experts ? np : d->num_experts;
     oshape sh;
@@ -78,6 +79,9 @@ static oshape oracle(const k3_moe_desc *d, int64_t sms, int64_t m, uint32_t no) 
         sh.g2_tiles = four ? 4 : 2;
         sh.g2y = o_g2_block_rows(d->hidden, sh.g2_tiles);
     }
+    /* the folded GEMM1 at its grid's share of the SMs (blocks per SM, rounded up) where fewer than fit */
+    const int64_t share = (sh.g1x * sh.g1y + sms - 1) / sms;
+    sh.g1_per_sm = sh.fold && !no_balance && share < per1 ? share : 0;
     /* launch_fmt: which instance runs */
     sh.i1_async = nv && sh.as1 && (sh.nt == 1 || sh.nt == 2);
     sh.i1_fold = sh.i1_async && !sh.early && sh.fold;
@@ -153,7 +157,7 @@ static int compare_plan(k3_ctx *ctx, const k3_moe_desc *d, int64_t sms, const in
             info.pair == o.pair && info.early == o.early && info.early_blocks == o.early_blocks &&
             info.wide == o.wide && info.dense == o.g2_dense && info.direct == o.direct &&
             info.combine == !o.direct && info.gemm2_tiles == o.g2_tiles && info.gemm2_split_k == o.g2_split &&
-            info.tokens_per_unit == o.tpu && info.gemm1_grid[0] == o.g1x && info.gemm1_grid[1] == o.g1y &&
+            info.tokens_per_unit == o.tpu && info.gemm1_blocks_per_sm == o.g1_per_sm && info.gemm1_grid[0] == o.g1x && info.gemm1_grid[1] == o.g1y &&
             info.gemm2_grid[0] == o.g2x && info.gemm2_grid[1] == o.g2y && c1->format == (int)d->format &&
             c1->gated == o.gated && c1->nt == o.nt && c1->async == o.i1_async && c1->fold == o.i1_fold &&
             c1->pair == o.i1_pair && c1->early == o.i1_early && c2->format == (int)d->format && c2->nt == o.i2_nt &&
@@ -196,7 +200,7 @@ static void test_against_oracle(void) {
     static const k3_weight_format formats[] = {K3_WEIGHT_NVFP4, K3_WEIGHT_MXFP4, K3_WEIGHT_BF16};
     static const k3_act_kind acts[] = {K3_ACT_SITU, K3_ACT_RELU2_NO_MUL, K3_ACT_SWIGLUOAI};
     static const int32_t forces[] = {0, K3_MOE_FORCE_NO_FOLD, K3_MOE_FORCE_NO_PAIR, K3_MOE_FORCE_NO_TILES,
-                                     K3_MOE_FORCE_NO_EARLY, 15};
+                                     K3_MOE_FORCE_NO_EARLY, K3_MOE_FORCE_NO_BALANCE, 31};
     int64_t ms[80];
     int nm = 0;
     for (int64_t m = 1; m <= 64; m++) ms[nm++] = m;
@@ -252,6 +256,10 @@ static void test_forced_and_info(void) {
         CHECK(k3_moe_plan_kernel(q, 1, &b) == K3_STATUS_SUCCESS && b.fold == 0 && b.dispatch == 1,
               "NO_FOLD keeps the dispatch kernel (%s)", b.gemm1);
         CHECK(strstr(a.gemm1, "fold") != NULL && strstr(b.gemm1, "fold") == NULL, "%s / %s", a.gemm1, b.gemm1);
+        /* 16 experts x 24 row tiles = 384 blocks on 132 SMs: 3 per SM (4 fit); the dispatch path has no cap */
+        CHECK(k3_moe_plan_kernel(p, 1, &a) == K3_STATUS_SUCCESS && a.gemm1_blocks_per_sm == 3,
+              "TP8 m 1: the folded GEMM1 at 3 blocks per SM (got %d)", (int)a.gemm1_blocks_per_sm);
+        CHECK(b.gemm1_blocks_per_sm == 0, "NO_FOLD: no cap (got %d)", (int)b.gemm1_blocks_per_sm);
         CHECK(k3_moe_plan_kernel(p, 0, &a) == K3_STATUS_INVALID_ARGUMENT, "m 0 refused");
         CHECK(k3_moe_plan_kernel(p, 17, &a) == K3_STATUS_INVALID_ARGUMENT &&
                   strstr(k3_ctx_last_error(ctx), "max_tokens") != NULL,
@@ -259,6 +267,12 @@ static void test_forced_and_info(void) {
         CHECK(k3_moe_plan_kernel(p, 1, NULL) == K3_STATUS_INVALID_ARGUMENT, "NULL out refused");
     }
     k3_moe_plan_destroy(p);
+    k3_moe_plan_destroy(q);
+    d.force_shape = K3_MOE_FORCE_NO_BALANCE;
+    q = NULL;
+    CHECK(k3_moe_plan_create(ctx, &d, &q) == K3_STATUS_SUCCESS && k3_moe_plan_kernel(q, 1, &b) == K3_STATUS_SUCCESS &&
+              b.fold == 1 && b.gemm1_blocks_per_sm == 0,
+          "NO_BALANCE: folded, no cap (%d)", (int)b.gemm1_blocks_per_sm);
     k3_moe_plan_destroy(q);
     d.force_shape = 0x100;
     q = NULL;

@@ -10,14 +10,15 @@ static void plan_moe_help(void) {
            "                [--act situ|silu|relu2] [--max-tokens M] [--force-off LIST] [--arch X.Y [--sm-count N]]\n"
            "                [--device cpu|cuda|auto] [--json]\n\n"
            "Creates the MoE plan exactly as k3_moe_plan_create does and prints, for every m, what a run of m\n"
-           "tokens launches (k3_moe_plan_kernel): the GEMM1 and GEMM2 instances of the registry, their grids, and\n"
-           "whether the dispatch and combine kernels run. The choices are resolved once, at plan time, from the\n"
+           "tokens launches (k3_moe_plan_kernel): the GEMM1 and GEMM2 instances of the registry, their grids (a\n"
+           "folded GEMM1 held to its grid's share of blocks per SM shows it: 16x24 <=3/SM), and whether the\n"
+           "dispatch and combine kernels run. The choices are resolved once, at plan time, from the\n"
            "architecture's table (its moe rows) and the device's SM count.\n\n"
            "  --config C        tp8 (896 experts, top-k 16, L 3584, I 384; default) or ep16 (56, top-k 1, 3584,\n"
            "                    3072); the options below change single fields\n"
            "  --arch X.Y        simulate compute capability X.Y (no GPU needed); the SM count is --sm-count,\n"
            "                    else the sm_count key of the architecture's table\n"
-           "  --force-off LIST  launch shapes turned off (k3_moe_desc.force_shape): fold,pair,tiles,early\n"
+           "  --force-off LIST  launch shapes turned off (k3_moe_desc.force_shape): fold,pair,tiles,early,balance\n"
            "  --max-tokens M    resolve m = 1..M (default 16)\n"
            "  --json            one JSON object on stdout\n");
 }
@@ -31,8 +32,9 @@ static int parse_force(const char *s, int32_t *out) {
         else if (!strcmp(tok, "pair")) *out |= K3_MOE_FORCE_NO_PAIR;
         else if (!strcmp(tok, "tiles")) *out |= K3_MOE_FORCE_NO_TILES;
         else if (!strcmp(tok, "early")) *out |= K3_MOE_FORCE_NO_EARLY;
+        else if (!strcmp(tok, "balance")) *out |= K3_MOE_FORCE_NO_BALANCE;
         else {
-            fprintf(stderr, "k3 plan: --force-off takes fold, pair, tiles and early (got '%s')\n", tok);
+            fprintf(stderr, "k3 plan: --force-off takes fold, pair, tiles, early and balance (got '%s')\n", tok);
             return 0;
         }
     }
@@ -148,7 +150,7 @@ int k3_cmd_plan_moe(int argc, char **argv) {
                layouts[d.scale_layout], modes[d.mode], (int)d.force_shape);
     } else
         printf("device %s (capability %d.%d%s), E %d, top-k %d, L %lld, I %lld, %s %s scales, %s%s\n"
-               "%-4s %-8s %-40s %-11s %-44s %-11s %s\n",
+               "%-4s %-8s %-40s %-17s %-44s %-11s %s\n",
                a.device_name, (int)a.cc_major, (int)a.cc_minor, a.simulated ? ", simulated" : "", (int)d.num_experts,
                (int)d.top_k, (long long)d.hidden, (long long)d.inter, formats[d.format], layouts[d.scale_layout],
                modes[d.mode], d.force_shape ? " (shapes forced off)" : "", "m", "dispatch", "gemm1", "grid", "gemm2",
@@ -165,21 +167,26 @@ int k3_cmd_plan_moe(int argc, char **argv) {
             break;
         }
         char g1[32], g2[32];
-        snprintf(g1, sizeof g1, "%lldx%lld", (long long)li.gemm1_grid[0], (long long)li.gemm1_grid[1]);
+        if (li.gemm1_blocks_per_sm > 0)
+            snprintf(g1, sizeof g1, "%lldx%lld <=%d/SM", (long long)li.gemm1_grid[0], (long long)li.gemm1_grid[1],
+                     (int)li.gemm1_blocks_per_sm);
+        else
+            snprintf(g1, sizeof g1, "%lldx%lld", (long long)li.gemm1_grid[0], (long long)li.gemm1_grid[1]);
         snprintf(g2, sizeof g2, "%lldx%lld", (long long)li.gemm2_grid[0], (long long)li.gemm2_grid[1]);
         if (json)
             printf("%s{\"m\": %lld, \"dispatch\": %d, \"gemm1\": \"%s\", \"gemm1_grid\": [%lld, %lld], \"gemm2\": "
                    "\"%s\", \"gemm2_grid\": [%lld, %lld], \"combine\": %d, \"token_tiles\": %d, \"tokens_per_unit\": "
                    "%d, \"fold\": %d, \"pair\": %d, \"early\": %d, \"early_blocks\": %lld, \"wide\": %d, \"dense\": "
-                   "%d, \"direct\": %d, \"gemm2_split_k\": %d, \"gemm2_tiles\": %d}",
+                   "%d, \"direct\": %d, \"gemm2_split_k\": %d, \"gemm2_tiles\": %d, \"gemm1_blocks_per_sm\": %d}",
                    m > 1 ? ", " : "", (long long)m, li.dispatch, li.gemm1, (long long)li.gemm1_grid[0],
                    (long long)li.gemm1_grid[1], li.gemm2, (long long)li.gemm2_grid[0], (long long)li.gemm2_grid[1],
                    li.combine, li.token_tiles, li.tokens_per_unit, li.fold, li.pair, li.early,
-                   (long long)li.early_blocks, li.wide, li.dense, li.direct, li.gemm2_split_k, li.gemm2_tiles);
+                   (long long)li.early_blocks, li.wide, li.dense, li.direct, li.gemm2_split_k, li.gemm2_tiles,
+                   (int)li.gemm1_blocks_per_sm);
         else if (!strcmp(li.gemm1, "cpu"))
             printf("%-4lld %-8s the CPU reference loops\n", (long long)m, "-");
         else
-            printf("%-4lld %-8s %-40s %-11s %-44s %-11s %s\n", (long long)m, li.dispatch ? "yes" : "folded", li.gemm1,
+            printf("%-4lld %-8s %-40s %-17s %-44s %-11s %s\n", (long long)m, li.dispatch ? "yes" : "folded", li.gemm1,
                    g1, li.gemm2, g2, li.combine ? "yes" : "no");
     }
     if (json) printf("]}\n");

@@ -18,7 +18,8 @@
 #define K3_MOE_MAX_DIM (INT64_C(1) << 24)
 #define K3_MOE_MAX_EXPERT_ELEMS (INT64_C(1) << 40)
 #define K3_MOE_FORCE_ALL                                                                                     \
-    (K3_MOE_FORCE_NO_FOLD | K3_MOE_FORCE_NO_PAIR | K3_MOE_FORCE_NO_TILES | K3_MOE_FORCE_NO_EARLY)
+    (K3_MOE_FORCE_NO_FOLD | K3_MOE_FORCE_NO_PAIR | K3_MOE_FORCE_NO_TILES | K3_MOE_FORCE_NO_EARLY |                 \
+     K3_MOE_FORCE_NO_BALANCE)
 
 struct k3_moe_plan {
     k3_ctx *ctx;

@@ -74,6 +74,7 @@ k3_status k3_moe_launch_resolve(k3_ctx *ctx, const k3_moe_desc *d, int32_t sm_co
     const uint32_t force = (uint32_t)d->force_shape;
     const int no_fold = (force & K3_MOE_FORCE_NO_FOLD) != 0, no_pair = (force & K3_MOE_FORCE_NO_PAIR) != 0;
     const int no_tiles = (force & K3_MOE_FORCE_NO_TILES) != 0, no_early = (force & K3_MOE_FORCE_NO_EARLY) != 0;
+    const int no_balance = (force & K3_MOE_FORCE_NO_BALANCE) != 0;
     const int64_t np = m * d->top_k;
     const int64_t slots = np < d->num_experts ? np : d->num_experts;
     const int64_t sms = sm_count;
@@ -132,6 +133,13 @@ k3_status k3_moe_launch_resolve(k3_ctx *ctx, const k3_moe_desc *d, int32_t sm_co
         l->g2_tiles = four ? 4 : 2;
         g2y = g2_block_rows(d->hidden, l->g2_tiles);
     }
+    /* the folded GEMM1 (the call's first kernel, launched plainly: all its blocks are placed at once) held to its
+     * grid's share of blocks per SM where that is below what fits: alone the placement is the same, and beside
+     * another stream's kernel the blocks that find SMs busy wait for them instead of stacking on the free ones */
+    if (l->fold && !no_balance) {
+        const int64_t share = (g1x * g1y + sms - 1) / sms;
+        if (share < per1) l->g1_per_sm = (int32_t)share;
+    }
     l->dispatch = !l->fold;
     l->combine = !l->direct;
     /* the instances */
@@ -160,6 +168,7 @@ void k3_moe_launch_describe(const k3_moe_launch *l, k3_moe_launch_info *out) {
     out->fold = l->fold, out->pair = l->pair, out->early = l->early, out->wide = l->wide, out->dense = l->dense;
     out->direct = l->direct, out->gemm2_tiles = l->g2_tiles, out->gemm2_split_k = l->g2_split;
     out->early_blocks = l->early_blocks;
+    out->gemm1_blocks_per_sm = l->g1_per_sm;
     out->gemm1_grid[0] = l->g1_grid[0], out->gemm1_grid[1] = l->g1_grid[1];
     out->gemm2_grid[0] = l->g2_grid[0], out->gemm2_grid[1] = l->g2_grid[1];
 }

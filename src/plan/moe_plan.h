@@ -24,6 +24,7 @@ typedef struct k3_moe_launch {
     uint8_t fold, pair, early, wide, dense, direct, combine;
     uint8_t g2_split;              /* GEMM2's warps split K */
     uint8_t g2_tiles;              /* GEMM2 16-row tiles per warp */
+    int32_t g1_per_sm;             /* the folded GEMM1's blocks per SM cap (0: none) */
 } k3_moe_launch;
 
 /* The tuning a plan resolves against: the context's table when it has moe rows, else the embedded table of the

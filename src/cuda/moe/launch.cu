@@ -46,7 +46,7 @@ constexpr size_t g2_instance_smem() {
 struct g1_instance {
     void (*kernel)(moe_params);
     size_t smem;
-    bool async;
+    bool async, fold;
 };
 struct g2_instance {
     void (*kernel)(moe_params);
@@ -68,7 +68,8 @@ struct g2_instance {
 const g1_instance g1_instances[] = {
 #define K3_MOE_G1(name, fmt, gated, nt, async, fold, pair, early, bpsm)                                            \
     {k3_moe_gemm1_kernel<fmt, (gated) != 0, nt, (async) != 0, (fold) != 0, (pair) != 0, (early) != 0>,              \
-     g1_instance_smem<(gated) != 0, (async) != 0, (fold) != 0, (pair) != 0, (early) != 0>(), (async) != 0},
+     g1_instance_smem<(gated) != 0, (async) != 0, (fold) != 0, (pair) != 0, (early) != 0>(), (async) != 0,         \
+     (fold) != 0},
 #define K3_MOE_G2(name, fmt, nt, ks, async, fold, minb, direct, tiles, bpsm)
 #include "plan/moe_configs.def"
 #undef K3_MOE_G1
@@ -88,21 +89,31 @@ const g2_instance g2_instances[] = {
 constexpr int32_t N_G1 = (int32_t)(sizeof g1_instances / sizeof g1_instances[0]);
 constexpr int32_t N_G2 = (int32_t)(sizeof g2_instances / sizeof g2_instances[0]);
 
+/* The folded GEMM1's dynamic shared memory when it is held to `cap` blocks per SM (k3_moe_launch.g1_per_sm): enough
+ * that cap + 1 blocks do not fit on an SM. The kernel uses its own bytes; the rest only bounds residency. */
+size_t g1_held_smem(const k3_cuda_moe *p, size_t own, int32_t cap) {
+    if (cap <= 0 || p->smem_per_sm <= 0) return own;
+    const size_t need = (size_t)p->smem_per_sm / (size_t)(cap + 1) + 16u - (size_t)p->smem_reserved;
+    return need > own ? need : own;
+}
+
 /* GEMM1: with PDL behind the dispatch (or the W4A4 quantization); plainly where it is the call's first kernel (the
  * fold), fully ordered after whatever the caller ran, as the dispatch kernel is (pdl.cuh). */
-cudaError_t launch_g1(const g1_instance &k, dim3 grid, bool fold, cudaStream_t s, const moe_params &P) {
+cudaError_t launch_g1(const g1_instance &k, dim3 grid, bool fold, size_t smem, cudaStream_t s, const moe_params &P) {
     if (!fold) return k3_launch_pdl(k.kernel, grid, dim3(G1_WARPS * 32), k.smem, s, P);
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid, cfg.blockDim = dim3(G1_WARPS * 32), cfg.dynamicSmemBytes = k.smem, cfg.stream = s;
+    cfg.gridDim = grid, cfg.blockDim = dim3(G1_WARPS * 32), cfg.dynamicSmemBytes = smem, cfg.stream = s;
     return cudaLaunchKernelEx(&cfg, k.kernel, P);
 }
 
-/* The cp.async instances use more than the default 48 KB of dynamic shared memory: allowed once per plan. */
-cudaError_t allow_async_smem(void) {
+/* The cp.async instances use more than the default 48 KB of dynamic shared memory: allowed once per plan (the folded
+ * GEMM1 up to what holding it to one block per SM asks). */
+cudaError_t allow_async_smem(const k3_cuda_moe *p) {
     for (const g1_instance &k : g1_instances)
         if (k.async) {
+            const size_t most = k.fold ? g1_held_smem(p, k.smem, 1) : k.smem;
             const cudaError_t e =
-                cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem);
+                cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most);
             if (e != cudaSuccess) return e;
         }
     for (const g2_instance &k : g2_instances)
@@ -137,7 +148,16 @@ extern "C" k3_status k3_cuda_moe_prepare(k3_ctx *ctx, k3_cuda_moe *p, const k3_m
         return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "moe plan: max_tokens * top_k is too large for the CUDA kernels");
     p->w1_rows = k3_act_width_factor(d->act.kind) * inter;
     if (d->format == K3_WEIGHT_NVFP4) {
-        const cudaError_t e = allow_async_smem();
+        int dev = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&p->smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&p->smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev);
+        if (e != cudaSuccess)
+            return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "moe plan: cannot read the device's shared memory per SM: %s",
+                           cudaGetErrorString(e));
+        e = allow_async_smem(p);
         if (e != cudaSuccess)
             return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "moe plan: cannot raise the shared-memory limit of the NVFP4 "
                            "expert kernels: %s", cudaGetErrorString(e));
@@ -231,7 +251,9 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, c
             return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe W4A4 x quantization kernel failed: %s",
                            cudaGetErrorString(qe));
     }
-    cudaError_t err = launch_g1(g1_instances[l->g1], dim3(l->g1_grid[0], l->g1_grid[1]), l->fold != 0, s, P);
+    const g1_instance &k1 = g1_instances[l->g1];
+    cudaError_t err = launch_g1(k1, dim3(l->g1_grid[0], l->g1_grid[1]), l->fold != 0,
+                                g1_held_smem(p, k1.smem, l->g1_per_sm), s, P);
     if (err == cudaSuccess && stages >= K3_CUDA_MOE_STAGE_GEMM2) {
         const g2_instance &k2 = g2_instances[l->g2];
         err = k3_launch_pdl(k2.kernel, dim3(l->g2_grid[0], l->g2_grid[1]), dim3(k2.threads), k2.smem, s, P);

@@ -22,6 +22,7 @@ typedef struct k3_cuda_moe {
     int64_t w1_rows;                          /* 2I (gated) or I (RELU2_NO_MUL) */
     size_t w13_expert_bytes, w2_expert_bytes; /* weight bytes of one expert */
     size_t w13_scale_bytes, w2_scale_bytes;   /* block-scale bytes of one expert (swizzle padding included) */
+    int32_t smem_per_sm, smem_reserved;       /* the device's shared memory per SM and reserved per block */
 } k3_cuda_moe;
 
 /* Plan-time check of what the CUDA kernels support beyond the descriptor rules (UNSUPPORTED + message when
