@@ -56,6 +56,11 @@ static void block_bench_help(void) {
            "  --ep N       N expert-parallel ranks (1..64; N divides 896 and 6144)\n"
            "exit status: 0 measured, 1 failure (no GPU, fewer GPUs than ranks, no NCCL, a CUDA error), 2 usage\n",
            BB_MAX_M, BB_MAX_LIST);
+#ifdef K3_MOE_TRACE
+    printf("This build traces the MoE kernels (-DK3_MOE_TRACE):\n"
+           "  --trace W    after each point, W (block or experts) replayed once more and the per-block stamps of\n"
+           "               GEMM1, GEMM2 and the combine of its last call printed to stderr\n");
+#endif
 }
 
 const char *k3_bench_schedule_name(k3_latent_schedule s) {
@@ -117,6 +122,15 @@ static int bb_parse(int argc, char **argv, bb_opts *o) {
         } else if (!strcmp(argv[i], "--reps")) {
             if (!(v = k3_cli_value(argc, argv, &i, "--reps")) || !k3_cli_parse_i64(v, "--reps", &o->reps))
                 return K3_EXIT_USAGE;
+#ifdef K3_MOE_TRACE
+        } else if (!strcmp(argv[i], "--trace")) {
+            if (!(v = k3_cli_value(argc, argv, &i, "--trace"))) return K3_EXIT_USAGE;
+            o->trace = !strcmp(v, "block") ? 1 : !strcmp(v, "experts") ? 2 : 0;
+            if (!o->trace) {
+                fprintf(stderr, "k3 bench block: --trace must be block or experts (got '%s')\n", v);
+                return K3_EXIT_USAGE;
+            }
+#endif
         } else {
             fprintf(stderr, "k3 bench block: unknown option '%s' (see k3 bench block --help)\n", argv[i]);
             return K3_EXIT_USAGE;
@@ -218,6 +232,79 @@ typedef struct bb {
     int32_t *ids;
     float *wts, *partial, *uf;
 } bb;
+
+#ifdef K3_MOE_TRACE
+/* Diagnostic builds (-DK3_MOE_TRACE, src/cuda/moe/trace.cuh): `--trace block|experts` replays the block (or the
+ * experts stage alone) once more after each point and prints, to stderr, percentiles over the blocks of each MoE
+ * kernel of the last call: each stamp in us from GEMM1's first block start, and the phases between stamps. */
+int k3x_moe_trace(int reset, unsigned long long *g1, unsigned *g1n, unsigned long long *g2, unsigned *g2n,
+                  unsigned long long *cb, unsigned *cbn);
+enum { XT_G1 = 4096, XT_G2 = 8192, XT_CB = 256, XT_WORDS = 8 }; /* trace.cuh's MT_* sizes */
+typedef struct xt_kernel {
+    const unsigned long long *t; /* [2][nb][XT_WORDS] */
+    const unsigned *n;           /* [nb]: launches per block */
+    int nb;
+} xt_kernel;
+static const unsigned long long *xt_last(const xt_kernel *k, int b) {
+    return k->n[b] < 2 ? NULL : k->t + ((size_t)((k->n[b] - 1) & 1u) * (size_t)k->nb + (size_t)b) * XT_WORDS;
+}
+static int xt_cmp(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+/* stamp i of every block of k's last launch (j < 0: relative to t0, else minus stamp j), as percentiles */
+static void xt_row(const char *name, const xt_kernel *k, int i, int j, double t0, double *v) {
+    int c = 0;
+    for (int b = 0; b < k->nb; b++) {
+        const unsigned long long *u = xt_last(k, b);
+        if (!u || !u[i] || (j >= 0 && !u[j])) continue;
+        v[c++] = j >= 0 ? (double)(u[i] - u[j]) / 1e3 : ((double)u[i] - t0) / 1e3;
+    }
+    if (!c) {
+        fprintf(stderr, "  %-22s none\n", name);
+        return;
+    }
+    qsort(v, (size_t)c, sizeof *v, xt_cmp);
+    fprintf(stderr, "  %-22s n %5d  min %7.2f  p10 %7.2f  p50 %7.2f  p90 %7.2f  max %7.2f\n", name, c, v[0],
+            v[c / 10], v[c / 2], v[(c * 9) / 10], v[c - 1]);
+}
+static void xt_print(int64_t m) {
+    const size_t w = 2u * XT_WORDS * sizeof(unsigned long long);
+    unsigned long long *g1 = malloc(XT_G1 * w), *g2 = malloc(XT_G2 * w), *cb = malloc(XT_CB * w);
+    unsigned *n1 = calloc(XT_G1, sizeof *n1), *n2 = calloc(XT_G2, sizeof *n2), *nc = calloc(XT_CB, sizeof *nc);
+    double *v = malloc(XT_G2 * sizeof *v);
+    if (!g1 || !g2 || !cb || !n1 || !n2 || !nc || !v || k3x_moe_trace(0, g1, n1, g2, n2, cb, nc)) {
+        fprintf(stderr, "trace M %lld: the stamps could not be read\n", (long long)m);
+    } else {
+        const xt_kernel k1 = {g1, n1, XT_G1}, k2 = {g2, n2, XT_G2}, kc = {cb, nc, XT_CB};
+        double t0 = 1e30;
+        int per_sm[1024] = {0}, sms = 0, most = 0;
+        for (int b = 0; b < XT_G1; b++) {
+            const unsigned long long *u = xt_last(&k1, b);
+            if (!u) continue;
+            if ((double)u[0] < t0) t0 = (double)u[0];
+            const unsigned sm = (unsigned)u[XT_WORDS - 1] & 1023u;
+            if (u[1] && !per_sm[sm]++) sms++;
+            if (u[1] && per_sm[sm] > most) most = per_sm[sm];
+        }
+        fprintf(stderr, "trace M %lld (us from GEMM1's first block start in the last call; GEMM1 blocks that work: on "
+                        "%d SMs, at most %d on one)\n", (long long)m, sms, most);
+        static const char *const s1[] = {"g1 start", "g1 routed", "g1 ring issued", "g1 pre-loop", "g1 loop done",
+                                         "g1 partials synced", "g1 end"};
+        for (int i = 0; i < 7; i++) xt_row(s1[i], &k1, i, -1, t0, v);
+        static const char *const d1[] = {"g1 d routing", "g1 d fill+list", "g1 d loop", "g1 d sync", "g1 d epilogue",
+                                         "g1 d life"};
+        static const int d1i[][2] = {{1, 0}, {3, 1}, {4, 3}, {5, 4}, {6, 5}, {6, 0}};
+        for (int i = 0; i < 6; i++) xt_row(d1[i], &k1, d1i[i][0], d1i[i][1], t0, v);
+        static const char *const s2[] = {"g2 start", "g2 routed", "g2 wait returned", "g2 end"};
+        for (int i = 0; i < 4; i++) xt_row(s2[i], &k2, i, -1, t0, v);
+        xt_row("g2 d after wait", &k2, 3, 2, t0, v);
+        static const char *const sc[] = {"cb start", "cb wait returned", "cb end"};
+        for (int i = 0; i < 3; i++) xt_row(sc[i], &kc, i, -1, t0, v);
+    }
+    free(g1), free(g2), free(cb), free(n1), free(n2), free(nc), free(v);
+}
+#endif
 
 static k3_status st_of(k3_status st, char *err, size_t n, const char *what) {
     if (st != K3_STATUS_SUCCESS) snprintf(err, n, "%s: %s", what, k3_status_string(st));
@@ -389,6 +476,18 @@ int k3_bench_block_measure(bb_measure *bm) {
             fprintf(stderr, "%s: M %lld: %s\n", who, (long long)b.m, err);
             goto done;
         }
+#ifdef K3_MOE_TRACE
+        if (bm->trace) { /* the block (1) or the experts alone (2) once more, traced */
+            double us1 = 0.0;
+            const k3_bench_variant *tv = &v[bm->trace == 2 ? 3 : 0];
+            if (k3x_moe_trace(1, NULL, NULL, NULL, NULL, NULL, NULL) == 0 &&
+                k3_bench_graph_time_n(tv, 1, &tm, s, &us1, err, sizeof err) == K3_STATUS_SUCCESS) {
+                fprintf(stderr, "trace of the %s: %.2f us per call (stamps included)\n",
+                        bm->trace == 2 ? "experts alone" : "block", us1);
+                xt_print(b.m);
+            }
+        }
+#endif
         p.sum_us = p.us[1] + p.us[2] + p.us[3] + p.us[4] + p.us[5];
         p.main_us = p.us[1] + p.us[2] + p.us[3] + p.us[4];
         p.floor_us = p.bytes / BB_CEILING * 1e6;
@@ -498,6 +597,7 @@ int k3_bench_block(int argc, char **argv) {
     bm.ms = o.ms, bm.nm = o.nm, bm.reps = o.reps, bm.max_copies = 8, bm.progress = stderr;
     bm.on_ready = bb_print_ready, bm.on_point = bb_print_point, bm.user = &pr;
     bm.schedule = (k3_latent_schedule)o.schedule;
+    bm.trace = o.trace;
     if (!k3_bench_block_measure(&bm)) goto done;
     if (o.json) printf("]}\n");
     rc = K3_EXIT_OK;

@@ -25,6 +25,7 @@ typedef struct bb_opts {
     int32_t ranks;  /* --tp N / --ep N: N GPUs over NCCL (0: the one-GPU rank bench) */
     int ranks_ep;   /* --ep N */
     int schedule;   /* --schedule: a k3_latent_schedule (0 = AUTO) */
+    int trace;      /* --trace (builds with -DK3_MOE_TRACE only): 1 block, 2 the experts alone */
 } bb_opts;
 
 /* The N-GPU run (o->ranks > 0): exit status. */
@@ -67,6 +68,7 @@ struct bb_measure {
     bb_point_fn on_point;      /* optional */
     void *user;
     k3_latent_schedule schedule; /* the block's schedule (AUTO: the plan's choice) */
+    int trace;                 /* builds with -DK3_MOE_TRACE: 1 / 2 = the block / the experts traced per point */
     /* out */
     k3_arch_info arch;
     int32_t copies;            /* weight copies rotated */

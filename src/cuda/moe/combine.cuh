@@ -6,6 +6,7 @@
 #include "core/bf16.h"
 #include "cuda/common/pdl.cuh"
 #include "cuda/moe/params.cuh"
+#include "cuda/moe/trace.cuh"
 
 namespace {
 
@@ -41,6 +42,7 @@ __device__ __forceinline__ float combine_add(const moe_params &P, int64_t t, int
 __global__ void k3_moe_combine_kernel(const moe_params P, int64_t m, uint16_t *__restrict__ out,
                                       float *__restrict__ out_f32) {
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    K3_MT_BEGIN;
     if (idx >= m * P.L) return;
     const int64_t t = idx / P.L, c = idx % P.L;
     /* The first slots' ids before the PDL wait: topk_ids is the caller's, complete before this call's first kernel
@@ -48,11 +50,13 @@ __global__ void k3_moe_combine_kernel(const moe_params P, int64_t m, uint16_t *_
      * pair_out loads remain (one round trip instead of two) */
     const uint32_t ok0 = combine_ok(P, t, 0);
     k3_pdl_wait();
+    K3_MT_STAMP(1);
     k3_pdl_launch(); /* a PDL kernel after the call (the latent block's RMSNorm) may come up */
     float s = combine_add(P, t, c, 0, ok0, 0.0f);
     for (int j0 = COMBINE_BATCH; j0 < P.top_k; j0 += COMBINE_BATCH) s = combine_add(P, t, c, j0, combine_ok(P, t, j0), s);
     out[idx] = k3_f32_to_bf16_bits(s);
     if (out_f32) out_f32[idx] = s;
+    K3_MT_END(cb, 2);
 }
 
 } // namespace

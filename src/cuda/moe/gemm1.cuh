@@ -9,6 +9,7 @@
 #include "cuda/common/pdl.cuh"
 #include "cuda/moe/fold.cuh"
 #include "cuda/moe/mainloop_async.cuh"
+#include "cuda/moe/trace.cuh"
 
 namespace {
 
@@ -82,6 +83,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
     __shared__ float red_s[RED_S ? G1_WARPS * RED : 1];
     __shared__ uint4 xring[ASYNC ? 1 : G1_WARPS][ASYNC ? 1 : x_ring_uint4<FMT, NT>()];
     extern __shared__ uint4 k3_moe_dyn[];
+    K3_MT_BEGIN;
     /* FOLD: the routing state after the ring (fold_dyn_bytes); the bitmap in warp 0's ring (dead: fold_find's last
      * barrier comes before the ring fill below) */
     fold_smem &fs = *reinterpret_cast<fold_smem *>(k3_moe_dyn + g1_dyn_bytes<SETS>() / 16);
@@ -102,7 +104,11 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
      * is a no-op) the caller's topk_ids */
     if (!early) g1_after_dispatch(P);
     const int slot = blockIdx.x;
-    if (!early && slot_leaves<FOLD, G1_WARPS * 32>(P, slot, bm, fs, fid, e, p0, cnt)) return; /* block-uniform */
+    if (!early && slot_leaves<FOLD, G1_WARPS * 32>(P, slot, bm, fs, fid, e, p0, cnt)) {
+        K3_MT_END(g1, 6);
+        return; /* block-uniform */
+    }
+    K3_MT_STAMP(1);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int64_t i0 = (int64_t)blockIdx.y * OUTS;
     const uint64_t pol = k3_policy_evict_first();
@@ -134,6 +140,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
         nv_feed_init<SETS>(f, wrow, row, sexp, P.layout, P.L, kc0, kcs, kn, q);
         nv_fill<SETS, G1_STAGES>(ring, f, lane);
     }
+    K3_MT_STAMP(2);
     if (FOLD || early) fold_list<G1_WARPS * 32>(e, fs, fid, p0, cnt); /* while the ring fills: smem, registers */
     float alpha[2] = {1.0f, 1.0f}, inv_gs = 1.0f, gs2 = 1.0f;
     if (FMT == FMT_NVFP4) {
@@ -156,6 +163,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
     constexpr int TOKW = PAIR ? 4 : 2; /* tokens per warp in the epilogue */
     const int nl = PAIR ? tid >> 3 : tid >> 4, r = PAIR ? tid & 7 : tid & 15;
     const int src = (r & 7) * 4 + (nl >> 1), csrc = PAIR ? nl & 1 : (r >> 3) * 2 + (nl & 1);
+    K3_MT_STAMP(3);
 
     for (int pass = 0; pass < cnt; pass += NT * 8) {
         float acc[SETS][NT][4];
@@ -183,6 +191,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
                                                     pol, xring[warp], acc);
         }
 
+        if (pass == 0) K3_MT_STAMP(4);
         /* split-K: every warp's partials to shared memory, then each thread sums its outputs in warp order */
         {
             float *red = red_of(warp);
@@ -194,6 +203,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
                     for (int c = 0; c < 4; c++) red[((s * NT + nt) * 4 + c) * 33 + lane] = acc[s][nt][c];
         }
         __syncthreads();
+        if (pass == 0) K3_MT_STAMP(5);
         if (early && pass == 0) g1_after_dispatch(P);
         /* epilogue: this thread's (token pass + nt * 8 + nl, row i0 + r) */
 #pragma unroll
@@ -232,6 +242,7 @@ __global__ void __launch_bounds__(G1_WARPS * 32, g1_min_blocks(ASYNC, NT)) k3_mo
         }
         if (pass + NT * 8 < cnt) __syncthreads(); /* another pass reuses the partials' buffers (the rings) */
     }
+    K3_MT_END(g1, 6);
 }
 
 } // namespace

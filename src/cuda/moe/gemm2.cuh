@@ -8,6 +8,7 @@
 #include "cuda/common/pdl.cuh"
 #include "cuda/moe/fold.cuh"
 #include "cuda/moe/mainloop_async.cuh"
+#include "cuda/moe/trace.cuh"
 
 namespace {
 
@@ -78,15 +79,23 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
     /* PDL: the dispatch lists (two or more kernels back, complete: pdl.cuh), or with the fold topk_ids (likewise),
      * are read before the wait, and the weight ring is filled before it too (nv_fill, or mma_any<..., true>);
      * GEMM1's output a only after it */
+    K3_MT_BEGIN;
     k3_pdl_launch();
     const int slot = blockIdx.x;
     int32_t e, p0 = 0, cnt = 0, fid[2] = {-1, -1};
-    if (slot_leaves<FOLD, NW * 32>(P, slot, bm, fs, fid, e, p0, cnt)) return; /* block-uniform */
+    if (slot_leaves<FOLD, NW * 32>(P, slot, bm, fs, fid, e, p0, cnt)) {
+        K3_MT_END(g2, 3);
+        return; /* block-uniform */
+    }
+    K3_MT_STAMP(1);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
     const int64_t r0 = KS > 1 ? (int64_t)blockIdx.y * 16 : ((int64_t)blockIdx.y * G2_WARPS + warp) * 16 * TILES;
     /* KS = 1: warp-uniform, KS > 1: block-uniform. Fold: an idle warp leaves only after fold_list (block barriers) */
     const bool idle = r0 >= P.L;
-    if (idle && !FOLD) return;
+    if (idle && !FOLD) {
+        K3_MT_END(g2, 3);
+        return;
+    }
     const uint64_t pol = k3_policy_evict_first();
     const uint8_t *wexp = P.w2 + (size_t)e * P.w2_eb;
     const uint8_t *sexp = FMT == FMT_BF16 ? nullptr : P.w2s + (size_t)e * P.w2_sb;
@@ -126,9 +135,13 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
         }
         k3_pdl_wait();
     }
+    K3_MT_STAMP(2);
     if constexpr (FOLD) {
         fold_list<NW * 32>(e, fs, fid, p0, cnt); /* while the ring fills: shared memory and registers only */
-        if (idle) return;
+        if (idle) {
+            K3_MT_END(g2, 3);
+            return;
+        }
     }
 
     for (int pass = 0; pass < cnt; pass += NT * 8) {
@@ -208,6 +221,7 @@ __global__ void __launch_bounds__(g2_warps<KS>() * 32, MINB ? MINB : g2_min_bloc
         }
         if (KS > 1) __syncthreads(); /* red is reused by the next pass */
     }
+    K3_MT_END(g2, 3);
 }
 
 } // namespace

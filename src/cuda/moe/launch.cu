@@ -268,3 +268,24 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, c
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the moe combine kernel failed: %s", cudaGetErrorString(err));
     return K3_STATUS_SUCCESS;
 }
+
+#ifdef K3_MOE_TRACE
+/* Diagnostic builds (trace.cuh): reset != 0 zeroes the launch counts (before the traced replays); else copies the
+ * stamps ([2][MT_*_BLOCKS][MT_WORDS] each) and the counts out. 0 on success. */
+extern "C" int k3x_moe_trace(int reset, unsigned long long *g1, unsigned *g1n, unsigned long long *g2, unsigned *g2n,
+                             unsigned long long *cb, unsigned *cbn) {
+    if (reset) {
+        void *a1 = NULL, *a2 = NULL, *a3 = NULL;
+        return cudaGetSymbolAddress(&a1, mt_g1n) != cudaSuccess || cudaGetSymbolAddress(&a2, mt_g2n) != cudaSuccess ||
+               cudaGetSymbolAddress(&a3, mt_cbn) != cudaSuccess || cudaMemset(a1, 0, sizeof mt_g1n) != cudaSuccess ||
+               cudaMemset(a2, 0, sizeof mt_g2n) != cudaSuccess || cudaMemset(a3, 0, sizeof mt_cbn) != cudaSuccess ||
+               cudaDeviceSynchronize() != cudaSuccess;
+    }
+    return cudaMemcpyFromSymbol(g1, mt_g1, sizeof mt_g1) != cudaSuccess ||
+           cudaMemcpyFromSymbol(g1n, mt_g1n, sizeof mt_g1n) != cudaSuccess ||
+           cudaMemcpyFromSymbol(g2, mt_g2, sizeof mt_g2) != cudaSuccess ||
+           cudaMemcpyFromSymbol(g2n, mt_g2n, sizeof mt_g2n) != cudaSuccess ||
+           cudaMemcpyFromSymbol(cb, mt_cb, sizeof mt_cb) != cudaSuccess ||
+           cudaMemcpyFromSymbol(cbn, mt_cbn, sizeof mt_cbn) != cudaSuccess;
+}
+#endif
