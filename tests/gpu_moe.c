@@ -54,8 +54,9 @@ double now_s(void) {
  * shape the call takes: where the GEMMs route themselves (W4A16, np <= 256, small grids: the dispatch folded
  * in), the dispatch-kernel path; where GEMM1 runs in paired tiles, its 16-output blocks; where GEMM2 runs two or
  * four row tiles per warp, one; where GEMM1's first wave routes itself ahead of the dispatch kernel, every block
- * after it; where the folded GEMM1 is held to its grid's share of blocks per SM, as many as fit. Each alternative is a plan of the same descriptor with that shape forced off (k3_moe_desc.force_shape),
- * and k3_moe_plan_kernel says which of them the call at M takes. */
+ * after it; where the folded GEMM1 is held to its grid's share of blocks per SM, as many as fit. Each alternative
+ * is a plan of the same descriptor with that shape forced off (k3_moe_desc.force_shape), and k3_moe_plan_kernel
+ * says which of them the call at M takes. */
 enum { ALT_DISPATCH_PATH, ALT_UNPAIRED, ALT_ONE_TILE, ALT_LATE_ROUTING, ALT_UNBALANCED, N_ALT };
 static const char *const k_alt_name[N_ALT] = {"dispatch-path", "unpaired", "one-tile", "late-routing", "unbalanced"};
 static const int32_t k_alt_force[N_ALT] = {K3_MOE_FORCE_NO_FOLD, K3_MOE_FORCE_NO_PAIR, K3_MOE_FORCE_NO_TILES,

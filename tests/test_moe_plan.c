@@ -157,7 +157,8 @@ static int compare_plan(k3_ctx *ctx, const k3_moe_desc *d, int64_t sms, const in
             info.pair == o.pair && info.early == o.early && info.early_blocks == o.early_blocks &&
             info.wide == o.wide && info.dense == o.g2_dense && info.direct == o.direct &&
             info.combine == !o.direct && info.gemm2_tiles == o.g2_tiles && info.gemm2_split_k == o.g2_split &&
-            info.tokens_per_unit == o.tpu && info.gemm1_blocks_per_sm == o.g1_per_sm && info.gemm1_grid[0] == o.g1x && info.gemm1_grid[1] == o.g1y &&
+            info.tokens_per_unit == o.tpu && info.gemm1_blocks_per_sm == o.g1_per_sm &&
+            info.gemm1_grid[0] == o.g1x && info.gemm1_grid[1] == o.g1y &&
             info.gemm2_grid[0] == o.g2x && info.gemm2_grid[1] == o.g2y && c1->format == (int)d->format &&
             c1->gated == o.gated && c1->nt == o.nt && c1->async == o.i1_async && c1->fold == o.i1_fold &&
             c1->pair == o.i1_pair && c1->early == o.i1_early && c2->format == (int)d->format && c2->nt == o.i2_nt &&

@@ -237,9 +237,10 @@ typedef struct bb {
 /* Diagnostic builds (-DK3_MOE_TRACE, src/cuda/moe/trace.cuh): `--trace block|experts` replays the block (or the
  * experts stage alone) once more after each point and prints, to stderr, percentiles over the blocks of each MoE
  * kernel of the last call: each stamp in us from GEMM1's first block start, and the phases between stamps. */
-int k3x_moe_trace(int reset, unsigned long long *g1, unsigned *g1n, unsigned long long *g2, unsigned *g2n,
-                  unsigned long long *cb, unsigned *cbn);
-enum { XT_G1 = 4096, XT_G2 = 8192, XT_CB = 256, XT_WORDS = 8 }; /* trace.cuh's MT_* sizes */
+int k3x_moe_trace(const int *sizes, int reset, unsigned long long *g1, unsigned *g1n, unsigned long long *g2,
+                  unsigned *g2n, unsigned long long *cb, unsigned *cbn);
+enum { XT_G1 = 4096, XT_G2 = 8192, XT_CB = 256, XT_WORDS = 8 }; /* trace.cuh's MT_* sizes (k3x_moe_trace checks) */
+static const int xt_sizes[4] = {XT_G1, XT_G2, XT_CB, XT_WORDS};
 typedef struct xt_kernel {
     const unsigned long long *t; /* [2][nb][XT_WORDS] */
     const unsigned *n;           /* [nb]: launches per block */
@@ -273,7 +274,7 @@ static void xt_print(int64_t m) {
     unsigned long long *g1 = malloc(XT_G1 * w), *g2 = malloc(XT_G2 * w), *cb = malloc(XT_CB * w);
     unsigned *n1 = calloc(XT_G1, sizeof *n1), *n2 = calloc(XT_G2, sizeof *n2), *nc = calloc(XT_CB, sizeof *nc);
     double *v = malloc(XT_G2 * sizeof *v);
-    if (!g1 || !g2 || !cb || !n1 || !n2 || !nc || !v || k3x_moe_trace(0, g1, n1, g2, n2, cb, nc)) {
+    if (!g1 || !g2 || !cb || !n1 || !n2 || !nc || !v || k3x_moe_trace(xt_sizes, 0, g1, n1, g2, n2, cb, nc)) {
         fprintf(stderr, "trace M %lld: the stamps could not be read\n", (long long)m);
     } else {
         const xt_kernel k1 = {g1, n1, XT_G1}, k2 = {g2, n2, XT_G2}, kc = {cb, nc, XT_CB};
@@ -480,7 +481,7 @@ int k3_bench_block_measure(bb_measure *bm) {
         if (bm->trace) { /* the block (1) or the experts alone (2) once more, traced */
             double us1 = 0.0;
             const k3_bench_variant *tv = &v[bm->trace == 2 ? 3 : 0];
-            if (k3x_moe_trace(1, NULL, NULL, NULL, NULL, NULL, NULL) == 0 &&
+            if (k3x_moe_trace(xt_sizes, 1, NULL, NULL, NULL, NULL, NULL, NULL) == 0 &&
                 k3_bench_graph_time_n(tv, 1, &tm, s, &us1, err, sizeof err) == K3_STATUS_SUCCESS) {
                 fprintf(stderr, "trace of the %s: %.2f us per call (stamps included)\n",
                         bm->trace == 2 ? "experts alone" : "block", us1);
