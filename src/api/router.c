@@ -24,6 +24,7 @@ struct k3_router_plan {
     k3_router_desc desc;
     int32_t is_cuda; /* CUDA context: the kernels of src/cuda/router/router.cu, logits in the workspace */
     size_t ws_bytes; /* CPU: one token's [E] logits in the caller's workspace, so plans are reentrant */
+    size_t cuda_smem_max; /* CUDA: the shared memory per block the logits kernels may ask for on the plan's device */
 };
 
 void k3_router_desc_init(k3_router_desc *d) {
@@ -72,7 +73,7 @@ k3_status k3_router_plan_create(k3_ctx *ctx, const k3_router_desc *d, k3_router_
     if (ctx->backend != K3_BACKEND_CPU)
         return k3_fail(ctx, K3_STATUS_UNSUPPORTED, "router plan: this build has no CUDA router");
 #endif
-    size_t ws_bytes = 0;
+    size_t ws_bytes = 0, smem_max = 0;
     if (ctx->backend == K3_BACKEND_CPU) {
         ws_bytes = (size_t)d->num_experts * sizeof(float) + K3_ROUTER_WS_ALIGN; /* E <= 4096: no overflow */
     }
@@ -83,6 +84,7 @@ k3_status k3_router_plan_create(k3_ctx *ctx, const k3_router_desc *d, k3_router_
             return k3_fail(ctx, K3_STATUS_INVALID_ARGUMENT,
                            "router plan: the workspace of max_tokens %lld x num_experts %d logits overflows size_t",
                            (long long)d->max_tokens, (int)d->num_experts);
+        K3_TRY(k3_cuda_router_prepare(ctx, d, &smem_max));
     }
 #endif
     k3_router_plan *p = (k3_router_plan *)calloc(1, sizeof *p);
@@ -91,6 +93,7 @@ k3_status k3_router_plan_create(k3_ctx *ctx, const k3_router_desc *d, k3_router_
     p->desc = *d;
     p->is_cuda = ctx->backend != K3_BACKEND_CPU;
     p->ws_bytes = ws_bytes;
+    p->cuda_smem_max = smem_max;
     *out = p;
     return K3_STATUS_SUCCESS;
 }
@@ -165,7 +168,7 @@ k3_status k3_router_run_split(k3_router_plan *plan, int64_t m, const void *x, co
         const void *ptrs[] = {x, gate, bias, topk_ids, topk_weights, ws};
         const char *names[] = {"x", "gate", "bias", "topk_ids", "topk_weights", "ws"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "router run", 6, ptrs, names));
-        K3_TRY(k3_cuda_router_run_logits(ctx, d, m, x, gate, ws, stream));
+        K3_TRY(k3_cuda_router_run_logits(ctx, d, plan->cuda_smem_max, m, x, gate, ws, stream));
         void *select_stream = stream;
         if (select_fj) {
             K3_TRY(k3_fork_join_fork(ctx, select_fj, stream));

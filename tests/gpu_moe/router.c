@@ -136,11 +136,16 @@ static const rcase k_router_cases[] = {
     /* E not a multiple of the logits blocks' experts; h 1000 = 125 pieces: threads 125..127 hold no piece */
     {{"sigmoid", {900, 16, 1000}, 2, 0, 109, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_F32, 1, 1, 0, 11, 1.0f},
     {{"sigmoid", {900, 16, 1000}, 6, 0, 110, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, -1, 2.5f},
-    /* the logits kernel's blockings by m (2 x 4, 2 x 8, 4 x 8 experts x tokens), a gate of 2 pieces per thread */
+    /* the logits kernels' blockings by m (the staged kernel's 2 x 4, 2 x 8 and 4 x 8 experts per group x tokens), a
+     * gate of 2 pieces per thread */
     {{"sigmoid", {896, 16, 7168}, 4, 0, 114, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, -1, 1.0f},
     {{"sigmoid", {896, 16, 7168}, 8, 0, 115, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, 2, 1.0f},
     {{"sigmoid", {896, 16, 7168}, 33, 0, 116, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, -1, 2.5f},
     {{"sigmoid", {64, 8, 2048}, 5, 0, 117, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_F32, 0, 1, 1, -1, 1.0f},
+    /* the staged logits kernel with 8 rows of x at h 10240 (160 KB of shared memory: fits a block on SM90 and
+     * later), and at h 16384 (256 KB: does not fit, the one-group kernel runs) */
+    {{"sigmoid", {40, 8, 10240}, 12, 0, 121, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, -1, 1.0f},
+    {{"sigmoid", {64, 8, 16384}, 9, 0, 122, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, 3, 1.0f},
     /* the merging selection's sizes: 32 full lists (1024), one list (32), k 16 against 17 (the other selection) */
     {{"sigmoid", {1024, 16, 512}, 3, 0, 118, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, 7, 1.0f},
     {{"sigmoid", {32, 16, 520}, 7, 0, 119, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, 31, 1.0f},

@@ -5,6 +5,7 @@
  *    pieces l, l + 128, ... in order, every step one fused multiply-add, then the CPU's tree. One thread per partial
  *    sum, so a piece is one 16-byte load of a BF16 gate row and the dependent chains are short (h / 1024 pieces);
  *    each block holds EPT experts x TOK tokens so that a gate piece serves TOK tokens and an x piece EPT experts.
+ *    From 3 tokens the staged kernel copies the block's rows of x into shared memory once for four such groups.
  *    Launched with PDL; x, the previous kernel's output, is read after the wait through the coherent path. Rows
  *    that are not whole aligned pieces take a scalar kernel.
  * 2. Selection, one block per token, launched with PDL (it reads the logits after its wait, through L2): keys as
@@ -20,6 +21,7 @@
 
 #include "core/router_math.h"
 #include "cuda/common/check.cuh"
+#include "cuda/common/cp_async.cuh"
 #include "cuda/router/router.h"
 #include "cuda/common/loads.cuh"
 #include "cuda/common/pdl.cuh"
@@ -28,6 +30,8 @@ namespace {
 
 constexpr int LG_LANES = 128; /* the CPU's K3_RT_LANES: one thread per partial sum */
 constexpr int LG_PIECE = 8;   /* the CPU's K3_RT_PIECE: consecutive elements a partial sum takes at a time */
+/* The staged logits kernel's 128-thread groups per block. */
+constexpr int LG_STAGED_GROUPS = 4;
 constexpr int SEL_THREADS = 256;
 constexpr int SEL_SORT_MAX = SEL_THREADS / 32 * 128; /* experts the sorting selection takes: 128 per warp */
 /* Below this many experts the top_k arg-max rounds are faster than the sorts: the sorts' fixed chain of 28 shuffle
@@ -67,9 +71,30 @@ struct gate_piece {
     }
 };
 
-/* The 128 partial sums of each of the block's NP (expert, token) dot products meet in the CPU's tree: l += l + 64,
- * l += l + 32 (across warps, through shared memory), then l += l + w for w = 16 .. 1 by shuffles. Pair p is
- * expert e0 + p / TOK, token t0 + p % TOK; only real experts and tokens are stored. Every thread must call it. */
+/* The first NB steps' pieces of a thread's EPT gate rows (step b is b x 128 pieces into the row). */
+template <typename G, int NB, int EPT>
+__device__ __forceinline__ void lg_gate_first(gate_piece<G> (&gp)[NB][EPT], const G *const (&grow)[EPT], int nsteps,
+                                              uint64_t pol) {
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+        if (b < nsteps)
+#pragma unroll
+            for (int e = 0; e < EPT; e++) gp[b][e].load(grow[e] + (int64_t)b * LG_LANES * LG_PIECE, pol);
+}
+
+/* One (expert, token) dot product's 128 partial sums (row[0..127], in shared memory) in the CPU's tree, on the
+ * warp that sums it: l += l + 64, l += l + 32, then l += l + w for w = 16 .. 1 by shuffles. Lane 0 holds the sum. */
+__device__ __forceinline__ float lg_tree_row(const float *row, int i) {
+    const float a = __fadd_rn(row[i], row[i + 64]), b = __fadd_rn(row[i + 32], row[i + 96]);
+    float v = __fadd_rn(a, b);
+#pragma unroll
+    for (int o = 16; o >= 1; o /= 2) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* The 128 partial sums of each of the block's NP (expert, token) dot products meet in the CPU's tree (lg_tree_row).
+ * Pair p is expert e0 + p / TOK, token t0 + p % TOK; only real experts and tokens are stored. Every thread must call
+ * it. */
 template <int NP, int TOK>
 __device__ __forceinline__ void lg_tree_store(const float *acc, int e0, int t0, int32_t ne, int32_t m,
                                               float *__restrict__ logits) {
@@ -79,10 +104,7 @@ __device__ __forceinline__ void lg_tree_store(const float *acc, int e0, int t0, 
     __syncthreads();
     const int w = threadIdx.x / 32, i = threadIdx.x % 32;
     for (int p = w; p < NP; p += LG_LANES / 32) {
-        const float a = __fadd_rn(part[p][i], part[p][i + 64]), b = __fadd_rn(part[p][i + 32], part[p][i + 96]);
-        float v = __fadd_rn(a, b);
-#pragma unroll
-        for (int o = 16; o >= 1; o /= 2) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, o));
+        const float v = lg_tree_row(part[p], i);
         const int e = e0 + p / TOK, t = t0 + p % TOK;
         if (i == 0 && e < ne && t < m) logits[(int64_t)t * ne + e] = v;
     }
@@ -111,11 +133,7 @@ __global__ void __launch_bounds__(LG_LANES)
     for (int t = 0; t < TOK; t++) xrow[t] = x + (int64_t)min(t0 + t, m - 1) * h + (int64_t)l * LG_PIECE;
 
     gate_piece<G> gp[NB][EPT];
-#pragma unroll
-    for (int b = 0; b < NB; b++)
-        if (b < nsteps)
-#pragma unroll
-            for (int e = 0; e < EPT; e++) gp[b][e].load(grow[e] + (int64_t)b * LG_LANES * LG_PIECE, pol);
+    lg_gate_first(gp, grow, nsteps, pol);
     k3_pdl_wait(); /* x comes from the previous kernel */
     k3_pdl_launch();
 
@@ -148,6 +166,88 @@ __global__ void __launch_bounds__(LG_LANES)
         }
     }
     lg_tree_store<EPT * TOK, TOK>(acc, e0, t0, ne, m, logits);
+}
+
+/* The staged logits, for m >= 3: LG_STAGED_GROUPS groups of 128 threads per block, each group EPT experts, thread l
+ * of a group partial sum l as in k3_router_logits_kernel (same order, same bits). The block's TOK rows of x are
+ * copied once into shared memory and every group reads them there: one copy of x per block from L2 instead of one
+ * per 128 threads, and more warps per SM than the one-group kernel's registers allow. Each thread keeps NB
+ * pieces of each of its gate rows in flight, refilling a slot as soon as it is converted. After the sums the x
+ * space holds the partial sums for the trees. HP > 0: rows of exactly HP pieces (h = 8 HP), known when compiled, so
+ * the loop unrolls and the shared-memory offsets are constants (fewer instructions: the kernel is issue-bound). Needs
+ * h % 8 == 0, 16-byte aligned x and gate, and lg_staged_smem(...) bytes of dynamic shared memory. */
+template <typename G, int EPT, int TOK, int NB, int HP>
+__global__ void __launch_bounds__(LG_STAGED_GROUPS *LG_LANES, 1)
+    k3_router_logits_staged_kernel(const uint16_t *__restrict__ x, const G *__restrict__ gate, int32_t m, int32_t ne,
+                                   int64_t h, float *__restrict__ logits) {
+    /* [TOK][h / 8] pieces of x; then [groups x EPT x TOK][128] partial sums */
+    extern __shared__ uint4 lg_stage[];
+    constexpr int NP = EPT * TOK;
+    const int l = threadIdx.x % LG_LANES, g = threadIdx.x / LG_LANES;
+    const int eb = blockIdx.x * LG_STAGED_GROUPS * EPT, t0 = blockIdx.y * TOK;
+    const int npieces = HP > 0 ? HP : (int)(h / LG_PIECE);
+    const int nsteps = (HP > 0 && HP % LG_LANES == 0) ? HP / LG_LANES
+                                                      : (l < npieces ? (npieces - 1 - l) / LG_LANES + 1 : 0);
+    const uint64_t pol = k3_policy_evict_first();
+    const G *grow[EPT];
+#pragma unroll
+    for (int e = 0; e < EPT; e++)
+        grow[e] = gate + (int64_t)min(eb + g * EPT + e, ne - 1) * h + (int64_t)l * LG_PIECE;
+    k3_pdl_wait(); /* x comes from the previous kernel */
+    k3_pdl_launch();
+
+    gate_piece<G> gp[NB][EPT];
+    lg_gate_first(gp, grow, nsteps, pol);
+#pragma unroll
+    for (int t = 0; t < TOK; t++) {
+        /* rows past m are zeros, read from nowhere (computed, never stored) */
+        const uint16_t *src = x + (int64_t)min(t0 + t, m - 1) * h;
+        const bool real = t0 + t < m;
+        for (int p = threadIdx.x; p < npieces; p += (int)blockDim.x)
+            k3_cp_async16_zfill(&lg_stage[t * npieces + p], src + (int64_t)p * LG_PIECE, real ? 16u : 0u);
+    }
+    k3_cp_async_commit();
+    k3_cp_async_wait<0>();
+    __syncthreads();
+
+    float acc[NP];
+#pragma unroll
+    for (int p = 0; p < NP; p++) acc[p] = 0.0f;
+#pragma unroll(HP > 0 ? 64 : 1)
+    for (int s0 = 0; s0 < nsteps; s0 += NB) {
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            const int s = s0 + b;
+            if (s >= nsteps) break;
+            float gf[EPT][LG_PIECE];
+#pragma unroll
+            for (int e = 0; e < EPT; e++) gp[b][e].to_f32(gf[e]);
+            if (s + NB < nsteps)
+#pragma unroll
+                for (int e = 0; e < EPT; e++) gp[b][e].load(grow[e] + (int64_t)(s + NB) * LG_LANES * LG_PIECE, pol);
+            const int piece = l + s * LG_LANES;
+#pragma unroll
+            for (int t = 0; t < TOK; t++) {
+                float xf[LG_PIECE];
+                bf16x8_to_f32(lg_stage[t * npieces + piece], xf);
+#pragma unroll
+                for (int e = 0; e < EPT; e++)
+#pragma unroll
+                    for (int i = 0; i < LG_PIECE; i++) acc[e * TOK + t] = __fmaf_rn(xf[i], gf[e][i], acc[e * TOK + t]);
+            }
+        }
+    }
+    __syncthreads(); /* every group is done with x: its space takes the partial sums */
+    float *part = reinterpret_cast<float *>(lg_stage);
+#pragma unroll
+    for (int p = 0; p < NP; p++) part[(g * NP + p) * LG_LANES + l] = acc[p];
+    __syncthreads();
+    const int w = threadIdx.x / 32, i = threadIdx.x % 32;
+    for (int q = w; q < LG_STAGED_GROUPS * NP; q += (int)blockDim.x / 32) {
+        const float v = lg_tree_row(part + q * LG_LANES, i);
+        const int e = eb + (q / NP) * EPT + (q % NP) / TOK, t = t0 + q % TOK;
+        if (i == 0 && e < ne && t < m) logits[(int64_t)t * ne + e] = v;
+    }
 }
 
 /* The same order element by element, for rows that are not whole 16-byte pieces (h % 8 != 0 or unaligned x or
@@ -413,11 +513,60 @@ __global__ void __launch_bounds__(MSEL_MAX_EXPERTS)
     }
 }
 
-/* Tokens and experts per logits block by m: one (expert, token) pair per thread at m 1, more of both as m grows
- * (each gate piece serves TOK tokens, each x piece EPT experts); NB pieces of each row in flight. */
+/* The staged kernel's blocking by m: experts per group, tokens per block (m >= LG_STAGED_MIN_M). At E 896 a grid of
+ * 112 blocks (one per SM: the copy of x and 512 threads of registers fill it) through m 8, then 112 per 8 tokens. */
+constexpr int64_t LG_STAGED_MIN_M = 3; /* below, the one-group kernel, with every gate byte in flight, is faster */
+/* The row length the staged kernel is also compiled for: K3's hidden size. */
+constexpr int LG_HP = 7168 / LG_PIECE;
+struct lg_staged_shape {
+    int ept, tok;
+    bool rows; /* h = 8 LG_HP: the instance compiled for that length */
+};
+lg_staged_shape lg_staged_for(int64_t m, int64_t h) {
+    const bool rows = h == (int64_t)LG_HP * LG_PIECE;
+    if (m <= 4) return {2, 4, rows};
+    if (m <= 8) return {2, 8, rows};
+    return {4, 8, rows};
+}
+/* Its dynamic shared memory: x's rows, or the partial sums of the trees where those are larger (small h). */
+size_t lg_staged_smem(lg_staged_shape sh, int64_t h) {
+    const size_t xb = (size_t)sh.tok * (size_t)h * sizeof(uint16_t);
+    const size_t tb = (size_t)LG_STAGED_GROUPS * (size_t)(sh.ept * sh.tok) * LG_LANES * sizeof(float);
+    return xb > tb ? xb : tb;
+}
 template <typename G>
-cudaError_t launch_logits(const uint16_t *x, const G *gate, int64_t m, int32_t ne, int64_t h, float *logits,
-                          cudaStream_t s) {
+using lg_kernel_t = void (*)(const uint16_t *, const G *, int32_t, int32_t, int64_t, float *);
+template <typename G, int EPT, int TOK, int NB>
+lg_kernel_t<G> lg_staged_rows(bool rows) {
+    return rows ? k3_router_logits_staged_kernel<G, EPT, TOK, NB, LG_HP>
+                : k3_router_logits_staged_kernel<G, EPT, TOK, NB, 0>;
+}
+/* NB: pieces of each gate row in flight (halved for fp32 gates, two loads a piece). */
+template <typename G>
+lg_kernel_t<G> lg_staged_kernel_for(lg_staged_shape sh) {
+    constexpr int Q = LG_PIECE * (int)sizeof(G) / 16;
+    if (sh.ept == 2 && sh.tok == 4) return lg_staged_rows<G, 2, 4, 4 / Q>(sh.rows);
+    if (sh.ept == 2) return lg_staged_rows<G, 2, 8, 4 / Q>(sh.rows);
+    return lg_staged_rows<G, 4, 8, 2 / Q>(sh.rows);
+}
+
+/* The staged kernel where it applies (m >= LG_STAGED_MIN_M, its shared memory within what the plan allowed);
+ * otherwise one 128-thread group per block with tokens and experts by m: one (expert, token) pair per thread at
+ * m 1, more of both as m grows (each gate piece serves TOK tokens, each x piece EPT experts); NB pieces of each row
+ * in flight. */
+template <typename G>
+cudaError_t launch_logits(const uint16_t *x, const G *gate, int64_t m, int32_t ne, int64_t h, size_t smem_max,
+                          float *logits, cudaStream_t s) {
+    if (m >= LG_STAGED_MIN_M) {
+        const lg_staged_shape sh = lg_staged_for(m, h);
+        const size_t smem = lg_staged_smem(sh, h);
+        if (smem <= smem_max) {
+            const int per_block = LG_STAGED_GROUPS * sh.ept;
+            const dim3 grid((unsigned)((ne + per_block - 1) / per_block), (unsigned)((m + sh.tok - 1) / sh.tok));
+            return k3_launch_pdl(lg_staged_kernel_for<G>(sh), grid, dim3(LG_STAGED_GROUPS * LG_LANES), smem, s, x, gate,
+                                 (int32_t)m, ne, h, logits);
+        }
+    }
     constexpr int Q = LG_PIECE * (int)sizeof(G) / 16; /* 16-byte loads per piece: NB shrinks for fp32 gates */
 #define K3_LG_LAUNCH(EPT, TOK, NB)                                                                                    \
     return k3_launch_pdl(k3_router_logits_kernel<G, EPT, TOK, (NB) / Q>,                                              \
@@ -429,6 +578,21 @@ cudaError_t launch_logits(const uint16_t *x, const G *gate, int64_t m, int32_t n
     if (m <= 8) K3_LG_LAUNCH(2, 8, 8);
     K3_LG_LAUNCH(4, 16, 2);
 #undef K3_LG_LAUNCH
+}
+
+/* Lets every staged instance of gate type G ask for up to `most` bytes (one value for all plans on a device, so
+ * that a plan made later never lowers what an earlier one needs). */
+template <typename G>
+cudaError_t allow_staged_smem(int most) {
+    for (const bool rows : {false, true}) {
+        const lg_staged_shape shapes[] = {{2, 4, rows}, {2, 8, rows}, {4, 8, rows}};
+        for (const lg_staged_shape &sh : shapes) {
+            const cudaError_t e =
+                cudaFuncSetAttribute(lg_staged_kernel_for<G>(sh), cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+            if (e != cudaSuccess) return e;
+        }
+    }
+    return cudaSuccess;
 }
 
 template <typename G>
@@ -449,18 +613,33 @@ extern "C" size_t k3_cuda_router_ws_bytes(const k3_router_desc *d) {
     return mt * e * sizeof(float);
 }
 
+extern "C" k3_status k3_cuda_router_prepare(k3_ctx *ctx, const k3_router_desc *d, size_t *smem_max) {
+    *smem_max = 0;
+    int dev = 0, optin = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess && optin > 0)
+        e = d->gate_dtype == K3_DTYPE_F32 ? allow_staged_smem<float>(optin) : allow_staged_smem<uint16_t>(optin);
+    if (e != cudaSuccess)
+        return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "router plan: cannot raise the shared-memory limit of the logits "
+                       "kernel: %s", cudaGetErrorString(e));
+    *smem_max = optin > 0 ? (size_t)optin : 0;
+    return K3_STATUS_SUCCESS;
+}
+
 /* The fp32 logits into ws. */
-static k3_status router_logits(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const void *x, const void *gate,
-                               float *logits, cudaStream_t s) {
+static k3_status router_logits(k3_ctx *ctx, const k3_router_desc *d, size_t smem_max, int64_t m, const void *x,
+                               const void *gate, float *logits, cudaStream_t s) {
     const int32_t ne = d->num_experts;
     const int64_t h = d->hidden;
     const bool f32 = d->gate_dtype == K3_DTYPE_F32;
     const bool pieces = h % LG_PIECE == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)gate & 15) == 0;
     const uint16_t *xb = (const uint16_t *)x;
-    const cudaError_t e = pieces ? (f32 ? launch_logits<float>(xb, (const float *)gate, m, ne, h, logits, s)
-                                        : launch_logits<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, logits, s))
-                                 : (f32 ? launch_logits_scalar<float>(xb, (const float *)gate, m, ne, h, logits, s)
-                                        : launch_logits_scalar<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, logits, s));
+    const cudaError_t e =
+        pieces ? (f32 ? launch_logits<float>(xb, (const float *)gate, m, ne, h, smem_max, logits, s)
+                      : launch_logits<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, smem_max, logits, s))
+               : (f32 ? launch_logits_scalar<float>(xb, (const float *)gate, m, ne, h, logits, s)
+                      : launch_logits_scalar<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, logits, s));
     if (e != cudaSuccess)
         return k3_fail(ctx, K3_STATUS_CUDA_ERROR, "launch of the router logits kernel failed: %s", cudaGetErrorString(e));
     return K3_STATUS_SUCCESS;
@@ -496,10 +675,10 @@ static k3_status router_check_m(k3_ctx *ctx, int64_t m) {
     return K3_STATUS_SUCCESS;
 }
 
-extern "C" k3_status k3_cuda_router_run_logits(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const void *x,
-                                               const void *gate, void *ws, void *stream) {
+extern "C" k3_status k3_cuda_router_run_logits(k3_ctx *ctx, const k3_router_desc *d, size_t smem_max, int64_t m,
+                                               const void *x, const void *gate, void *ws, void *stream) {
     K3_TRY(router_check_m(ctx, m));
-    return router_logits(ctx, d, m, x, gate, (float *)ws, (cudaStream_t)stream);
+    return router_logits(ctx, d, smem_max, m, x, gate, (float *)ws, (cudaStream_t)stream);
 }
 
 extern "C" k3_status k3_cuda_router_run_select(k3_ctx *ctx, const k3_router_desc *d, int64_t m, const float *bias,
