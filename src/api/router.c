@@ -22,7 +22,7 @@
 struct k3_router_plan {
     k3_ctx *ctx;
     k3_router_desc desc;
-    int32_t is_cuda; /* CUDA context: the kernels of src/cuda/router/router.cu, logits in the workspace */
+    int32_t is_cuda; /* CUDA context: the kernels of src/cuda/router/ (logits.cu, select.cu), logits in the workspace */
     size_t ws_bytes; /* CPU: one token's [E] logits in the caller's workspace, so plans are reentrant */
     size_t cuda_smem_max; /* CUDA: the shared memory per block the logits kernels may ask for on the plan's device */
 };

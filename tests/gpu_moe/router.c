@@ -150,8 +150,8 @@ static const rcase k_router_cases[] = {
     {{"sigmoid", {1024, 16, 512}, 3, 0, 118, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, 7, 1.0f},
     {{"sigmoid", {32, 16, 520}, 7, 0, 119, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, 31, 1.0f},
     {{"sigmoid", {300, 17, 512}, 2, 0, 120, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, -1, 1.0f},
-    /* the selection's method boundaries (router.cu): sigmoid keys over <= 1024 experts with top_k <= 16 merge; softmax
-     * over 257..1024 sorts by warps of 128; otherwise (1025 experts) the arg-max rounds */
+    /* the selection's method boundaries (src/cuda/router/select.cu): sigmoid keys over <= 1024 experts with top_k
+     * <= 16 merge; softmax over 257..1024 sorts by warps of 128; otherwise (1025 experts) the arg-max rounds */
     {{"sigmoid", {257, 8, 256}, 2, 0, 111, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_F32, 1, 1, 1, 3, 1.0f},
     {{"softmax", {1024, 8, 512}, 3, 0, 112, K3T_OP_ROUTER}, K3_ROUTER_SOFTMAX, K3_DTYPE_BF16, 1, 0, 1, 100, 1.0f},
     {{"sigmoid", {1025, 4, 256}, 2, 0, 113, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 0, 1, 0, -1, 1.0f},

@@ -1,5 +1,5 @@
-/* C-callable launcher of the GPU router (src/cuda/router/router.cu), called by src/api/router.c for CUDA
- * contexts. CUDA builds only; it allocates, synchronizes and reads back nothing (CUDA-graph capturable). */
+/* C-callable launchers of the GPU router (src/cuda/router/logits.cu and select.cu), called by src/api/router.c for
+ * CUDA contexts. CUDA builds only; they allocate, synchronize and read back nothing (CUDA-graph capturable). */
 #ifndef K3_CUDA_ROUTER_ROUTER_H
 #define K3_CUDA_ROUTER_ROUTER_H
 
