@@ -234,20 +234,17 @@ typedef struct bb {
 } bb;
 
 #ifdef K3_MOE_TRACE
+#include "cuda/moe/moe.h" /* k3x_moe_trace and the trace's sizes */
 /* Diagnostic builds (-DK3_MOE_TRACE, src/cuda/moe/trace.cuh): `--trace block|experts` replays the block (or the
  * experts stage alone) once more after each point and prints, to stderr, percentiles over the blocks of each MoE
  * kernel of the last call: each stamp in us from GEMM1's first block start, and the phases between stamps. */
-int k3x_moe_trace(const int *sizes, int reset, unsigned long long *g1, unsigned *g1n, unsigned long long *g2,
-                  unsigned *g2n, unsigned long long *cb, unsigned *cbn);
-enum { XT_G1 = 4096, XT_G2 = 8192, XT_CB = 256, XT_WORDS = 8 }; /* trace.cuh's MT_* sizes (k3x_moe_trace checks) */
-static const int xt_sizes[4] = {XT_G1, XT_G2, XT_CB, XT_WORDS};
 typedef struct xt_kernel {
-    const unsigned long long *t; /* [2][nb][XT_WORDS] */
+    const unsigned long long *t; /* [2][nb][MT_WORDS] */
     const unsigned *n;           /* [nb]: launches per block */
     int nb;
 } xt_kernel;
 static const unsigned long long *xt_last(const xt_kernel *k, int b) {
-    return k->n[b] < 2 ? NULL : k->t + ((size_t)((k->n[b] - 1) & 1u) * (size_t)k->nb + (size_t)b) * XT_WORDS;
+    return k->n[b] < 2 ? NULL : k->t + ((size_t)((k->n[b] - 1) & 1u) * (size_t)k->nb + (size_t)b) * MT_WORDS;
 }
 static int xt_cmp(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -270,21 +267,22 @@ static void xt_row(const char *name, const xt_kernel *k, int i, int j, double t0
             v[c / 10], v[c / 2], v[(c * 9) / 10], v[c - 1]);
 }
 static void xt_print(int64_t m) {
-    const size_t w = 2u * XT_WORDS * sizeof(unsigned long long);
-    unsigned long long *g1 = malloc(XT_G1 * w), *g2 = malloc(XT_G2 * w), *cb = malloc(XT_CB * w);
-    unsigned *n1 = calloc(XT_G1, sizeof *n1), *n2 = calloc(XT_G2, sizeof *n2), *nc = calloc(XT_CB, sizeof *nc);
-    double *v = malloc(XT_G2 * sizeof *v);
-    if (!g1 || !g2 || !cb || !n1 || !n2 || !nc || !v || k3x_moe_trace(xt_sizes, 0, g1, n1, g2, n2, cb, nc)) {
+    const size_t w = 2u * MT_WORDS * sizeof(unsigned long long);
+    unsigned long long *g1 = malloc(MT_G1_BLOCKS * w), *g2 = malloc(MT_G2_BLOCKS * w), *cb = malloc(MT_CB_BLOCKS * w);
+    unsigned *n1 = calloc(MT_G1_BLOCKS, sizeof *n1), *n2 = calloc(MT_G2_BLOCKS, sizeof *n2);
+    unsigned *nc = calloc(MT_CB_BLOCKS, sizeof *nc);
+    double *v = malloc(MT_G2_BLOCKS * sizeof *v);
+    if (!g1 || !g2 || !cb || !n1 || !n2 || !nc || !v || k3x_moe_trace(0, g1, n1, g2, n2, cb, nc)) {
         fprintf(stderr, "trace M %lld: the stamps could not be read\n", (long long)m);
     } else {
-        const xt_kernel k1 = {g1, n1, XT_G1}, k2 = {g2, n2, XT_G2}, kc = {cb, nc, XT_CB};
+        const xt_kernel k1 = {g1, n1, MT_G1_BLOCKS}, k2 = {g2, n2, MT_G2_BLOCKS}, kc = {cb, nc, MT_CB_BLOCKS};
         double t0 = 1e30;
         int per_sm[1024] = {0}, sms = 0, most = 0;
-        for (int b = 0; b < XT_G1; b++) {
+        for (int b = 0; b < MT_G1_BLOCKS; b++) {
             const unsigned long long *u = xt_last(&k1, b);
             if (!u) continue;
             if ((double)u[0] < t0) t0 = (double)u[0];
-            const unsigned sm = (unsigned)u[XT_WORDS - 1] & 1023u;
+            const unsigned sm = (unsigned)u[MT_WORDS - 1] & 1023u;
             if (u[1] && !per_sm[sm]++) sms++;
             if (u[1] && per_sm[sm] > most) most = per_sm[sm];
         }
@@ -481,7 +479,7 @@ int k3_bench_block_measure(bb_measure *bm) {
         if (bm->trace) { /* the block (1) or the experts alone (2) once more, traced */
             double us1 = 0.0;
             const k3_bench_variant *tv = &v[bm->trace == 2 ? 3 : 0];
-            if (k3x_moe_trace(xt_sizes, 1, NULL, NULL, NULL, NULL, NULL, NULL) == 0 &&
+            if (k3x_moe_trace(1, NULL, NULL, NULL, NULL, NULL, NULL) == 0 &&
                 k3_bench_graph_time_n(tv, 1, &tm, s, &us1, err, sizeof err) == K3_STATUS_SUCCESS) {
                 fprintf(stderr, "trace of the %s: %.2f us per call (stamps included)\n",
                         bm->trace == 2 ? "experts alone" : "block", us1);

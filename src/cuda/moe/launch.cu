@@ -270,13 +270,8 @@ extern "C" k3_status k3_cuda_moe_run_stages(k3_ctx *ctx, const k3_cuda_moe *p, c
 }
 
 #ifdef K3_MOE_TRACE
-/* Diagnostic builds (trace.cuh): reset != 0 zeroes the launch counts (before the traced replays); else copies the
- * stamps ([2][MT_*_BLOCKS][MT_WORDS] each) and the counts out. sizes: the caller's {G1, G2, combine blocks, words},
- * which must be trace.cuh's. 0 on success. */
-extern "C" int k3x_moe_trace(const int *sizes, int reset, unsigned long long *g1, unsigned *g1n,
-                             unsigned long long *g2, unsigned *g2n, unsigned long long *cb, unsigned *cbn) {
-    if (sizes[0] != MT_G1_BLOCKS || sizes[1] != MT_G2_BLOCKS || sizes[2] != MT_CB_BLOCKS || sizes[3] != MT_WORDS)
-        return 2;
+extern "C" int k3x_moe_trace(int reset, unsigned long long *g1, unsigned *g1n, unsigned long long *g2, unsigned *g2n,
+                             unsigned long long *cb, unsigned *cbn) {
     if (reset) {
         void *a1 = NULL, *a2 = NULL, *a3 = NULL;
         return cudaGetSymbolAddress(&a1, mt_g1n) != cudaSuccess || cudaGetSymbolAddress(&a2, mt_g2n) != cudaSuccess ||

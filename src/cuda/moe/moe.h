@@ -67,6 +67,16 @@ k3_status k3_cuda_moe_dispatch(k3_ctx *ctx, const int32_t *ids, int32_t np, int3
 k3_status k3_cuda_moe_map_ids_launch(k3_ctx *ctx, const int32_t *ids, int32_t n, const int32_t *map,
                                      int32_t global_experts, int32_t *local, void *stream);
 
+#ifdef K3_MOE_TRACE
+/* Diagnostic builds only (-DK3_MOE_TRACE, src/cuda/moe/trace.cuh): blocks traced per kernel (GEMM1, GEMM2, the
+ * combine) and stamp words per block. k3x_moe_trace (launch.cu): reset != 0 zeroes the launch counts (before the
+ * traced replays); else copies the stamps ([2][MT_*_BLOCKS][MT_WORDS] each) and the counts ([MT_*_BLOCKS]) out.
+ * 0 on success. */
+enum { MT_G1_BLOCKS = 4096, MT_G2_BLOCKS = 8192, MT_CB_BLOCKS = 256, MT_WORDS = 8 };
+int k3x_moe_trace(int reset, unsigned long long *g1, unsigned *g1n, unsigned long long *g2, unsigned *g2n,
+                  unsigned long long *cb, unsigned *cbn);
+#endif
+
 #ifdef __cplusplus
 }
 #endif

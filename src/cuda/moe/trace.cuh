@@ -10,8 +10,7 @@
 #ifndef K3_CUDA_MOE_TRACE_CUH
 #define K3_CUDA_MOE_TRACE_CUH
 #ifdef K3_MOE_TRACE
-/* blocks traced per kernel (linear block index) and words per block */
-enum { MT_G1_BLOCKS = 4096, MT_G2_BLOCKS = 8192, MT_CB_BLOCKS = 256, MT_WORDS = 8 };
+#include "cuda/moe/moe.h" /* MT_*: blocks traced per kernel (linear block index) and words per block */
 __device__ unsigned long long mt_g1[2][MT_G1_BLOCKS][MT_WORDS], mt_g2[2][MT_G2_BLOCKS][MT_WORDS],
     mt_cb[2][MT_CB_BLOCKS][MT_WORDS];
 __device__ unsigned int mt_g1n[MT_G1_BLOCKS], mt_g2n[MT_G2_BLOCKS], mt_cbn[MT_CB_BLOCKS];
