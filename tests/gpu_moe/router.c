@@ -146,6 +146,11 @@ static const rcase k_router_cases[] = {
      * later), and at h 16384 (256 KB: does not fit, the one-group kernel runs) */
     {{"sigmoid", {40, 8, 10240}, 12, 0, 121, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, -1, 1.0f},
     {{"sigmoid", {64, 8, 16384}, 9, 0, 122, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, 3, 1.0f},
+    /* the bulk logits kernel (m 1, BF16): a last block of fewer experts and threads that hold no piece (E 900,
+     * h 1000); past its 16 experts per block (E 2400: the one-group kernel) and past its shared memory (h 65536) */
+    {{"sigmoid", {900, 16, 1000}, 1, 0, 123, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, 1, 1.0f},
+    {{"sigmoid", {2400, 8, 512}, 1, 0, 124, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, -1, 1.0f},
+    {{"sigmoid", {64, 8, 65536}, 1, 0, 125, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, -1, 1.0f},
     /* the merging selection's sizes: 32 full lists (1024), one list (32), k 16 against 17 (the other selection) */
     {{"sigmoid", {1024, 16, 512}, 3, 0, 118, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, 7, 1.0f},
     {{"sigmoid", {32, 16, 520}, 7, 0, 119, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, 31, 1.0f},

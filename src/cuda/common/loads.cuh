@@ -13,6 +13,12 @@ __device__ __forceinline__ uint64_t k3_policy_evict_first(void) {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
+/* L2 policy for data many blocks read (x): evict last. */
+__device__ __forceinline__ uint64_t k3_policy_evict_last(void) {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
 
 /* Weights: streamed, read-only for the kernel's life; no L1 allocation, L2 evict-first. */
 __device__ __forceinline__ uint4 k3_ld_stream(const void *p, uint64_t policy) {

@@ -5,13 +5,15 @@
  * l + 128, ... in order, every step one fused multiply-add, then the CPU's tree. One thread per partial sum, so a
  * piece is one 16-byte load of a BF16 gate row and the dependent chains are short (h / 1024 pieces); each block
  * holds EPT experts x TOK tokens so that a gate piece serves TOK tokens and an x piece EPT experts. From 3 tokens
- * the staged kernel copies the block's rows of x into shared memory once for four such groups. Launched with PDL;
- * x, the previous kernel's output, is read after the wait through the coherent path. Rows that are not whole
- * aligned pieces take a scalar kernel.
+ * the staged kernel copies the block's rows of x into shared memory once for four such groups; at 1 token (BF16)
+ * the bulk kernel has the copy engine bring each block's gate rows into shared memory. Launched with PDL; x, the
+ * previous kernel's output, is read after the wait through the coherent path. Rows that are not whole aligned
+ * pieces take a scalar kernel.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "cuda/common/bulk_copy.cuh"
 #include "cuda/common/check.cuh"
 #include "cuda/common/cp_async.cuh"
 #include "cuda/router/router.h"
@@ -233,6 +235,70 @@ __global__ void __launch_bounds__(LG_STAGED_GROUPS *LG_LANES, 1)
     }
 }
 
+/* The bulk logits, for m <= LG_BULK_MAX_M (TOK = m) and BF16 gates: one block per SM takes `rows` consecutive
+ * experts, and its first thread asks the copy engine for all of their gate rows at once (before the PDL wait:
+ * weights never depend on the previous kernel), then for the m rows of x (after it). Each row lands on its own
+ * mbarrier, so a group starts on a row as soon as it is in. The one-group kernel holds every gate byte in flight
+ * too, but in registers, 7 blocks of 128 threads per SM; here the bytes in flight cost no registers and the block's
+ * threads only compute. The sums are k3_router_logits_kernel's (thread l of a group is partial sum l, same order,
+ * same bits). Needs h % 8 == 0, 16-byte aligned x and gate, rows <= LG_BULK_MAX_ROWS and lg_bulk_smem(...) bytes
+ * of dynamic shared memory. */
+constexpr int LG_BULK_GROUPS = 4;
+constexpr int LG_BULK_MAX_ROWS = 16;
+constexpr int LG_BULK_BAR_PIECES = (1 + LG_BULK_MAX_ROWS) * 8 / 16 + 1; /* 16-byte units of barriers ahead of x */
+template <int TOK>
+__global__ void __launch_bounds__(LG_BULK_GROUPS *LG_LANES, 1)
+    k3_router_logits_bulk_kernel(const uint16_t *__restrict__ x, const uint16_t *__restrict__ gate, int32_t m,
+                                 int32_t ne, int64_t h, int32_t rows, float *__restrict__ logits) {
+    /* the mbarriers (x, then one per gate row), [TOK][h / 8] pieces of x, [rows][h / 8] pieces of the gate, then
+     * [rows x TOK][128] partial sums; all of it dynamic, so that the plan may allow the device's whole opt-in */
+    extern __shared__ uint4 lg_bulk_smem_base[];
+    uint64_t *bars = reinterpret_cast<uint64_t *>(lg_bulk_smem_base);
+    uint4 *lg_bulk = lg_bulk_smem_base + LG_BULK_BAR_PIECES;
+    const int npieces = (int)(h / LG_PIECE), e0 = blockIdx.x * rows, nrows = min(rows, ne - e0), mt = min(m, TOK);
+    uint4 *xs = lg_bulk, *gs = lg_bulk + (size_t)TOK * npieces;
+    float *part = reinterpret_cast<float *>(gs + (size_t)rows * npieces);
+    const uint32_t row_bytes = (uint32_t)h * (uint32_t)sizeof(uint16_t);
+    if (threadIdx.x == 0) {
+        for (int r = 0; r <= nrows; r++) k3_mbar_init(&bars[r]);
+        k3_mbar_init_fence();
+        const uint64_t pol = k3_policy_evict_first();
+        for (int r = 0; r < nrows; r++)
+            k3_bulk_copy_g2s(gs + (size_t)r * npieces, gate + (int64_t)(e0 + r) * h, row_bytes, &bars[1 + r], pol);
+    }
+    k3_pdl_wait(); /* x comes from the previous kernel */
+    k3_pdl_launch();
+    if (threadIdx.x == 0) k3_bulk_copy_g2s(xs, x, row_bytes * (uint32_t)mt, &bars[0], k3_policy_evict_last());
+    __syncthreads(); /* the barriers are initialized before anyone waits on them */
+
+    const int l = threadIdx.x % LG_LANES, g = threadIdx.x / LG_LANES;
+    const int nsteps = l < npieces ? (npieces - 1 - l) / LG_LANES + 1 : 0;
+    k3_mbar_wait(&bars[0], 0);
+    for (int q = g; q < nrows * TOK; q += LG_BULK_GROUPS) {
+        const int r = q / TOK, t = q % TOK;
+        if (t >= mt) continue; /* the whole group skips a token past m */
+        k3_mbar_wait(&bars[1 + r], 0);
+        const uint4 *gr = gs + (size_t)r * npieces + l, *xr = xs + (size_t)t * npieces + l;
+        float acc = 0.0f;
+        for (int s = 0; s < nsteps; s++) {
+            float gf[LG_PIECE], xf[LG_PIECE];
+            bf16x8_to_f32(gr[s * LG_LANES], gf);
+            bf16x8_to_f32(xr[s * LG_LANES], xf);
+#pragma unroll
+            for (int i = 0; i < LG_PIECE; i++) acc = __fmaf_rn(xf[i], gf[i], acc);
+        }
+        part[q * LG_LANES + l] = acc;
+    }
+    __syncthreads();
+    const int w = threadIdx.x / 32, i = threadIdx.x % 32;
+    for (int q = w; q < nrows * TOK; q += (int)blockDim.x / 32) {
+        const int r = q / TOK, t = q % TOK;
+        if (t >= mt) continue;
+        const float v = lg_tree_row(part + q * LG_LANES, i);
+        if (i == 0) logits[(int64_t)t * ne + e0 + r] = v;
+    }
+}
+
 /* The same order element by element, for rows that are not whole 16-byte pieces (h % 8 != 0 or unaligned x or
  * gate): one expert and TOK tokens per block. x is read after the wait through L2 (__ldcg): the compiler would
  * otherwise take the read-only (.nc) path for it, which under PDL may serve lines older than the producer's writes. */
@@ -296,13 +362,46 @@ lg_kernel_t<G> lg_staged_kernel_for(lg_staged_shape sh) {
     return lg_staged_rows<G, 4, 8, 2 / Q>(sh.rows);
 }
 
-/* The staged kernel where it applies (m >= LG_STAGED_MIN_M, its shared memory within what the plan allowed);
+/* The bulk kernel's shape: tokens per block and experts per block, so that the grid is one block per SM (every row
+ * requested in the first wave). It runs at m 1 only: at m 2-4 it was no faster than the one-group and staged
+ * kernels, and two blocks per SM lost in the block (bench/NOTES-block.md). */
+constexpr int64_t LG_BULK_MAX_M = 1;
+struct lg_bulk_shape {
+    int tok, rows;
+};
+lg_bulk_shape lg_bulk_for(int64_t m, int32_t ne, int32_t sm_count) {
+    return {(int)m, (int)((ne + (int64_t)sm_count - 1) / sm_count)};
+}
+/* Its dynamic shared memory: the barriers, x's rows, the gate rows, the partial sums (rows <= 16, h bounded by the
+ * router). */
+size_t lg_bulk_smem(lg_bulk_shape sh, int64_t h) {
+    return (size_t)LG_BULK_BAR_PIECES * 16 + (size_t)(sh.tok + sh.rows) * (size_t)h * sizeof(uint16_t) +
+           (size_t)sh.rows * (size_t)sh.tok * LG_LANES * sizeof(float);
+}
+using lg_bulk_kernel_t = void (*)(const uint16_t *, const uint16_t *, int32_t, int32_t, int64_t, int32_t, float *);
+lg_bulk_kernel_t lg_bulk_kernel_for(int tok) {
+    (void)tok; /* one instance while LG_BULK_MAX_M is 1 */
+    return k3_router_logits_bulk_kernel<1>;
+}
+
+/* The bulk kernel where it applies (BF16 gates, m <= LG_BULK_MAX_M, its shape and shared memory within bounds);
+ * the staged kernel where it applies (m >= LG_STAGED_MIN_M, its shared memory within what the plan allowed);
  * otherwise one 128-thread group per block with tokens and experts by m: one (expert, token) pair per thread at
  * m 1, more of both as m grows (each gate piece serves TOK tokens, each x piece EPT experts); NB pieces of each row
  * in flight. */
 template <typename G>
 cudaError_t launch_logits(const uint16_t *x, const G *gate, int64_t m, int32_t ne, int64_t h, size_t smem_max,
-                          float *logits, cudaStream_t s) {
+                          int32_t sm_count, float *logits, cudaStream_t s) {
+    if constexpr (sizeof(G) == sizeof(uint16_t)) {
+        if (m <= LG_BULK_MAX_M && sm_count > 0) {
+            const lg_bulk_shape sh = lg_bulk_for(m, ne, sm_count);
+            const size_t smem = lg_bulk_smem(sh, h);
+            if (sh.rows <= LG_BULK_MAX_ROWS && smem <= smem_max)
+                return k3_launch_pdl(lg_bulk_kernel_for(sh.tok), dim3((unsigned)((ne + sh.rows - 1) / sh.rows)),
+                                     dim3(LG_BULK_GROUPS * LG_LANES), smem, s, x, gate, (int32_t)m, ne, h,
+                                     (int32_t)sh.rows, logits);
+        }
+    }
     if (m >= LG_STAGED_MIN_M) {
         const lg_staged_shape sh = lg_staged_for(m, h);
         const size_t smem = lg_staged_smem(sh, h);
@@ -326,8 +425,8 @@ cudaError_t launch_logits(const uint16_t *x, const G *gate, int64_t m, int32_t n
 #undef K3_LG_LAUNCH
 }
 
-/* Lets every staged instance of gate type G ask for up to `most` bytes (one value for all plans on a device, so
- * that a plan made later never lowers what an earlier one needs). */
+/* Lets every staged instance of gate type G (and for BF16 gates every bulk one) ask for up to `most` bytes (one
+ * value for all plans on a device, so that a plan made later never lowers what an earlier one needs). */
 template <typename G>
 cudaError_t allow_staged_smem(int most) {
     for (const bool rows : {false, true}) {
@@ -338,6 +437,12 @@ cudaError_t allow_staged_smem(int most) {
             if (e != cudaSuccess) return e;
         }
     }
+    if constexpr (sizeof(G) == sizeof(uint16_t))
+        for (int tok = 1; tok <= LG_BULK_MAX_M; tok++) {
+            const cudaError_t e =
+                cudaFuncSetAttribute(lg_bulk_kernel_for(tok), cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+            if (e != cudaSuccess) return e;
+        }
     return cudaSuccess;
 }
 
@@ -381,9 +486,10 @@ static k3_status router_logits(k3_ctx *ctx, const k3_router_desc *d, size_t smem
     const bool f32 = d->gate_dtype == K3_DTYPE_F32;
     const bool pieces = h % LG_PIECE == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)gate & 15) == 0;
     const uint16_t *xb = (const uint16_t *)x;
+    const int32_t sms = ctx->arch.sm_count;
     const cudaError_t e =
-        pieces ? (f32 ? launch_logits<float>(xb, (const float *)gate, m, ne, h, smem_max, logits, s)
-                      : launch_logits<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, smem_max, logits, s))
+        pieces ? (f32 ? launch_logits<float>(xb, (const float *)gate, m, ne, h, smem_max, sms, logits, s)
+                      : launch_logits<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, smem_max, sms, logits, s))
                : (f32 ? launch_logits_scalar<float>(xb, (const float *)gate, m, ne, h, logits, s)
                       : launch_logits_scalar<uint16_t>(xb, (const uint16_t *)gate, m, ne, h, logits, s));
     if (e != cudaSuccess)
