@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "../src/cuda/common/bulk_copy.cuh"    /* the library's mbarrier wait */
 #include "../src/cuda/moe/nvfp4_decode.cuh" /* the library's decode, not a copy */
 #define CK(x)                                                                                                        \
     do {                                                                                                             \
@@ -101,16 +102,6 @@ __device__ __forceinline__ void mb_init(uint64_t *b, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((uint32_t)__cvta_generic_to_shared(b)), "r"(count)
                  : "memory");
 }
-__device__ __forceinline__ void mb_wait(uint64_t *b, uint32_t parity) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(b);
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(a), "r"(parity)
-                     : "memory");
-}
-
 /* ws: warp 0 produces (lane 0 issues two 4 KB bulk copies per stage: gate and up at the same offset), warps 1-4
  * consume: consumer c's lane l reads the 16-byte words c * 32 + l and 128 + c * 32 + l of each 4 KB piece, 64 bytes
  * per stage in all, as a ring warp's lane reads per chunk. */
@@ -129,7 +120,7 @@ __global__ void __launch_bounds__(160, 4) ws_kernel(const uint8_t *w, float *out
         if (lane == 0)
             for (int k = 0; k < N; k++) {
                 const int s = k % NS;
-                if (k >= NS) mb_wait(&empty[s], ((k / NS) - 1) & 1);
+                if (k >= NS) k3_mbar_wait(&empty[s], ((k / NS) - 1) & 1);
                 const uint32_t fb = (uint32_t)__cvta_generic_to_shared(&full[s]);
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(fb), "r"(STAGE) : "memory");
 #pragma unroll
@@ -148,7 +139,7 @@ __global__ void __launch_bounds__(160, 4) ws_kernel(const uint8_t *w, float *out
     const uint32_t sc = 0x3f803f80u + (uint32_t)lane;
     for (int k = 0; k < N; k++) {
         const int s = k % NS;
-        mb_wait(&full[s], (k / NS) & 1);
+        k3_mbar_wait(&full[s], (k / NS) & 1);
         const uint4 *st = dyn + s * STAGE / 16;
 #pragma unroll
         for (int i = 0; i < 4; i++) use16<WORK>(st[(i >> 1) * (PIECE / 16) + ((i & 1) * 4 + c) * 32 + lane], sc, acc);

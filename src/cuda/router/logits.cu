@@ -362,29 +362,18 @@ lg_kernel_t<G> lg_staged_kernel_for(lg_staged_shape sh) {
     return lg_staged_rows<G, 4, 8, 2 / Q>(sh.rows);
 }
 
-/* The bulk kernel's shape: tokens per block and experts per block, so that the grid is one block per SM (every row
- * requested in the first wave). It runs at m 1 only: at m 2-4 it was no faster than the one-group and staged
- * kernels, and two blocks per SM lost in the block (bench/NOTES-block.md). */
-constexpr int64_t LG_BULK_MAX_M = 1;
-struct lg_bulk_shape {
-    int tok, rows;
-};
-lg_bulk_shape lg_bulk_for(int64_t m, int32_t ne, int32_t sm_count) {
-    return {(int)m, (int)((ne + (int64_t)sm_count - 1) / sm_count)};
-}
-/* Its dynamic shared memory: the barriers, x's rows, the gate rows, the partial sums (rows <= 16, h bounded by the
- * router). */
-size_t lg_bulk_smem(lg_bulk_shape sh, int64_t h) {
-    return (size_t)LG_BULK_BAR_PIECES * 16 + (size_t)(sh.tok + sh.rows) * (size_t)h * sizeof(uint16_t) +
-           (size_t)sh.rows * (size_t)sh.tok * LG_LANES * sizeof(float);
-}
-using lg_bulk_kernel_t = void (*)(const uint16_t *, const uint16_t *, int32_t, int32_t, int64_t, int32_t, float *);
-lg_bulk_kernel_t lg_bulk_kernel_for(int tok) {
-    (void)tok; /* one instance while LG_BULK_MAX_M is 1 */
-    return k3_router_logits_bulk_kernel<1>;
+/* The bulk kernel takes ceil(E / SMs) experts per block, so that the grid is one block per SM (every row requested
+ * in the first wave). It runs at m 1 only (one instance, TOK 1): at m 2-4 it was no faster than the one-group and
+ * staged kernels, and two blocks per SM lost in the block (bench/NOTES-block.md). */
+constexpr int LG_BULK_MAX_M = 1;
+/* Its dynamic shared memory for `rows` experts: the barriers, x's row, the gate rows, the partial sums (rows <= 16,
+ * h bounded by the router). */
+size_t lg_bulk_smem(int rows, int64_t h) {
+    return (size_t)LG_BULK_BAR_PIECES * 16 + (size_t)(LG_BULK_MAX_M + rows) * (size_t)h * sizeof(uint16_t) +
+           (size_t)rows * (size_t)LG_BULK_MAX_M * LG_LANES * sizeof(float);
 }
 
-/* The bulk kernel where it applies (BF16 gates, m <= LG_BULK_MAX_M, its shape and shared memory within bounds);
+/* The bulk kernel where it applies (BF16 gates, m <= LG_BULK_MAX_M, its rows and shared memory within bounds);
  * the staged kernel where it applies (m >= LG_STAGED_MIN_M, its shared memory within what the plan allowed);
  * otherwise one 128-thread group per block with tokens and experts by m: one (expert, token) pair per thread at
  * m 1, more of both as m grows (each gate piece serves TOK tokens, each x piece EPT experts); NB pieces of each row
@@ -394,12 +383,12 @@ cudaError_t launch_logits(const uint16_t *x, const G *gate, int64_t m, int32_t n
                           int32_t sm_count, float *logits, cudaStream_t s) {
     if constexpr (sizeof(G) == sizeof(uint16_t)) {
         if (m <= LG_BULK_MAX_M && sm_count > 0) {
-            const lg_bulk_shape sh = lg_bulk_for(m, ne, sm_count);
-            const size_t smem = lg_bulk_smem(sh, h);
-            if (sh.rows <= LG_BULK_MAX_ROWS && smem <= smem_max)
-                return k3_launch_pdl(lg_bulk_kernel_for(sh.tok), dim3((unsigned)((ne + sh.rows - 1) / sh.rows)),
-                                     dim3(LG_BULK_GROUPS * LG_LANES), smem, s, x, gate, (int32_t)m, ne, h,
-                                     (int32_t)sh.rows, logits);
+            const int rows = (int)((ne + (int64_t)sm_count - 1) / sm_count);
+            const size_t smem = lg_bulk_smem(rows, h);
+            if (rows <= LG_BULK_MAX_ROWS && smem <= smem_max)
+                return k3_launch_pdl(k3_router_logits_bulk_kernel<LG_BULK_MAX_M>,
+                                     dim3((unsigned)((ne + rows - 1) / rows)), dim3(LG_BULK_GROUPS * LG_LANES), smem, s,
+                                     x, gate, (int32_t)m, ne, h, (int32_t)rows, logits);
         }
     }
     if (m >= LG_STAGED_MIN_M) {
@@ -438,11 +427,8 @@ cudaError_t allow_staged_smem(int most) {
         }
     }
     if constexpr (sizeof(G) == sizeof(uint16_t))
-        for (int tok = 1; tok <= LG_BULK_MAX_M; tok++) {
-            const cudaError_t e =
-                cudaFuncSetAttribute(lg_bulk_kernel_for(tok), cudaFuncAttributeMaxDynamicSharedMemorySize, most);
-            if (e != cudaSuccess) return e;
-        }
+        return cudaFuncSetAttribute(k3_router_logits_bulk_kernel<LG_BULK_MAX_M>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, most);
     return cudaSuccess;
 }
 
