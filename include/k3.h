@@ -815,10 +815,12 @@ K3_API k3_status k3_latent_moe_plan_create(k3_ctx *ctx, const k3_latent_moe_desc
 K3_API void k3_latent_moe_plan_destroy(k3_latent_moe_plan *plan);
 K3_API k3_status k3_latent_moe_workspace_size(const k3_latent_moe_plan *plan, size_t *out_bytes);
 /*
- * y[m, H] = shared(x) + bf16(RMSNorm(u) . up_proj^T) (+ residual), u = sum_j p_j E_j(bf16(x . down_proj^T)).
+ * y[m, H] = RMSNorm(u) . up_proj^T + shared(x) (+ residual), u = sum_j p_j E_j(bf16(x . down_proj^T)).
  * topk_ids / topk_weights (optional, may be NULL) receive the routing. u stays fp32; RMSNorm(u) =
  * bf16(bf16(u / sqrt(mean(u^2) + eps)) * norm); shared(x) = bf16(bf16(act(bf16(x . gate_up^T))) . down^T);
- * y = bf16(up + shared + residual) summed in fp32 (one rounding). residual may be NULL or alias y.
+ * t = bf16(shared(x) + residual) (shared(x) alone without a residual, the residual alone without shared experts);
+ * y = bf16(RMSNorm(u) . up_proj^T + t): the up projection's fp32 sums with t added before their one rounding.
+ * residual may be NULL or alias y.
  * A plan of a rank of several (parallel.size > 1) holds only part of the block: with parallel.nccl_comm (tokens
  * REPLICATED), the run is PRE_REDUCE, one ncclAllReduce (sum) of the fp32 partial in the workspace, then
  * POST_REDUCE, all on `stream` (every rank calls it, as with any collective; capturable); without one,

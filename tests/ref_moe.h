@@ -212,7 +212,18 @@ static inline void ref_linear_bf16(int64_t m, int64_t n, int64_t k, const double
         }
 }
 
-/* The whole latent block; y [m, H] receives the final bf16 values as doubles; ids/wts the fp64 routing. */
+/* y = x . W^T as ref_linear_bf16, the fp64 sums left unrounded. */
+static inline void ref_linear_f64(int64_t m, int64_t n, int64_t k, const double *x, const uint16_t *wt, double *y) {
+    for (int64_t t = 0; t < m; t++)
+        for (int64_t r = 0; r < n; r++) {
+            double s = 0;
+            for (int64_t c = 0; c < k; c++) s += x[t * k + c] * k3_bf16_to_f32(wt[r * k + c]);
+            y[t * n + r] = s;
+        }
+}
+
+/* The whole latent block (docs/model.md section 4: t = bf16(s + residual), y = bf16(v . W_up^T + t)); y [m, H]
+ * receives the final bf16 values as doubles; ids/wts the fp64 routing. */
 static inline void ref_latent(const k3_latent_moe_desc *d, const k3_latent_moe_weights *w, int64_t m, const uint16_t *x,
                               const uint16_t *residual, double *y, int32_t *ids, double *wts) {
     const int64_t hd = d->hidden, l = d->experts.hidden, is = d->shared_inter;
@@ -242,7 +253,7 @@ static inline void ref_latent(const k3_latent_moe_desc *d, const k3_latent_moe_w
         const double r = 1.0 / sqrt(ss / (double)l + d->rms_eps);
         for (int64_t c = 0; c < l; c++) v[t * l + c] = ref_bf16(ref_bf16(u[t * l + c] * r) * k3_bf16_to_f32(nw[c]));
     }
-    ref_linear_bf16(m, hd, l, v, (const uint16_t *)w->up_proj, z);
+    ref_linear_f64(m, hd, l, v, (const uint16_t *)w->up_proj, z);
     for (int64_t i = 0; i < m * hd; i++) s[i] = 0;
     if (is > 0) {
         ref_linear_bf16(m, sr, hd, xd, (const uint16_t *)w->shared_gate_up, g);
@@ -252,8 +263,11 @@ static inline void ref_latent(const k3_latent_moe_desc *d, const k3_latent_moe_w
         }
         ref_linear_bf16(m, hd, is, a, (const uint16_t *)w->shared_down, s);
     }
-    for (int64_t i = 0; i < m * hd; i++)
-        y[i] = ref_bf16(z[i] + s[i] + (residual ? (double)k3_bf16_to_f32(residual[i]) : 0.0));
+    for (int64_t i = 0; i < m * hd; i++) {
+        const double r = residual ? (double)k3_bf16_to_f32(residual[i]) : 0.0;
+        const double t = is > 0 && residual ? ref_bf16(s[i] + r) : s[i] + r; /* one of the two is 0 otherwise */
+        y[i] = ref_bf16(z[i] + t);
+    }
     free(xd);
     free(xl);
     free(u);

@@ -127,7 +127,8 @@ def latent_moe(hidden_states, gate_weight, down_proj, w13, w2, norm_weight, up_p
                rms_eps=1e-5):
     """Kimi-K3's latent-MoE block: the router on x, the down projection to the latent width L, the routed experts
     summed in fp32 (u), RMSNorm(u), the up projection back to H, plus the shared experts (gate_up [2Is, H], down
-    [H, Is], same activation) and the residual, one BF16 rounding at the end. hidden_states [M, H] float32;
+    [H, Is], same activation) and the residual, added to the up projection's fp32 sums as one BF16 term (their sum
+    rounded once) before its one BF16 rounding (docs/model.md section 4). hidden_states [M, H] float32;
     gate_weight [E, H] (F32); down_proj [L, H]; norm_weight [L]; up_proj [H, L]; experts as fused_moe. Returns
     (out [M, H], topk_weights [M, k], topk_ids [M, k]). torch: bfloat16 tensors (gate_weight bfloat16 or float32,
     packed experts uint8, scales uint8 / float32) on one device; returns tensors there."""

@@ -192,20 +192,26 @@ k3_status k3_latent_gpu_create(k3_ctx *ctx, const k3_latent_moe_desc *d, k3_late
 /* The caller's workspace need not be aligned: the layout starts at its first aligned byte. */
 size_t k3_latent_gpu_ws_bytes(const k3_latent_gpu *p) { return p->total + LATENT_WS_ALIGN; }
 
-/* The shared experts on stream s: gate_up, the activation, the down projection into out (unrounded fp32). */
+/* The shared experts on stream s: gate_up, the activation, the down projection into out (unrounded fp32), and
+ * where t is given (the whole block) t = bf16(bf16(out) + residual), the up projection's residual. */
 static k3_status latent_shared(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
-                               const void *x, const k3_latent_moe_weights *w, float *out, uint8_t *base, void *s) {
+                               const void *x, const k3_latent_moe_weights *w, float *out, const void *residual,
+                               uint16_t *t, uint8_t *base, void *s) {
     const int64_t is = d->shared_inter;
     uint16_t *g = (uint16_t *)(base + p->o_g), *a = (uint16_t *)(base + p->o_a);
     k3_status st = k3_linear_run(p->sgu, m, x, w->shared_gate_up, NULL, g, base + p->o_sgu, p->ws_sgu, s);
     if (st == K3_STATUS_SUCCESS) st = k3_cuda_latent_act_launch(ctx, g, m, is, p->sr, &d->shared_act, a, s);
-    if (st != K3_STATUS_SUCCESS) return st;
-    return k3_lt_run(ctx, p->sdown_f32, m, 0, a, w->shared_down, NULL, out, base + p->o_sdown_f32,
-                     p->ws_sdown_f32, s);
+    if (st == K3_STATUS_SUCCESS)
+        st = k3_lt_run(ctx, p->sdown_f32, m, 0, a, w->shared_down, NULL, out, base + p->o_sdown_f32, p->ws_sdown_f32,
+                       s);
+    /* the whole block: the up projection's residual t, made here so it costs the routed path nothing */
+    if (st == K3_STATUS_SUCCESS && t)
+        st = k3_cuda_latent_addend_launch(ctx, out, (const uint16_t *)residual, m * d->hidden, t, s);
+    return st;
 }
 
 /* Which join latent_join is asked for: the one before the experts (ROUTER_BESIDE) or the last one (the others that
- * fork: after the up projection in the whole block, at the end of PRE_REDUCE). */
+ * fork: before the up projection in the whole block, which adds the branch's t, and at the end of PRE_REDUCE). */
 enum { LATENT_JOIN_EXPERTS = 1, LATENT_JOIN_LAST = 2 };
 
 /* Joins the second stream back into `stream` where the plan's schedule has its join; passes st on (a join is made
@@ -223,8 +229,9 @@ static k3_status latent_join(k3_ctx *ctx, const k3_latent_gpu *p, k3_latent_sche
  * shared experts (into partial after u; with SHARED_BESIDE still running on the second stream when this returns:
  * the caller's latent_join(LATENT_JOIN_LAST) waits for them) and the routed experts (mo, u = partial [m, L]). */
 static k3_status latent_front(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
-                              const void *x, const k3_latent_moe_weights *w, int32_t *ids, float *wts, uint16_t *xl,
-                              uint16_t *mo, float *partial, uint8_t *base, k3_latent_schedule sc, void *stream) {
+                              const void *x, const k3_latent_moe_weights *w, const void *residual, uint16_t *t,
+                              int32_t *ids, float *wts, uint16_t *xl, uint16_t *mo, float *partial, uint8_t *base,
+                              k3_latent_schedule sc, void *stream) {
     const int shared = d->shared_inter > 0;
     float *u = partial, *so = partial + m * d->experts.hidden;
     k3_status st = K3_STATUS_SUCCESS;
@@ -236,9 +243,9 @@ static k3_status latent_front(k3_ctx *ctx, const k3_latent_gpu *p, const k3_late
         shared_forked = 1;
         void *aux = k3_fork_join_aux(p->fj);
         if (sc == K3_LATENT_SCHEDULE_ROUTER_BESIDE) router_s = aux;
-        else st = latent_shared(ctx, p, d, m, x, w, so, base, aux);
+        else st = latent_shared(ctx, p, d, m, x, w, so, residual, t, base, aux);
     } else if (shared && !shared_late) {
-        st = latent_shared(ctx, p, d, m, x, w, so, base, stream);
+        st = latent_shared(ctx, p, d, m, x, w, so, residual, t, base, stream);
     }
     /* SELECT_BESIDE, LOGITS_FIRST: the selection on fj_select's stream, joined before the experts (also after a
      * failure once forked, so a capture is never left with an open branch) */
@@ -249,7 +256,8 @@ static k3_status latent_front(k3_ctx *ctx, const k3_latent_gpu *p, const k3_late
     if (st == K3_STATUS_SUCCESS && shared_late && shared) {
         st = k3_fork_join_fork(ctx, p->fj, stream);
         shared_forked = st == K3_STATUS_SUCCESS;
-        if (st == K3_STATUS_SUCCESS) st = latent_shared(ctx, p, d, m, x, w, so, base, k3_fork_join_aux(p->fj));
+        if (st == K3_STATUS_SUCCESS)
+            st = latent_shared(ctx, p, d, m, x, w, so, residual, t, base, k3_fork_join_aux(p->fj));
     }
     if (st == K3_STATUS_SUCCESS)
         st = k3_linear_run(p->down, m, x, w->down_proj, NULL, xl, base + p->o_down, p->ws_down, stream);
@@ -258,7 +266,7 @@ static k3_status latent_front(k3_ctx *ctx, const k3_latent_gpu *p, const k3_late
         if (st == K3_STATUS_SUCCESS) st = js;
     }
     if (st == K3_STATUS_SUCCESS && shared && sc == K3_LATENT_SCHEDULE_ROUTER_BESIDE)
-        st = latent_shared(ctx, p, d, m, x, w, so, base, stream);
+        st = latent_shared(ctx, p, d, m, x, w, so, residual, t, base, stream);
     st = latent_join(ctx, p, sc, LATENT_JOIN_EXPERTS, st, stream);
     if (st == K3_STATUS_SUCCESS)
         st = k3_moe_run(p->moe, m, xl, ids, wts, &w->experts, mo, u, base + p->o_moe, p->ws_moe, stream);
@@ -270,11 +278,11 @@ static k3_status latent_front(k3_ctx *ctx, const k3_latent_gpu *p, const k3_late
 /* The block of k3_latent_moe_run on `stream` (topk_ids / topk_weights / residual may be NULL); arguments were
  * validated by the caller. The kernels of PRE_REDUCE then POST_REDUCE on the workspace's partial (u and the
  * shared experts' fp32 output), so a rank's block (the stages, or NCCL, one rank included) gives this block's
- * bits; the join of a second stream stays where the schedule puts it (after the up projection for SHARED_BESIDE). */
+ * bits. The block ends with the up projection: its residual is the shared branch's t (or the caller's residual). */
 k3_status k3_latent_gpu_run(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent_moe_desc *d, int64_t m,
                             const void *x, const k3_latent_moe_weights *w, const void *residual, void *y,
                             int32_t *topk_ids, float *topk_weights, void *ws, void *stream) {
-    const int64_t h = d->hidden, l = d->experts.hidden, is = d->shared_inter;
+    const int64_t l = d->experts.hidden, is = d->shared_inter;
     uint8_t *base = (uint8_t *)(((uintptr_t)ws + (LATENT_WS_ALIGN - 1)) & ~(uintptr_t)(LATENT_WS_ALIGN - 1));
     int32_t *ids = topk_ids ? topk_ids : (int32_t *)(base + p->o_ids);
     float *wts = topk_weights ? topk_weights : (float *)(base + p->o_wts);
@@ -288,14 +296,14 @@ k3_status k3_latent_gpu_run(k3_ctx *ctx, const k3_latent_gpu *p, const k3_latent
                                "shared_down"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent run", 10, ptrs, names));
     }
-    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, base, p->schedule[m], stream));
+    /* with shared experts their branch ends with t = bf16(s + residual) in z's buffer, the up projection's residual */
+    uint16_t *t = is > 0 ? z : NULL;
+    K3_TRY(latent_front(ctx, p, d, m, x, w, residual, t, ids, wts, xl, mo, partial, base, p->schedule[m], stream));
     k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, partial, (const uint16_t *)w->norm, m, l, d->rms_eps, v,
                                                  p->norm_trigger[m], stream);
-    if (st == K3_STATUS_SUCCESS) st = k3_linear_run(p->up, m, v, w->up_proj, NULL, z, base + p->o_up, p->ws_up, stream);
     st = latent_join(ctx, p, p->schedule[m], LATENT_JOIN_LAST, st, stream);
     if (st != K3_STATUS_SUCCESS) return st;
-    return k3_cuda_latent_sum_f32_launch(ctx, z, is > 0 ? partial + m * l : NULL, (const uint16_t *)residual, m * h,
-                                         (uint16_t *)y, stream);
+    return k3_linear_run(p->up, m, v, w->up_proj, t ? (const void *)t : residual, y, base + p->o_up, p->ws_up, stream);
 }
 
 /* PRE_REDUCE on `stream`: the routed path writes u into partial (the experts' fp32 sum), the shared branch its
@@ -315,7 +323,7 @@ k3_status k3_latent_gpu_run_pre(k3_ctx *ctx, const k3_latent_gpu *p, const k3_la
         const char *names[] = {"x", "partial", "ws", "gate", "down_proj", "shared_gate_up", "shared_down"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent stage", 7, ptrs, names));
     }
-    K3_TRY(latent_front(ctx, p, d, m, x, w, ids, wts, xl, mo, partial, base, p->schedule[m], stream));
+    K3_TRY(latent_front(ctx, p, d, m, x, w, NULL, NULL, ids, wts, xl, mo, partial, base, p->schedule[m], stream));
     return latent_join(ctx, p, p->schedule[m], LATENT_JOIN_LAST, K3_STATUS_SUCCESS, stream);
 }
 
@@ -331,12 +339,12 @@ k3_status k3_latent_gpu_run_post(k3_ctx *ctx, const k3_latent_gpu *p, const k3_l
         const char *names[] = {"partial", "y", "residual", "ws", "norm", "up_proj"};
         K3_TRY(k3_cuda_check_device_ptrs(ctx, stream, "latent stage", 6, ptrs, names));
     }
-    k3_status st = k3_cuda_latent_rmsnorm_launch(ctx, partial, (const uint16_t *)w->norm, m, l, d->rms_eps, v,
-                                                 p->norm_trigger[m], stream);
-    if (st == K3_STATUS_SUCCESS) st = k3_linear_run(p->up, m, v, w->up_proj, NULL, z, base + p->o_up, p->ws_up, stream);
-    if (st != K3_STATUS_SUCCESS) return st;
-    return k3_cuda_latent_sum_f32_launch(ctx, z, is > 0 ? partial + m * l : NULL, (const uint16_t *)residual, m * h,
-                                         (uint16_t *)y, stream);
+    /* t = bf16(bf16(s) + residual) from the summed shared output, as the whole block's shared branch makes it */
+    if (is > 0) K3_TRY(k3_cuda_latent_addend_launch(ctx, partial + m * l, (const uint16_t *)residual, m * h, z, stream));
+    K3_TRY(k3_cuda_latent_rmsnorm_launch(ctx, partial, (const uint16_t *)w->norm, m, l, d->rms_eps, v,
+                                         p->norm_trigger[m], stream));
+    return k3_linear_run(p->up, m, v, w->up_proj, is > 0 ? (const void *)z : residual, y, base + p->o_up, p->ws_up,
+                         stream);
 }
 
 int k3_latent_gpu_reduces(const k3_latent_gpu *p) { return p && p->nccl; }

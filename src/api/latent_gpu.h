@@ -1,8 +1,8 @@
 /*
  * The latent-MoE block on a CUDA context, in the CPU block's order (src/cpu/latent.c) with the same rounding points:
- *   routed:  router -> down = bf16(x W_down^T) -> experts (fp32 sum u) -> RMSNorm -> up = bf16(v W_up^T)
- *   shared:  gate_up = bf16(x W_gu^T) -> bf16(act) -> s = a W_sd^T in fp32 (rounded to BF16 by the final sum)
- *   then     y = bf16((up + s) + residual)
+ *   shared:  gate_up = bf16(x W_gu^T) -> bf16(act) -> s = a W_sd^T in fp32 -> t = bf16(bf16(s) + residual)
+ *   routed:  router -> down = bf16(x W_down^T) -> experts (fp32 sum u) -> RMSNorm -> y = bf16(v W_up^T + t)
+ *            (the up projection with t as its residual: the block's last kernel)
  * The BF16 projections go through linear plans, the routed experts through a MoE plan, the router through a
  * router plan; the elementwise steps are the kernels of src/cuda/latent/kernels.cu. The router, the down
  * projection and the shared branch depend on x alone; the plan's schedule (k3_latent_schedule) says which of them

@@ -6,12 +6,15 @@
  *   3. experts   u   = sum_j p_j E_j(x_l)                fp32, NOT rounded (moe.c)   [L]
  *   4. RMSNorm   r   = 1 / sqrt(mean(u^2) + eps)         fp32 (sum of squares in index order)
  *                n   = bf16(u * r); v = bf16(n * norm)   norm is the BF16 weight [L]
- *   5. up        z   = bf16(v . W_up^T)                  fp32 accumulation          [H]
- *   6. shared    g   = bf16(x . W_gate_up^T)             [width * Is], the original x
+ *   5. shared    g   = bf16(x . W_gate_up^T)             [width * Is], the original x
  *                a   = bf16(shared_act(g))               fp32 math, one rounding    [Is]
- *                s   = bf16(a . W_shared_down^T)         [H]; s = 0 without shared experts
- *   7. output    y   = bf16((z + s) + residual)          fp32 adds, one rounding (no residual: bf16(z + s))
- * With shared experts absent and no residual, y = z exactly.
+ *                s   = bf16(a . W_shared_down^T)         [H]
+ *   6. addend    t   = bf16(s + residual)                fp32 add, one rounding     [H]; t = s without a residual,
+ *                                                        t = residual without shared experts
+ *   7. up        y   = bf16(v . W_up^T + t)              fp32 accumulation, t added before the one rounding [H]
+ * With shared experts absent and no residual, y = bf16(v . W_up^T). Why t is formed first: the up projection's
+ * epilogue adds one BF16 residual, so on the GPU the block ends with the up projection and needs no separate sum
+ * kernel after it (t is made on the shared experts' stream while the routed path runs).
  */
 #include "cpu/cpu.h"
 
@@ -99,9 +102,10 @@ static void lat_routed(const k3_cpu_latent *p, int64_t m, const uint16_t *x, con
     if (mark) mark(mark_user, K3_LATENT_STAGE_EXPERTS);
 }
 
-/* 4-5: RMSNorm of the aggregated latent u, then back to the full width (z) */
+/* 4 and 7: RMSNorm of the aggregated latent u, then back to the full width with the addend t (or NULL) added
+   before the one rounding: y */
 static void lat_norm_up(const k3_cpu_latent *p, int64_t m, const float *u, const k3_latent_moe_weights *w,
-                        const lat_bufs *b) {
+                        const lat_bufs *b, const uint16_t *addend, uint16_t *y) {
     const k3_latent_moe_desc *d = &p->d;
     const int64_t h = d->hidden, l = d->experts.hidden;
     const uint16_t *nw = (const uint16_t *)w->norm;
@@ -113,10 +117,10 @@ static void lat_norm_up(const k3_cpu_latent *p, int64_t m, const float *u, const
         for (int64_t c = 0; c < l; c++)
             b->v[t * l + c] = k3_f32_to_bf16_bits(k3_round_bf16(ut[c] * r) * k3_bf16_bits_to_f32(nw[c]));
     }
-    k3_cpu_linear(m, h, l, b->v, l, (const uint16_t *)w->up_proj, NULL, b->z, h, K3_ACCUM_FP32);
+    k3_cpu_linear(m, h, l, b->v, l, (const uint16_t *)w->up_proj, addend, y, h, K3_ACCUM_FP32);
 }
 
-/* 6: the shared experts on the original x: s = b->sh (BF16), or, when s_f32 is not NULL, its unrounded fp32 sums
+/* 5: the shared experts on the original x: s = b->sh (BF16), or, when s_f32 is not NULL, its unrounded fp32 sums
    there instead (a rank's partial, rounded once after the cross-rank sum) */
 static void lat_shared(const k3_cpu_latent *p, int64_t m, const uint16_t *x, const k3_latent_moe_weights *w,
                        const lat_bufs *b, float *s_f32) {
@@ -140,17 +144,19 @@ void k3_cpu_latent_run(const k3_cpu_latent *p, int64_t m, const uint16_t *x, con
     const int64_t h = p->d.hidden, is = p->d.shared_inter;
     const lat_bufs b = lat_bind(p, ws, topk_ids, topk_weights);
     lat_routed(p, m, x, w, &b, b.u, mark, mark_user);
-    lat_norm_up(p, m, b.u, w, &b);
-    if (mark) mark(mark_user, K3_LATENT_STAGE_NORM_UP);
-    if (is > 0) lat_shared(p, m, x, w, &b, NULL);
-    /* 7: one rounding of the fp32 sum */
-    for (int64_t i = 0; i < m * h; i++) {
-        float acc = k3_bf16_bits_to_f32(b.z[i]);
-        if (is > 0) acc += k3_bf16_bits_to_f32(b.sh[i]);
-        if (residual) acc += k3_bf16_bits_to_f32(residual[i]);
-        y[i] = k3_f32_to_bf16_bits(acc);
+    const uint16_t *t = residual;
+    if (is > 0) {
+        lat_shared(p, m, x, w, &b, NULL);
+        t = b.sh;
+        if (residual) { /* 6: t = bf16(s + residual), in z's buffer */
+            for (int64_t i = 0; i < m * h; i++)
+                b.z[i] = k3_f32_to_bf16_bits(k3_bf16_bits_to_f32(b.sh[i]) + k3_bf16_bits_to_f32(residual[i]));
+            t = b.z;
+        }
     }
     if (mark) mark(mark_user, K3_LATENT_STAGE_SHARED);
+    lat_norm_up(p, m, b.u, w, &b, t, y);
+    if (mark) mark(mark_user, K3_LATENT_STAGE_NORM_UP);
 }
 
 void k3_cpu_latent_run_pre(const k3_cpu_latent *p, int64_t m, const uint16_t *x, const k3_latent_moe_weights *w,
@@ -165,12 +171,15 @@ void k3_cpu_latent_run_post(const k3_cpu_latent *p, int64_t m, const float *part
                             const uint16_t *residual, uint16_t *y, void *ws) {
     const int64_t h = p->d.hidden, l = p->d.experts.hidden, is = p->d.shared_inter;
     const lat_bufs b = lat_bind(p, ws, NULL, NULL);
-    lat_norm_up(p, m, partial, w, &b);
-    const float *s = partial + m * l;
-    for (int64_t i = 0; i < m * h; i++) {
-        float acc = k3_bf16_bits_to_f32(b.z[i]);
-        if (is > 0) acc += k3_round_bf16(s[i]); /* the shared output's one rounding, as in the whole block */
-        if (residual) acc += k3_bf16_bits_to_f32(residual[i]);
-        y[i] = k3_f32_to_bf16_bits(acc);
+    const uint16_t *t = residual;
+    if (is > 0) { /* 6: t = bf16(bf16(s) + residual): the summed shared output's one rounding, as in the whole block */
+        const float *s = partial + m * l;
+        for (int64_t i = 0; i < m * h; i++) {
+            float acc = k3_round_bf16(s[i]);
+            if (residual) acc += k3_bf16_bits_to_f32(residual[i]);
+            b.z[i] = k3_f32_to_bf16_bits(acc);
+        }
+        t = b.z;
     }
+    lat_norm_up(p, m, partial, w, &b, t, y);
 }

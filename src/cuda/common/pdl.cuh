@@ -11,9 +11,11 @@
  *   whole body), so a kernel after a GEMM may rely only on its own k3_pdl_wait();
  * - a MoE call's first kernel (the dispatch, or the folded GEMM1) is launched plainly, so the call's inputs
  *   (topk_ids, x) are complete when any of its kernels starts: GEMM1's early routing and the combine read topk_ids
- *   before their waits. Launching that first kernel with PDL would break this;
- * - the latent block's elementwise kernels (RMSNorm, the shared activation, the final sum) wait before reading
- *   anything the previous kernel wrote; the activation and the sum trigger after their wait, like the MoE
+ *   before their waits. Launching that first kernel with PDL would break this, even after an event join: stream
+ *   capture makes every incoming edge of a PDL launch programmatic, the joined stream's too
+ *   (bench/pdl_edge_probe.cu), so a joined branch's output is complete only after the wait;
+ * - the latent block's elementwise kernels (RMSNorm, the shared activation, the shared addend) wait before reading
+ *   anything the previous kernel wrote; the activation and the addend trigger after their wait, like the MoE
  *   kernels, and so does the RMSNorm at the token counts whose plan data ask for it (plan/latent_tuning.c). */
 #ifndef K3_CUDA_PDL_CUH
 #define K3_CUDA_PDL_CUH

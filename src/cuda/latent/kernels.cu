@@ -1,9 +1,9 @@
 /* The latent-MoE block's elementwise kernels (the block is composed in src/api/latent.c, which calls these
  * launchers between its router, linear and MoE plans): the RMSNorm of the experts' fp32 sum, the shared
- * experts' activation, and the final sum with the shared output and the residual. Each rounds where the CPU
- * block (src/cpu/latent.c) rounds. Launched with PDL: each waits before it reads the previous kernel's output (through
- * L2, __ldcg: pdl.cuh's rule for outputs of a kernel still running at launch); the activation and the sum then let
- * the next kernel come up (after the sum: the next block's router), the RMSNorm where its caller asks (see there). */
+ * experts' activation, and the addend t of the shared output and the residual (the up projection adds it). Each
+ * rounds where the CPU block (src/cpu/latent.c) rounds. Launched with PDL: each waits before it reads the previous
+ * kernel's output (through L2, __ldcg: pdl.cuh's rule for outputs of a kernel still running at launch); the
+ * activation and the addend then let the next kernel come up, the RMSNorm where its caller asks (see there). */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -127,19 +127,16 @@ __global__ void k3_latent_act_kernel(const uint16_t *g, int64_t m, int64_t is, i
     a[idx] = k3_f32_to_bf16_bits(v);
 }
 
-/* y = bf16((z + bf16(s)) + r) with s and r optional: the shared experts' fp32 output (or the cross-rank sum of
- * their partials) rounded to BF16 where the CPU block rounds it, then the CPU's fp32 adds in its order, one
- * rounding. */
-__global__ void k3_latent_sum_kernel(const uint16_t *z, const float *s, const uint16_t *r,
-                                     int64_t n, uint16_t *y) {
-    k3_pdl_wait(); /* z: the up projection; s: the shared branch (joined before this launch) or the reduced partial */
+/* t = bf16(bf16(s) + r), r optional: the shared experts' fp32 output (or the cross-rank sum of their partials)
+ * rounded where the CPU block rounds it, plus the residual, one more rounding: the up projection's residual. */
+__global__ void k3_latent_addend_kernel(const float *s, const uint16_t *r, int64_t n, uint16_t *t) {
+    k3_pdl_wait(); /* s: the shared down projection, or the reduced partial */
     k3_pdl_launch();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float acc = k3_bf16_bits_to_f32(__ldcg(z + i));
-    if (s) acc = __fadd_rn(acc, k3_round_bf16(__ldcg(s + i)));
+    float acc = k3_round_bf16(__ldcg(s + i));
     if (r) acc = __fadd_rn(acc, k3_bf16_bits_to_f32(__ldcg(r + i)));
-    y[i] = k3_f32_to_bf16_bits(acc);
+    t[i] = k3_f32_to_bf16_bits(acc);
 }
 
 k3_status latent_launch_status(k3_ctx *ctx, cudaError_t e, const char *what) {
@@ -170,11 +167,11 @@ extern "C" k3_status k3_cuda_latent_act_launch(k3_ctx *ctx, const uint16_t *g, i
     return latent_launch_status(ctx, e, "the latent shared activation kernel");
 }
 
-extern "C" k3_status k3_cuda_latent_sum_f32_launch(k3_ctx *ctx, const uint16_t *z, const float *s, const uint16_t *r,
-                                                   int64_t n, uint16_t *y, void *stream) {
-    const cudaError_t e = k3_launch_pdl(k3_latent_sum_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0,
-                                        (cudaStream_t)stream, z, s, r, n, y);
-    return latent_launch_status(ctx, e, "the latent sum kernel (fp32 shared)");
+extern "C" k3_status k3_cuda_latent_addend_launch(k3_ctx *ctx, const float *s, const uint16_t *r, int64_t n,
+                                                  uint16_t *t, void *stream) {
+    const cudaError_t e = k3_launch_pdl(k3_latent_addend_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0,
+                                        (cudaStream_t)stream, s, r, n, t);
+    return latent_launch_status(ctx, e, "the latent addend kernel (shared output + residual)");
 }
 
 extern "C" k3_status k3_cuda_latent_copy(k3_ctx *ctx, void *dst, const void *src, size_t bytes, void *stream) {

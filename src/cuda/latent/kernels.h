@@ -29,10 +29,11 @@ k3_status k3_cuda_latent_rmsnorm_launch(k3_ctx *ctx, const float *u, const uint1
 k3_status k3_cuda_latent_act_launch(k3_ctx *ctx, const uint16_t *g, int64_t m, int64_t inter, int64_t g_stride,
                                     const k3_act_desc *act, uint16_t *a, void *stream);
 
-/* y[i] = bf16((z[i] + bf16(s[i])) + r[i]) with s in fp32 (the shared experts' output, or a cross-rank sum of
- * their partials, rounded where the CPU block rounds its shared output); s and r may be NULL. n >= 1. */
-k3_status k3_cuda_latent_sum_f32_launch(k3_ctx *ctx, const uint16_t *z, const float *s, const uint16_t *r,
-                                        int64_t n, uint16_t *y, void *stream);
+/* t[i] = bf16(bf16(s[i]) + r[i]) with s in fp32 (the shared experts' output, or a cross-rank sum of their partials,
+ * rounded where the CPU block rounds its shared output); r may be NULL (then t = bf16(s)). n >= 1. The block's up
+ * projection adds t as its residual. */
+k3_status k3_cuda_latent_addend_launch(k3_ctx *ctx, const float *s, const uint16_t *r, int64_t n, uint16_t *t,
+                                       void *stream);
 
 /* dst[bytes] = src[bytes], device to device, queued on `stream` (a memcpy node when captured). */
 k3_status k3_cuda_latent_copy(k3_ctx *ctx, void *dst, const void *src, size_t bytes, void *stream);
