@@ -202,17 +202,7 @@ static inline void ref_router(const k3_router_desc *d, int64_t m, const uint16_t
     free(taken);
 }
 
-/* y = x . W^T for BF16 x [m, k] and W [n, k], fp64 sums, each output rounded to bf16 (returned as doubles). */
-static inline void ref_linear_bf16(int64_t m, int64_t n, int64_t k, const double *x, const uint16_t *wt, double *y) {
-    for (int64_t t = 0; t < m; t++)
-        for (int64_t r = 0; r < n; r++) {
-            double s = 0;
-            for (int64_t c = 0; c < k; c++) s += x[t * k + c] * k3_bf16_to_f32(wt[r * k + c]);
-            y[t * n + r] = ref_bf16(s);
-        }
-}
-
-/* y = x . W^T as ref_linear_bf16, the fp64 sums left unrounded. */
+/* y = x . W^T for BF16 W [n, k] and x [m, k] given as doubles, fp64 sums, left unrounded. */
 static inline void ref_linear_f64(int64_t m, int64_t n, int64_t k, const double *x, const uint16_t *wt, double *y) {
     for (int64_t t = 0; t < m; t++)
         for (int64_t r = 0; r < n; r++) {
@@ -220,6 +210,12 @@ static inline void ref_linear_f64(int64_t m, int64_t n, int64_t k, const double 
             for (int64_t c = 0; c < k; c++) s += x[t * k + c] * k3_bf16_to_f32(wt[r * k + c]);
             y[t * n + r] = s;
         }
+}
+
+/* ref_linear_f64 with each output rounded to bf16 (returned as doubles). */
+static inline void ref_linear_bf16(int64_t m, int64_t n, int64_t k, const double *x, const uint16_t *wt, double *y) {
+    ref_linear_f64(m, n, k, x, wt, y);
+    for (int64_t i = 0; i < m * n; i++) y[i] = ref_bf16(y[i]);
 }
 
 /* The whole latent block (docs/model.md section 4: t = bf16(s + residual), y = bf16(v . W_up^T + t)); y [m, H]
