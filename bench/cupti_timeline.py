@@ -20,7 +20,8 @@ def demangle(names):
 
 CLASSES = [  # (substring of the demangled name, short label); first match wins
     ("router_logits", "router logits"), ("logits", "router logits"), ("select", "router select"),
-    ("rmsnorm", "rmsnorm"), ("latent_addend", "shared addend"), ("latent_act", "shared act"),
+    ("rmsnorm", "rmsnorm"), ("latent_addend", "shared addend"), ("latent_sum", "final sum"),
+    ("latent_act", "shared act"),
     ("gemm1", "moe gemm1"), ("gemm2", "moe gemm2"), ("combine", "moe combine"), ("dispatch", "moe dispatch"),
     ("map_ids", "moe map ids"), ("quant_x", "moe quant x"), ("mma_wt", "gemm wt"), ("skinny", "gemm skinny"),
     ("mma", "gemm mma"), ("nvjet", "cublasLt"), ("xmma", "cublasLt"), ("cutlass", "cublasLt"),

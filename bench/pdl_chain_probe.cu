@@ -12,14 +12,7 @@
 
 #include <cuda_runtime.h>
 
-#define CK(x)                                                                                                      \
-    do {                                                                                                           \
-        cudaError_t e_ = (x);                                                                                      \
-        if (e_ != cudaSuccess) {                                                                                   \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);                       \
-            return 1;                                                                                              \
-        }                                                                                                          \
-    } while (0)
+#include "probe_check.h"
 
 __device__ __forceinline__ uint64_t now_ns() {
     uint64_t t;
