@@ -454,6 +454,8 @@ static const k3t_case k_shape_cases[] = {
     {"shape", {40, 7176, 7176}, MAXM, 0, 6, K3T_OP_GEMM},
     {"shape", {24, 32, 32}, MAXM, 0, 7, K3T_OP_GEMM},
     {"shape", {40, 96, 104}, MAXM, 0, 8, K3T_OP_GEMM}, /* K under a whole-K warp tile's 128: chunks past K are 0 */
+    /* the bulk ring: a partial last row tile, K of 4 stages (2 per cluster rank, fewer than the ring holds), a strided x */
+    {"shape", {200, 2048, 2056}, MAXM, 0, 9, K3T_OP_GEMM},
 };
 
 /* The PDL chains: shape = {k1, n1, n2}, m tokens. The K3 shapes (x w(1536x7168) then 2304x1536), then a K = 128

@@ -22,10 +22,15 @@ static const k3_gemm_config k3_configs[] = {
 #define K3_GEMM_MMA_WT(nm, warps, tiles, unroll, minb)                                                                \
     {K3_KERNEL_MMA, #nm, 32 * (warps), 16 * (tiles) * (warps), (unroll), 1, K3_MMA_MAX_M, K3_MMA_K_ALIGN, 0, 1,      \
      32 * (unroll)},
+/* the bulk ring: 16 rows per block, stages of bk K elements (bk / 32 K chunks), whole stages per cluster rank */
+#define K3_GEMM_MMA_BULK(nm, warps, bk, smem_kb, cluster_k)                                                           \
+    {K3_KERNEL_MMA, #nm, 32 * ((warps) + 1), 16, (bk) / 32, (warps), K3_MMA_MAX_M, (bk) * (cluster_k), 0,             \
+     (cluster_k), 0},
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
 #undef K3_GEMM_MMA
 #undef K3_GEMM_MMA_WT
+#undef K3_GEMM_MMA_BULK
 };
 
 const k3_gemm_config *k3_gemm_configs(int32_t *count) {
@@ -64,8 +69,10 @@ int32_t k3_gemm_config_supports(const k3_gemm_config *cfg, int64_t n, int64_t k,
         return 0;
     }
     if (k % cfg->k_align != 0) {
-        *why = cfg->k_align == K3_MMA_K_ALIGN ? "k must be a multiple of 32 for this configuration"
-                                              : "k must be a multiple of 8 for this configuration";
+        *why = cfg->k_align == K3_MMA_K_ALIGN      ? "k must be a multiple of 32 for this configuration"
+               : cfg->k_align == K3_SKINNY_K_ALIGN ? "k must be a multiple of 8 for this configuration"
+                                                   : "k must be a multiple of the stage x cluster_k for this "
+                                                     "configuration (the bulk kernel's whole ring stages per rank)";
         return 0;
     }
     if (cfg->max_k != 0 && k > cfg->max_k) {

@@ -21,10 +21,13 @@ const k3_gemm_instance k3_instances[] = {
     {K3_KERNEL_MMA, #nm, &k3_mma_launch<warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe>},
 #define K3_GEMM_MMA_WT(nm, warps, tiles, unroll, minb) \
     {K3_KERNEL_MMA, #nm, &k3_mma_wt_launch<warps, tiles, unroll, minb>},
+#define K3_GEMM_MMA_BULK(nm, warps, bk, smem_kb, cluster_k) \
+    {K3_KERNEL_MMA, #nm, &k3_mma_bulk_launch<warps, bk, smem_kb, cluster_k>},
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
 #undef K3_GEMM_MMA
 #undef K3_GEMM_MMA_WT
+#undef K3_GEMM_MMA_BULK
 };
 
 bool k3_aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }

@@ -100,7 +100,9 @@ cudaError_t k3_mma_wt_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl
 #define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe)
 #define K3_GEMM_MMA_WT(nm, warps, tiles, unroll, minb) \
     template cudaError_t k3_mma_wt_launch<warps, tiles, unroll, minb>(const k3_gemm_args *, cudaStream_t, int);
+#define K3_GEMM_MMA_BULK(nm, warps, bk, smem_kb, cluster_k)
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
 #undef K3_GEMM_MMA
 #undef K3_GEMM_MMA_WT
+#undef K3_GEMM_MMA_BULK
