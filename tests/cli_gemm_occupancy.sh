@@ -25,7 +25,7 @@ if [ "$have_ver" != "$want_ver" ]; then
 fi
 
 # ptxas's resource report of the kernel families for sm_90a, as the library builds them
-for f in mma mma_wt skinny; do
+for f in mma mma_wt mma_bulk skinny; do
     if "$nvcc_bin" -c -DK3_HAVE_CUDA=1 -I"$src/include" -I"$src/src" -O3 -DNDEBUG --expt-relaxed-constexpr -std=c++17 -lineinfo \
         -gencode arch=compute_90a,code=sm_90a -Xptxas -v "$src/src/cuda/gemm/$f.cu" -o "$T/$f.o" >"$T/$f.log" 2>&1; then
         ok
@@ -35,12 +35,12 @@ for f in mma mma_wt skinny; do
 done
 [ "$fail" -eq 0 ] || { finish; exit 1; }
 
-# "mma W,T,U,C,PF,MINB,L2B,PIPE,NT regs smem" / "mmawt W,T,U,MINB,NT regs smem" / "skinny THR,ROWS,UNROLL,SK,M
-# regs smem" for every entry function
-cat "$T/mma.log" "$T/mma_wt.log" "$T/skinny.log" | awk '
+# "mma W,T,U,C,PF,MINB,L2B,PIPE,NT regs smem" / "mmawt W,T,U,MINB,NT regs smem" / "mmabulk W,BK,SMEM_KB,C,NT regs
+# smem" / "skinny THR,ROWS,UNROLL,SK,M regs smem" for every entry function (smem: static shared memory)
+cat "$T/mma.log" "$T/mma_wt.log" "$T/mma_bulk.log" "$T/skinny.log" | awk '
     /Compiling entry function/ {
         name = $0; sub(/.*entry function .*k3_/, "", name)
-        kind = name ~ /^mma_wt_kernel/ ? "mmawt" : name ~ /^mma_kernel/ ? "mma" : "skinny"
+        kind = name ~ /^mma_wt_kernel/ ? "mmawt" : name ~ /^mma_bulk_kernel/ ? "mmabulk" : name ~ /^mma_kernel/ ? "mma" : "skinny"
         args = ""; s = name
         while (match(s, /L[ib][0-9]+E/)) {
             a = substr(s, RSTART + 2, RLENGTH - 3); args = args (args == "" ? "" : ",") a
@@ -60,6 +60,7 @@ awk -F'[(),]' '
                                     n = split(x, p, "+"); v = 0; for (i = 1; i <= n; i++) v += p[i]; return v }
     /^K3_GEMM_MMA\(/    { gsub(/ /, "", $2); print "mma", $2, "mma", num($3) "," num($4) "," num($5) "," num($6) "," num($7) "," num($8) "," num($9) "," num($10) }
     /^K3_GEMM_MMA_WT\(/ { gsub(/ /, "", $2); print "mma", $2, "mmawt", num($3) "," num($4) "," num($5) "," num($6) }
+    /^K3_GEMM_MMA_BULK\(/ { gsub(/ /, "", $2); print "mma", $2, "mmabulk", num($3) "," num($4) "," num($5) "," num($6) }
     /^K3_GEMM_SKINNY\(/ { gsub(/ /, "", $2); print "skinny", $2, "skinny", num($3) "," num($4) "," num($5) "," num($6) }
 ' "$src/src/plan/gemm_configs.def" >"$T/cfg.txt"
 
@@ -76,14 +77,20 @@ awk -v cfgf="$T/cfg.txt" -v resf="$T/res.txt" '
         for (m = lo; m <= hi; m++) {
             key = $4 " " $5
             if (!(key in cfg)) { print "UNKNOWN", key; continue }
-            if ($4 == "mma") { split(cfg[key], a, ","); arg = cfg[key] "," (m <= 8 ? 1 : 2); thr = 32 * a[1]; unit = "nt" (m <= 8 ? 1 : 2) }
+            dyn = 0
+            if (rkind[key] == "mmabulk") {
+                # threads: the consumer warps + the producer warp; dynamic shared memory: the ring, as
+                # src/cuda/gemm/mma_bulk.cu sizes it (whole stages of 16 rows x (2 bk + 64) bytes, at least 2)
+                split(cfg[key], a, ","); arg = cfg[key] "," (m <= 8 ? 1 : 2); thr = 32 * (a[1] + 1); unit = "nt" (m <= 8 ? 1 : 2)
+                sb = 16 * (2 * a[2] + 64); st = int(a[3] * 1024 / sb); if (st < 2) st = 2; dyn = st * sb
+            } else if ($4 == "mma") { split(cfg[key], a, ","); arg = cfg[key] "," (m <= 8 ? 1 : 2); thr = 32 * a[1]; unit = "nt" (m <= 8 ? 1 : 2) }
             else { split(cfg[key], a, ","); arg = cfg[key] "," m; thr = a[1]; unit = "m" m }
             rk = rkind[key] " " arg
             if (!(rk in regs)) { print "NOINSTANCE", key, unit; continue }
             wregs = int((regs[rk] * 32 + 255) / 256) * 256
             b = int(int(65536 / wregs) / (thr / 32))
             t = int(2048 / thr); if (t < b) b = t
-            s = int(233472 / (smem[rk] + 1024)); if (s < b) b = s
+            s = int(233472 / (smem[rk] + dyn + 1024)); if (s < b) b = s
             if (b > 32) b = 32
             print $4, $5, unit, b
         }
