@@ -16,7 +16,7 @@ for o in "--tp N" "--ep N" "--device cuda" ncclCommInitAll NCCL_NVLS_ENABLE "ran
 done
 expect 0 "bench block --help" -- "$K3" bench block --help
 for o in "--tp N" "--ep N" NCCL_NVLS_ENABLE ncclCommInitAll "slowest rank" "without a communicator" "ncclAllReduce" \
-    "--tp 1 --config tp8" "--config tp8|ep16"; do
+    "--tp 1 --config tp8" "--config tp8|ep16" "--table FILE"; do
     contains "$T/out" "$o" "bench block --help documents $o"
 done
 
@@ -34,6 +34,8 @@ expect 2 "run moe --tp with --ep" -- "$K3" run moe "${FILES[@]}" --tp 2 --ep 2 -
 contains "$T/err" "exclusive" "run moe --tp with --ep: says why"
 expect 2 "bench block --tp with --ep" -- "$K3" bench block --tp 2 --ep 2
 contains "$T/err" "exclusive" "bench block --tp with --ep: says why"
+# --table FILE (compare two plan tables in one call; documented in --help above): without its file a usage error
+expect 2 "bench block --table without a file" -- "$K3" bench block --table
 expect 2 "run moe --tp 2 --device auto" -- "$K3" run moe "${FILES[@]}" --tp 2 --device auto
 contains "$T/err" "not auto" "run moe --tp 2 --device auto: says why"
 # shapes the K3 block cannot be cut into: I = 3072 into 5, 896 experts into 3

@@ -44,21 +44,41 @@ int main(void) {
     k3b_bars_add(&b, 1536, 128, 8, 1.21, 2.8, 7.9);
     k3b_bars_add(&b, 1536, 128, 12, 1.49, 2.8, 7.5);
     k3b_bars_add(&b, 3584, 7168, 1, 13.9, 17.3, 84.6);
-    k3b_bars_add(&b, 2112, 7168, 1, 9.0, 9.0, 60.0); /* 30 MB: not a big shape */
+    k3b_bars_add(&b, 2112, 7168, 1, 9.0, 9.0, 60.0); /* 30 MB: not a big shape; under its own 82% */
     failed = render(&b, out, sizeof out);
-    CHECK(failed == 3, "three bars missed (geomean passes): %d\n%s", failed, out);
+    CHECK(failed == 4, "four bars missed (geomean passes): %d\n%s", failed, out);
+    CHECK(strstr(out, "2112x7168 >= 82% at M <= 8: FAIL (1 of 1 points under: 2112x7168 M1 60.0%)"),
+          "small-M shapes line:\n%s", out);
     CHECK(strstr(out, "144x7168 <= 3.0 us at M <= 16: FAIL (worst 3.01 us at M 12; over: M12 3.01 us)"),
           "144x7168 line:\n%s", out);
     CHECK(strstr(out, "1536x128") && strstr(out, "FAIL (1 of 2 points over: M8 1.21 us)"), "1536x128 line:\n%s",
           out);
     CHECK(strstr(out, "FAIL (1 of 1 points under: 3584x7168 M1 84.6%)"), "big-shape line:\n%s", out);
 
+    /* the small-M shapes' edges: 1536x7168 76% at M 8, 70% at M 12 and 16, nothing asked at M 9-11; 2112x7168 82% at
+     * M 8 and nothing past it */
+    k3b_bars_init(&b);
+    k3b_bars_add(&b, 1536, 7168, 8, 6.6, 9.9, 76.0); /* 1.5x cuBLASLt everywhere */
+    k3b_bars_add(&b, 1536, 7168, 12, 7.2, 10.8, 70.0);
+    k3b_bars_add(&b, 1536, 7168, 10, 9.0, 13.5, 55.0);
+    k3b_bars_add(&b, 2112, 7168, 8, 8.4, 12.6, 82.0);
+    k3b_bars_add(&b, 2112, 7168, 16, 10.4, 15.6, 67.0);
+    failed = render(&b, out, sizeof out);
+    CHECK(failed == 0 && strstr(out, "2112x7168 >= 82% at M <= 8: PASS (0 of 3 points under)"),
+          "small-M shapes at their edges: %d\n%s", failed, out);
+    k3b_bars_add(&b, 1536, 7168, 16, 7.3, 10.95, 69.9);
+    k3b_bars_add(&b, 1536, 7168, 1, 6.7, 10.05, 75.9);
+    failed = render(&b, out, sizeof out);
+    CHECK(failed == 1 && strstr(out, "FAIL (2 of 5 points under: 1536x7168 M16 69.9%, 1536x7168 M1 75.9%)"),
+          "small-M shapes just under: %d\n%s", failed, out);
+
     /* geomean just under the bar; no shape-specific bars when those shapes were not measured */
     k3b_bars_init(&b);
     k3b_bars_add(&b, 6144, 7168, 4, 10.0, 13.49, 90.0);
     failed = render(&b, out, sizeof out);
     CHECK(failed == 1 && strstr(out, "FAIL (1.349x"), "geomean 1.349x fails:\n%s", out);
-    CHECK(!strstr(out, "144x7168") && !strstr(out, "1536x128"), "unmeasured bars not printed:\n%s", out);
+    CHECK(!strstr(out, "144x7168") && !strstr(out, "1536x128") && !strstr(out, "2112x7168"),
+          "unmeasured bars not printed:\n%s", out);
 
     /* a point more than 2% slower than cuBLASLt fails that bar and is listed; one 1% slower does not */
     k3b_bars_init(&b);

@@ -39,6 +39,8 @@ static void block_bench_help(void) {
            "  --schedule S the block's stream schedule (k3_latent_schedule): auto (default: the plan's choice),\n"
            "               shared-beside, router-beside, serial, select-beside or logits-first; the stages are\n"
            "               timed alone either way\n"
+           "  --table FILE plan the block's BF16 GEMMs from this table file (k3_ctx_load_table; e.g. to compare two\n"
+           "               tables in one call); --force loads it whatever its device key\n"
            "  --json       one JSON object: a row per M with every column\n\n"
            "--tp N / --ep N: the block on N GPUs (0..N-1), one host thread each with its own context, stream and\n"
            "plan whose k3_parallel_desc holds that rank's NCCL communicator (made here by ncclCommInitAll), so the\n"
@@ -84,7 +86,10 @@ static int bb_parse(int argc, char **argv, bb_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--json")) o->json = 1;
-        else if (!strcmp(argv[i], "--schedule")) {
+        else if (!strcmp(argv[i], "--force")) o->force = 1;
+        else if (!strcmp(argv[i], "--table")) {
+            if (!(o->table = k3_cli_value(argc, argv, &i, "--table"))) return K3_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--schedule")) {
             if (!(v = k3_cli_value(argc, argv, &i, "--schedule"))) return K3_EXIT_USAGE;
             o->schedule = -1;
             for (int s = K3_LATENT_SCHEDULE_AUTO; s <= K3_LATENT_SCHEDULE_LAST; s++)
@@ -532,17 +537,19 @@ static void bb_print_ready(void *user, const bb_measure *bm) {
     const k3_latent_moe_desc *d = &bm->hb->d;
     if (!o->json) {
         printf("k3 bench block: %s rank on %s (%d SMs): H %lld, E %d of %d top-%lld, L %lld, I %lld, Is %lld, "
-               "NVFP4 W4A16 SiTU, schedule %s%s; %d weight copies, %lld replays\n",
+               "NVFP4 W4A16 SiTU, schedule %s%s; table %s; %d weight copies, %lld replays\n",
                o->ep ? "EP16" : "TP8", bm->arch.device_name, (int)bm->arch.sm_count, (long long)d->hidden,
                (int)d->experts.num_experts, (int)d->router.num_experts, (long long)d->experts.top_k,
                (long long)d->experts.hidden, (long long)d->experts.inter, (long long)d->shared_inter,
                k3_bench_schedule_name((k3_latent_schedule)o->schedule),
-               o->schedule == K3_LATENT_SCHEDULE_AUTO ? " (the plan's choice per M: last column)" : "", (int)bm->copies,
-               (long long)o->reps);
+               o->schedule == K3_LATENT_SCHEDULE_AUTO ? " (the plan's choice per M: last column)" : "",
+               o->table ? o->table : k3_table_name(bm->arch.table), (int)bm->copies, (long long)o->reps);
         k3_bench_block_header(stdout);
     } else {
-        printf("{\"config\": \"%s\", \"schedule\": \"%s\", \"gpu\": ", o->ep ? "ep16" : "tp8",
+        printf("{\"config\": \"%s\", \"schedule\": \"%s\", \"table\": ", o->ep ? "ep16" : "tp8",
                k3_bench_schedule_name((k3_latent_schedule)o->schedule));
+        k3_cli_json_string(stdout, o->table ? o->table : k3_table_name(bm->arch.table));
+        printf(", \"gpu\": ");
         k3_cli_json_string(stdout, bm->arch.device_name);
         printf(", \"copies\": %d, \"reps\": %lld, \"rows\": [", (int)bm->copies, (long long)o->reps);
     }
@@ -568,6 +575,11 @@ int k3_bench_block(int argc, char **argv) {
     k3_ctx *ctx = k3_cli_ctx("cuda");
     if (!ctx) return K3_EXIT_FAIL;
     int rc = K3_EXIT_FAIL;
+    if (o.table && k3_ctx_load_table(ctx, o.table, o.force) != K3_STATUS_SUCCESS) {
+        fprintf(stderr, "k3 bench block: --table %s: %s\n", o.table, k3_ctx_last_error(ctx));
+        k3_ctx_destroy(ctx);
+        return K3_EXIT_FAIL;
+    }
     k3_synth_block hb;
     memset(&hb, 0, sizeof hb);
     int32_t *hmap = NULL;

@@ -26,6 +26,8 @@ typedef struct bb_opts {
     int ranks_ep;   /* --ep N */
     int schedule;   /* --schedule: a k3_latent_schedule (0 = AUTO) */
     int trace;      /* --trace (builds with -DK3_MOE_TRACE only): 1 block, 2 the experts alone */
+    const char *table; /* --table FILE: the plan table every context loads (NULL: the embedded one) */
+    int force;         /* --force: load it whatever its device key */
 } bb_opts;
 
 /* The N-GPU run (o->ranks > 0): exit status. */

@@ -165,6 +165,8 @@ static void *br_main(void *arg) {
     opt.backend = K3_BACKEND_CUDA;
     opt.device = k->rank;
     if (ok && (st = k3_ctx_create(&opt, &ctx)) != K3_STATUS_SUCCESS) ok = br_err(k, "CUDA context", k3_status_string(st));
+    if (ok && o->table && (st = k3_ctx_load_table(ctx, o->table, o->force)) != K3_STATUS_SUCCESS)
+        ok = br_err(k, "--table", k3_ctx_last_error(ctx));
     if (ok && (ce = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess)
         ok = br_err(k, "cudaStreamCreate", cudaGetErrorString(ce));
     /* the rank's shard: the same seed on every rank, so every rank routes the same replicated tokens alike */
