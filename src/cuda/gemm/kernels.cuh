@@ -24,6 +24,17 @@ static inline cudaError_t k3_gemm_launch_cfg_init(cudaLaunchConfig_t *lc, cudaLa
     return cudaSuccess;
 }
 
+/* A K split over cluster_k blocks of a cluster (cluster_k > 1): the grid's y dimension is the cluster's. attr has
+ * room for the attribute (k3_gemm_launch_cfg_init's array of 2). */
+static inline void k3_gemm_launch_cfg_cluster_k(cudaLaunchConfig_t *lc, cudaLaunchAttribute *attr, int cluster_k) {
+    if (cluster_k <= 1) return;
+    attr[lc->numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attr[lc->numAttrs].val.clusterDim.x = 1;
+    attr[lc->numAttrs].val.clusterDim.y = (unsigned)cluster_k;
+    attr[lc->numAttrs].val.clusterDim.z = 1;
+    lc->numAttrs++;
+}
+
 /* The tensor-core kernels' parameter list (gemm_mma.cu and gemm_mma_wt.cu): x, x_stride, w, residual, y,
  * y_stride, m, n, k; k3_mma_launch_ex launches one of them with lc on the call's arguments. */
 typedef void (*k3_mma_kernel_fn)(const uint16_t *, int64_t, const uint16_t *, const uint16_t *, uint16_t *, int64_t,

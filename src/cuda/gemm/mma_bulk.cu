@@ -156,13 +156,7 @@ cudaError_t k3_mma_bulk_launch_nt(const k3_gemm_args *a, cudaStream_t stream, in
     k3_gemm_launch_cfg_init(&lc, attr, dim3((unsigned)((a->n + 15) / 16), CLUSTER_K), dim3((WARPS + 1) * 32), stream,
                             pdl);
     lc.dynamicSmemBytes = (size_t)bytes;
-    if (CLUSTER_K > 1) { /* the K-splitting blocks of one row tile form a cluster */
-        attr[lc.numAttrs].id = cudaLaunchAttributeClusterDimension;
-        attr[lc.numAttrs].val.clusterDim.x = 1;
-        attr[lc.numAttrs].val.clusterDim.y = CLUSTER_K;
-        attr[lc.numAttrs].val.clusterDim.z = 1;
-        lc.numAttrs++;
-    }
+    k3_gemm_launch_cfg_cluster_k(&lc, attr, CLUSTER_K); /* the K-splitting blocks of one row tile form a cluster */
     return k3_mma_launch_ex(&lc, kernel, a);
 }
 
