@@ -209,6 +209,11 @@ static void test_rejections(k3_ctx *ctx, problem *p) {
     CHECK(sk != NULL && mm != NULL, "registry names");
     CHECK(k3_gemm_config_find(K3_KERNEL_MMA, "b128_o2_u4") == NULL, "name looked up under the wrong kernel");
     CHECK(k3_gemm_config_find(K3_KERNEL_SKINNY, NULL) == NULL, "NULL name");
+    CHECK(k3_cuda_gemm_prepare(ctx, NULL) == K3_STATUS_INVALID_ARGUMENT, "prepare of a NULL configuration");
+    if (mm) {
+        const k3_gemm_config copy = *mm; /* equal contents, but not the registry's entry */
+        CHECK(k3_cuda_gemm_prepare(ctx, &copy) == K3_STATUS_INVALID_ARGUMENT, "prepare of a configuration not in the registry");
+    }
     if (!sk || !mm) return;
     const k3_gemm_config *both[2] = {sk, mm};
     for (int i = 0; i < 2; i++) {
@@ -478,6 +483,12 @@ int main(void) {
     printf("gpu_gemm_kernels%s%s%s\n", quick ? " (quick: M subset)" : "", only ? ", configurations matching " : "",
            only ? only : "");
     k3t_seed_init("gpu_gemm_kernels", DEFAULT_SEED);
+    /* the launches below go straight to k3_cuda_gemm_launch: set every configuration up first, as a plan would */
+    int32_t n_cfgs = 0;
+    const k3_gemm_config *all = k3_gemm_configs(&n_cfgs);
+    for (int32_t c = 0; c < n_cfgs; c++)
+        CHECK(k3_cuda_gemm_prepare(ctx, &all[c]) == K3_STATUS_SUCCESS, "prepare %s: %s", all[c].name,
+              k3_ctx_last_error(ctx));
     for (size_t i = 0; i < sizeof k_shape_cases / sizeof k_shape_cases[0]; i++) {
         const k3t_case *kc = &k_shape_cases[i];
         const shape sh = {kc->shape[0], kc->shape[1], kc->shape[2]};

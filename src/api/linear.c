@@ -55,6 +55,14 @@ static k3_status validate_desc(k3_ctx *ctx, const k3_linear_desc *d) {
 }
 
 #ifdef K3_HAVE_CUDA
+/* The one-time set-up of every specialized configuration the plan chooses (k3_cuda_gemm_prepare), so that runs only
+ * launch. */
+static k3_status plan_prepare_kernels(k3_ctx *ctx, const k3_linear_plan *p) {
+    for (int64_t m = 1; m <= p->max_m; m++)
+        if (p->choice[m].cfg) K3_TRY(k3_cuda_gemm_prepare(ctx, p->choice[m].cfg));
+    return K3_STATUS_SUCCESS;
+}
+
 /* The cuBLASLt part of a CUDA plan: made only when some M uses the fallback. */
 static k3_status plan_fallback(k3_ctx *ctx, k3_linear_plan *p) {
     int any = 0;
@@ -101,6 +109,7 @@ k3_status k3_linear_plan_create(k3_ctx *ctx, const k3_linear_desc *d, k3_linear_
     p->pdl = 1;
     k3_status st = k3_linear_plan_resolve(ctx, d, p);
 #ifdef K3_HAVE_CUDA
+    if (st == K3_STATUS_SUCCESS && ctx->backend == K3_BACKEND_CUDA) st = plan_prepare_kernels(ctx, p);
     if (st == K3_STATUS_SUCCESS && ctx->backend == K3_BACKEND_CUDA) st = plan_fallback(ctx, p);
 #endif
     if (st != K3_STATUS_SUCCESS) {

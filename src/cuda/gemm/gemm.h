@@ -20,8 +20,14 @@ typedef struct k3_gemm_args {
     int64_t y_stride;
 } k3_gemm_args;
 
-/* Launches cfg on `stream` (a cudaStream_t). pdl != 0 launches with programmatic dependent launch so the
- * weight prefetch overlaps the previous kernel's tail. No allocation, no sync; the launch is checked. */
+/* The one-time set-up cfg needs on the context's device before its first launch there (the bulk kernels: their
+ * shared-memory ring over the default limit; nothing for the others). Idempotent; the linear plan calls it for every
+ * configuration it chooses, when it is made. */
+k3_status k3_cuda_gemm_prepare(k3_ctx *ctx, const k3_gemm_config *cfg);
+
+/* Launches cfg on `stream` (a cudaStream_t), which k3_cuda_gemm_prepare has set up on this device. pdl != 0
+ * launches with programmatic dependent launch so the weight prefetch overlaps the previous kernel's tail. No
+ * allocation, no sync; the launch is checked. */
 k3_status k3_cuda_gemm_launch(k3_ctx *ctx, const k3_gemm_config *cfg, const k3_gemm_args *a, void *stream,
                               int32_t pdl);
 

@@ -56,6 +56,10 @@ template <int WARPS, int TILES, int UNROLL, int MINB>
 cudaError_t k3_mma_wt_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
 template <int WARPS, int BK, int SMEM_KB, int CLUSTER_K>
 cudaError_t k3_mma_bulk_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl);
+/* The set-up a configuration needs before its first launch on a device (k3_cuda_gemm_prepare); only the bulk kernels
+ * have one. */
+template <int WARPS, int BK, int SMEM_KB, int CLUSTER_K>
+cudaError_t k3_mma_bulk_prepare(void);
 
 /* L2B (mma): the L2 prefetch size of the weight loads (k3_ld_stream_pf): 0 or 256 bytes. (Not on the skinny kernel,
  * where it measured slower: its warps already ask for 512 contiguous bytes; bench/NOTES-gemm.md.)

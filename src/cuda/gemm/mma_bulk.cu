@@ -143,14 +143,16 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, 1)
     k3_mma_reduce_store<WARPS, 1, NT, CLUSTER_K, THREADS>(red, &part_bar, residual, y, y_stride, m, n, row0, tid);
 }
 
+/* The ring's dynamic shared memory (bytes) of a configuration. */
+template <int BK, int SMEM_KB>
+constexpr int bulk_ring_bytes() {
+    return bulk_stages(BK, SMEM_KB) * bulk_stage_bytes(BK);
+}
+
 template <int WARPS, int BK, int SMEM_KB, int CLUSTER_K, int NT>
 cudaError_t k3_mma_bulk_launch_nt(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
-    constexpr int bytes = bulk_stages(BK, SMEM_KB) * bulk_stage_bytes(BK);
+    constexpr int bytes = bulk_ring_bytes<BK, SMEM_KB>();
     auto kernel = k3_mma_bulk_kernel<WARPS, BK, SMEM_KB, CLUSTER_K, NT>;
-    /* Idempotent, and a host-side attribute of the function only (no device work); set per launch so that a kernel
-     * launched by any path (plan, tests) may use its ring without a separate set-up call. */
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e != cudaSuccess) return e;
     cudaLaunchConfig_t lc;
     cudaLaunchAttribute attr[2];
     k3_gemm_launch_cfg_init(&lc, attr, dim3((unsigned)((a->n + 15) / 16), CLUSTER_K), dim3((WARPS + 1) * 32), stream,
@@ -161,6 +163,19 @@ cudaError_t k3_mma_bulk_launch_nt(const k3_gemm_args *a, cudaStream_t stream, in
 }
 
 } // namespace
+
+/* Lets both token-tile instances ask for the ring (over the default 48 KB of dynamic shared memory) on the current
+ * device: an attribute of the functions, set once when a plan is made (k3_cuda_gemm_prepare), not per launch. */
+template <int WARPS, int BK, int SMEM_KB, int CLUSTER_K>
+cudaError_t k3_mma_bulk_prepare(void) {
+    constexpr int bytes = bulk_ring_bytes<BK, SMEM_KB>();
+    cudaError_t e = cudaFuncSetAttribute(k3_mma_bulk_kernel<WARPS, BK, SMEM_KB, CLUSTER_K, 1>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k3_mma_bulk_kernel<WARPS, BK, SMEM_KB, CLUSTER_K, 2>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    return e;
+}
 
 template <int WARPS, int BK, int SMEM_KB, int CLUSTER_K>
 cudaError_t k3_mma_bulk_launch(const k3_gemm_args *a, cudaStream_t stream, int pdl) {
@@ -174,8 +189,9 @@ cudaError_t k3_mma_bulk_launch(const k3_gemm_args *a, cudaStream_t stream, int p
 #define K3_GEMM_SKINNY(nm, thr, rows, unroll, sk)
 #define K3_GEMM_MMA(nm, warps, tiles, unroll, cluster_k, pf, minb, l2b, pipe)
 #define K3_GEMM_MMA_WT(nm, warps, tiles, unroll, minb)
-#define K3_GEMM_MMA_BULK(nm, warps, bk, smem_kb, cluster_k) \
-    template cudaError_t k3_mma_bulk_launch<warps, bk, smem_kb, cluster_k>(const k3_gemm_args *, cudaStream_t, int);
+#define K3_GEMM_MMA_BULK(nm, warps, bk, smem_kb, cluster_k)                                                        \
+    template cudaError_t k3_mma_bulk_launch<warps, bk, smem_kb, cluster_k>(const k3_gemm_args *, cudaStream_t, int); \
+    template cudaError_t k3_mma_bulk_prepare<warps, bk, smem_kb, cluster_k>(void);
 #include "plan/gemm_configs.def"
 #undef K3_GEMM_SKINNY
 #undef K3_GEMM_MMA
