@@ -236,7 +236,7 @@ int k3_cmd_tune(int argc, char **argv) {
             a.device_name, (int)a.sm_count, (int)a.cc_major, (int)a.cc_minor, n_shapes, n_m, pr.total, (int)sw.reps);
 
     const k3b_options bo = {(int32_t)sw.reps, 2, (uint64_t)sw.seed};
-    int rc = K3_EXIT_OK, kept = 0, points = 0, incorrect = 0;
+    int rc = K3_EXIT_OK, kept = 0, points = 0, incorrect = 0, undecided = 0;
     double log_gain = 0;
     for (int si = 0; si < n_shapes && rc == K3_EXIT_OK; si++) {
         const int64_t n = shapes[si].n, k = shapes[si].k;
@@ -291,6 +291,7 @@ int k3_cmd_tune(int argc, char **argv) {
             if (lt.best < 0) {
                 snprintf(line, sizeof line, "k3 tune: %s: no cuBLASLt algorithm measured; left to the default", what);
                 progress_line(&pr, line);
+                undecided++;
                 continue;
             }
             points++;
@@ -367,6 +368,9 @@ int k3_cmd_tune(int argc, char **argv) {
                 "k3 tune: %d points, a specialized kernel kept at %d (geometric-mean gain there %.2fx), "
                 "%d incorrect candidates excluded; elapsed %s\n",
                 points, kept, kept ? exp(log_gain / kept) : 0, incorrect, el);
+        if (undecided)
+            fprintf(stderr, "k3 tune: %d more points left to the default: no cuBLASLt algorithm could be measured there "
+                            "to compare with (listed above)\n", undecided);
     } else {
         fprintf(stderr, "k3 tune: failed after %s; no table written\n", el);
     }
