@@ -56,20 +56,7 @@ k3_ctx *k3b_open_cuda(const char *cmd) {
     return ctx;
 }
 
-/* The registry's entry count, from the same list the library compiles. */
-enum {
-    K3B_REGISTRY_COUNT = 0
-#define K3_GEMM_SKINNY(...) +1
-#define K3_GEMM_MMA(...) +1
-#define K3_GEMM_MMA_WT(...) +1
-#define K3_GEMM_MMA_BULK(...) +1
-#include "plan/gemm_configs.def"
-#undef K3_GEMM_SKINNY
-#undef K3_GEMM_MMA
-#undef K3_GEMM_MMA_WT
-#undef K3_GEMM_MMA_BULK
-};
-_Static_assert(K3B_REGISTRY_COUNT + K3B_LT_ALGOS <= K3B_MAX_CAND,
+_Static_assert(K3_GEMM_CONFIG_COUNT + K3B_LT_ALGOS <= K3B_MAX_CAND,
                "K3B_MAX_CAND (tools/gemm_bench.h) must hold every registry configuration and the cuBLASLt candidates");
 
 int k3b_candidates(int64_t n, int64_t k, int64_t m, int with_cublaslt, k3b_candidate *out, int cap) {

@@ -33,6 +33,8 @@ static const k3_gemm_config k3_configs[] = {
 #undef K3_GEMM_MMA_BULK
 };
 
+_Static_assert(sizeof k3_configs / sizeof k3_configs[0] == K3_GEMM_CONFIG_COUNT, "the registry's count is its list's");
+
 const k3_gemm_config *k3_gemm_configs(int32_t *count) {
     if (count) *count = (int32_t)(sizeof k3_configs / sizeof k3_configs[0]);
     return k3_configs;

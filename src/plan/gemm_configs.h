@@ -23,6 +23,20 @@ typedef struct k3_gemm_config {
     int32_t max_k;          /* 0 = any K; else the largest K (whole-K warp tiles hold all of K in registers) */
 } k3_gemm_config;
 
+/* The number of compiled configurations, known at compile time (for fixed-size candidate lists). */
+enum {
+    K3_GEMM_CONFIG_COUNT = 0
+#define K3_GEMM_SKINNY(...) +1
+#define K3_GEMM_MMA(...) +1
+#define K3_GEMM_MMA_WT(...) +1
+#define K3_GEMM_MMA_BULK(...) +1
+#include "plan/gemm_configs.def"
+#undef K3_GEMM_SKINNY
+#undef K3_GEMM_MMA
+#undef K3_GEMM_MMA_WT
+#undef K3_GEMM_MMA_BULK
+};
+
 /* Every compiled configuration; *count receives the number. The order is stable. */
 const k3_gemm_config *k3_gemm_configs(int32_t *count);
 /* The configuration of `kernel` called `name`, or NULL. */
