@@ -1,0 +1,295 @@
+// Diagnostic probe (not part of the library or its build): would one persistent launch of the routed experts at
+// K3 TP8 M 1 stream its weights without the latency steps of today's three kernels (GEMM1, GEMM2, the combine)?
+// bench/NOTES-moe.md (2026-12-07) estimates ~15-16 us for such a form against ~25 us today; this measures the
+// form's skeleton with the same bytes and the same per-word work, before anyone builds the real kernel.
+//
+// The call's bytes are those of 16 touched experts at TP8 (L 3584, I 384, NVFP4 with e4m3 scales): W13 rows of
+// 1,792 bytes (gate and up), W2 rows of 192 bytes, 37.2 MB in all. Work items, claimed in order by one atomic
+// counter from a grid of exactly the resident blocks:
+//   G1  8 gate + 8 up rows of one expert (32 KB with scales; 48 per expert, 768 in all),
+//   G2  64 W2 rows of one expert (13.5 KB; 56 per expert, 896 in all): waits for its expert's 48 G1 items
+//       (a per-expert counter, released by each G1 item), then reads the expert's activations,
+//   C   256 output rows (14 items): waits for the 64 G2 items of those rows, sums 16 experts' fp32 rows.
+// A block keeps two items in flight: while it computes one, the next one's weights are on their way (bulk copies
+// into the other half of its 63 KB of shared memory). With W2 early, a G2 item's weights are asked for when it is
+// claimed, before its wait. Deadlock-free by the order: a block takes a G2 item only after every G1 item has been
+// claimed by a running block, and G1 items wait for nothing (likewise C after G2).
+// The per-word work (WORK) is the library's: E2M1 decode (k3_nv_decode_word), the BF16x2 scale multiply and one
+// m16n8k16 MMA per 32-bit word, as in bench/moe_ws_probe.cu. Outputs are not checked: a timing skeleton.
+// The counters are zeroed by a memset node before every launch (the caller's workspace is not zeroed).
+// Method: 8 sets of the 16 experts' bytes (297 MB, each call reads a cold set), one graph of 8 (memset, launch)
+// pairs, 3 warm-up and 15 timed replays, median per call.
+// Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o moe_persistent_probe bench/moe_persistent_probe.cu
+// Run:   ./moe_persistent_probe [blocks per SM, default: as many as fit]
+// Measured (s41d, an H100): bench/RESULTS.md; what it means: bench/NOTES-moe.md, 2026-12-07.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "probe_check.h"
+#include "../src/cuda/common/bulk_copy.cuh" /* the library's mbarrier and bulk-copy helpers */
+#include "../src/cuda/moe/nvfp4_decode.cuh" /* the library's decode, not a copy */
+
+constexpr int L = 3584, I = 384, NE = 16;
+constexpr int W13_ROW = L / 2, W13_SROW = L / 16; /* bytes per W13 row and per its scale row */
+constexpr int W2_ROW = I / 2, W2_SROW = I / 16;
+constexpr size_t W13_B = (size_t)2 * I * W13_ROW, W13S_B = (size_t)2 * I * W13_SROW;
+constexpr size_t W2_B = (size_t)L * W2_ROW, W2S_B = (size_t)L * W2_SROW;
+constexpr size_t EXPERT_B = W13_B + W13S_B + W2_B + W2S_B; /* 2,322,432 */
+constexpr int R1 = 8, G1_PER_E = I / R1;                 /* G1: 8 gate + 8 up rows */
+constexpr int R2 = 64, G2_PER_E = L / R2;                /* G2: 64 W2 rows */
+constexpr int RC = 256, NC = L / RC;                     /* C: 256 output rows */
+constexpr int N_G1 = NE * G1_PER_E, N_G2 = NE * G2_PER_E, N_ITEMS = N_G1 + N_G2 + NC;
+constexpr int STAGE = 2 * R1 * W13_ROW + 2 * R1 * W13_SROW; /* 32,256 bytes */
+constexpr int G2_BYTES = R2 * (W2_ROW + W2_SROW);           /* 13,824 */
+constexpr int RB_TARGET = NE * (RC / R2);                   /* G2 items per combine row block */
+constexpr int THREADS = 128, NSET = 8;
+static_assert(G2_BYTES <= STAGE && STAGE % 16 == 0, "stage layout");
+
+struct Ctl {
+    unsigned claim;
+    unsigned ready[NE]; /* G1 items done per expert */
+    unsigned rb[NC];    /* G2 items done per combine row block */
+};
+struct Args {
+    const uint8_t *w; /* this call's set: NE experts of EXPERT_B bytes */
+    float *a;         /* [NE][I] G1 outputs */
+    float *pair;      /* [NE][L] G2 outputs */
+    float *out;       /* [L] */
+    Ctl *ctl;
+    int deps, w2_early;
+};
+
+extern __shared__ __align__(128) uint4 dyn[];
+
+__device__ __forceinline__ void word_work(uint32_t w, uint32_t sc, float (&acc)[4]) {
+    uint32_t a[4];
+    k3_nv_decode_word(w, a);
+#pragma unroll
+    for (int i = 0; i < 4; i++) a[i] = k3_mul_bf16x2(a[i], sc);
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3f803f80u), "r"(0x3f803f80u));
+}
+template <bool WORK>
+__device__ __forceinline__ void use16(uint4 v, uint32_t sc, float (&acc)[4]) {
+    if (WORK) {
+        word_work(v.x, sc, acc);
+        word_work(v.y, sc, acc);
+        word_work(v.z, sc, acc);
+        word_work(v.w, sc, acc);
+    } else {
+        acc[0] += __uint_as_float((v.x ^ v.y ^ v.z ^ v.w) & 0x3f800000u);
+    }
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+}
+
+/* kind 1 G1, 2 G2, 3 C; e the expert, t the item within it (C: the row block) */
+__device__ __forceinline__ int decode(int it, int &e, int &t) {
+    if (it < N_G1) { e = it / G1_PER_E, t = it % G1_PER_E; return 1; }
+    if (it < N_G1 + N_G2) { const int j = it - N_G1; e = j / G2_PER_E, t = j % G2_PER_E; return 2; }
+    e = 0, t = it - N_G1 - N_G2;
+    return 3;
+}
+/* thread 0: the copies of item it into stage st, completing bar's next phase (C: an arrival without bytes) */
+__device__ void issue(const Args &A, int it, uint8_t *st, uint64_t *bar, uint64_t pol) {
+    int e, t;
+    const int kind = decode(it, e, t);
+    const uint8_t *eb = A.w + (size_t)e * EXPERT_B;
+    if (kind == 1) {
+        constexpr uint32_t RB = R1 * W13_ROW, SB = R1 * W13_SROW;
+        k3_mbar_arrive_expect_tx(bar, STAGE);
+        k3_bulk_copy_g2s_tx(st, eb + (size_t)t * RB, RB, bar, pol);
+        k3_bulk_copy_g2s_tx(st + RB, eb + (size_t)(I + t * R1) * W13_ROW, RB, bar, pol);
+        k3_bulk_copy_g2s_tx(st + 2 * RB, eb + W13_B + (size_t)t * SB, SB, bar, pol);
+        k3_bulk_copy_g2s_tx(st + 2 * RB + SB, eb + W13_B + (size_t)(I + t * R1) * W13_SROW, SB, bar, pol);
+    } else if (kind == 2) {
+        constexpr uint32_t RB = R2 * W2_ROW, SB = R2 * W2_SROW;
+        k3_mbar_arrive_expect_tx(bar, G2_BYTES);
+        k3_bulk_copy_g2s_tx(st, eb + W13_B + W13S_B + (size_t)t * RB, RB, bar, pol);
+        k3_bulk_copy_g2s_tx(st + RB, eb + W13_B + W13S_B + W2_B + (size_t)t * SB, SB, bar, pol);
+    } else {
+        mbar_arrive(bar);
+    }
+}
+
+template <bool WORK>
+__global__ void __launch_bounds__(THREADS, 3) persist_kernel(const Args A) {
+    __shared__ uint64_t bar[2];
+    __shared__ int item[2];
+    const int tid = threadIdx.x;
+    uint8_t *const stage = reinterpret_cast<uint8_t *>(dyn);
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    /* claim: thread 0 takes the next item for stage s and (unless it is a G2 item whose copies wait) asks for it */
+    auto claim = [&](int s) {
+        const int it = (int)atomicAdd(&A.ctl->claim, 1u);
+        item[s] = it;
+        int e, t;
+        if (it < N_ITEMS && (decode(it, e, t) != 2 || A.w2_early)) issue(A, it, stage + s * STAGE, &bar[s], pol);
+    };
+    if (tid == 0) {
+        k3_mbar_init(&bar[0]);
+        k3_mbar_init(&bar[1]);
+        k3_mbar_init_fence();
+        claim(0);
+        claim(1);
+    }
+    __syncthreads();
+    uint32_t phases = 0u; /* bit s: the parity stage s waits for next */
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t sc = 0x3f803f80u + (uint32_t)tid;
+    for (int s = 0;; s ^= 1) {
+        const int it = item[s];
+        if (it >= N_ITEMS) break; /* block-uniform: read after a barrier */
+        int e, t;
+        const int kind = decode(it, e, t);
+        if (kind == 2) {
+            if (tid == 0) {
+                if (A.deps)
+                    while (ld_acquire(&A.ctl->ready[e]) < (unsigned)G1_PER_E) __nanosleep(64);
+                if (!A.w2_early) issue(A, it, stage + s * STAGE, &bar[s], pol);
+            }
+            __syncthreads();
+            acc[1] += __ldcg(A.a + e * I + (tid * 3) % I); /* the expert's activations, after the wait */
+        } else if (kind == 3) {
+            if (tid == 0 && A.deps)
+                while (ld_acquire(&A.ctl->rb[t]) < (unsigned)RB_TARGET) __nanosleep(64);
+            __syncthreads();
+            for (int c = tid; c < RC; c += THREADS) {
+                float v = 0.f;
+#pragma unroll
+                for (int x = 0; x < NE; x++) v += __ldcg(A.pair + (size_t)x * L + t * RC + c);
+                A.out[t * RC + c] = v;
+            }
+        }
+        k3_mbar_wait(&bar[s], (phases >> s) & 1u);
+        phases ^= 1u << s;
+        if (kind != 3) {
+            const int n = kind == 1 ? STAGE : G2_BYTES;
+            const uint8_t *st = stage + s * STAGE;
+            for (int off = tid * 16; off < n; off += THREADS * 16)
+                use16<WORK>(*reinterpret_cast<const uint4 *>(st + off), sc, acc);
+        }
+        if (kind == 1 && tid < R1) A.a[e * I + t * R1 + tid] = acc[0] + acc[2];
+        if (kind == 2 && tid < R2) A.pair[(size_t)e * L + t * R2 + tid] = acc[0] + acc[1] + acc[3];
+        __syncthreads(); /* stage s read by every thread, the item's outputs written */
+        if (tid == 0) {
+            if (kind == 1) { __threadfence(); atomicAdd(&A.ctl->ready[e], 1u); }
+            if (kind == 2) { __threadfence(); atomicAdd(&A.ctl->rb[(t * R2) / RC], 1u); }
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the reads above before the new copies */
+            claim(s);
+        }
+        __syncthreads(); /* item[s] */
+    }
+    if (acc[0] + acc[1] + acc[2] + acc[3] == 12345.f) A.out[0] = acc[1];
+}
+
+__global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+        x ^= x >> 15, x *= 2246822519u, x ^= x >> 13;
+        p[i] = x & 0x77777777u; /* E2M1 codes below 8 and small e4m3 scales: finite values */
+    }
+}
+
+template <bool WORK>
+static int run(int bps, int deps, int w2_early, int memset_only, const uint8_t *w, float *a, float *pair, float *out,
+               Ctl *ctl, cudaStream_t st, float *us) {
+    const int smem = 2 * STAGE;
+    CK(cudaFuncSetAttribute(persist_kernel<WORK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int dev = 0, sms = 0, fit = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, persist_kernel<WORK>, THREADS, smem));
+    if (bps <= 0 || bps > fit) bps = fit;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int k = 0; k < NSET; k++) {
+        CK(cudaMemsetAsync(ctl + k, 0, sizeof(Ctl), st));
+        if (memset_only) continue;
+        Args A{w + (size_t)k * NE * EXPERT_B, a, pair, out, ctl + k, deps, w2_early};
+        persist_kernel<WORK><<<sms * bps, THREADS, smem, st>>>(A);
+        CK(cudaGetLastError());
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> t;
+    for (int r = 0; r < 18; r++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0.f;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 3) t.push_back(ms * 1000.f / NSET);
+    }
+    std::sort(t.begin(), t.end());
+    *us = t[t.size() / 2];
+    printf("  %-34s blocks %d x %d per SM   %7.2f us per call (min %.2f, max %.2f)\n",
+           memset_only ? "memsets alone" : "", sms, bps, *us, t.front(), t.back());
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const int bps = argc > 1 ? atoi(argv[1]) : 0;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("moe_persistent_probe: %s, %d SMs; %d items (G1 %d, G2 %d, C %d), %.1f MB per call, %d sets\n",
+           prop.name, prop.multiProcessorCount, N_ITEMS, N_G1, N_G2, NC, NE * EXPERT_B / 1e6, NSET);
+    uint8_t *w;
+    float *a, *pair, *out;
+    Ctl *ctl;
+    const size_t wb = (size_t)NSET * NE * EXPERT_B;
+    CK(cudaMalloc(&w, wb));
+    CK(cudaMalloc(&a, sizeof(float) * NE * I));
+    CK(cudaMalloc(&pair, sizeof(float) * NE * L));
+    CK(cudaMalloc(&out, sizeof(float) * L));
+    CK(cudaMalloc(&ctl, sizeof(Ctl) * NSET));
+    fill_kernel<<<1024, 256>>>(reinterpret_cast<uint32_t *>(w), wb / 4, 20261207u);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    float us = 0.f;
+    struct V { const char *name; int work, deps, w2_early; } vs[] = {
+        {"design (work, deps, W2 early)", 1, 1, 1},
+        {"W2 asked for after the wait", 1, 1, 0},
+        {"no waits (the stream's bound)", 1, 0, 1},
+        {"no per-word work", 0, 1, 1},
+    };
+    for (int round = 0; round < 2; round++)
+        for (const V &v : vs) {
+            printf("%s:\n", v.name);
+            const int rc = v.work ? run<true>(bps, v.deps, v.w2_early, 0, w, a, pair, out, ctl, st, &us)
+                                  : run<false>(bps, v.deps, v.w2_early, 0, w, a, pair, out, ctl, st, &us);
+            if (rc) return rc;
+        }
+    if (run<true>(bps, 1, 1, 1, w, a, pair, out, ctl, st, &us)) return 1;
+    printf("floor: %.1f MB at 4.37 TB/s = %.2f us\n", NE * EXPERT_B / 1e6, NE * EXPERT_B / 4.37e6);
+    CK(cudaStreamDestroy(st));
+    CK(cudaFree(w));
+    CK(cudaFree(a));
+    CK(cudaFree(pair));
+    CK(cudaFree(out));
+    CK(cudaFree(ctl));
+    return 0;
+}
