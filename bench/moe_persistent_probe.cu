@@ -10,18 +10,22 @@
 //   G2  64 W2 rows of one expert (13.5 KB; 56 per expert, 896 in all): waits for its expert's 48 G1 items
 //       (a per-expert counter, released by each G1 item), then reads the expert's activations,
 //   C   256 output rows (14 items): waits for the 64 G2 items of those rows, sums 16 experts' fp32 rows.
-// A block keeps two items in flight: while it computes one, the next one's weights are on their way (bulk copies
-// into the other half of its 63 KB of shared memory). With W2 early, a G2 item's weights are asked for when it is
-// claimed, before its wait. Deadlock-free by the order: a block takes a G2 item only after every G1 item has been
-// claimed by a running block, and G1 items wait for nothing (likewise C after G2).
+// A block keeps PROBE_STAGES items in flight (default 2: 63 KB of shared memory at 32 KB items): while it computes
+// one, the next ones' weights are on their way (bulk copies into the other stages). With W2 early, a G2 item's
+// weights are asked for when it is claimed, before its wait. Deadlock-free by the order: a block takes a G2 item
+// only after every G1 item has been claimed by a running block, and G1 items wait for nothing (likewise C after
+// G2); a block's current item is always its oldest claim.
 // The per-word work (WORK) is the library's: E2M1 decode (k3_nv_decode_word), the BF16x2 scale multiply and one
 // m16n8k16 MMA per 32-bit word, as in bench/moe_ws_probe.cu. Outputs are not checked: a timing skeleton.
 // The counters are zeroed by a memset node before every launch (the caller's workspace is not zeroed).
 // Method: 8 sets of the 16 experts' bytes (297 MB, each call reads a cold set), one graph of 8 (memset, launch)
 // pairs, 3 warm-up and 15 timed replays, median per call.
-// Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o moe_persistent_probe bench/moe_persistent_probe.cu
+// Build: nvcc [-DPROBE_R1=4 -DPROBE_STAGES=4] -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a
+//            -o moe_persistent_probe bench/moe_persistent_probe.cu
 // Run:   ./moe_persistent_probe [blocks per SM, default: as many as fit]
-// Measured (s41d, an H100): bench/RESULTS.md; what it means: bench/NOTES-moe.md, 2026-12-07.
+// Measured (s41d, an H100): bench/RESULTS.md; what it means: bench/NOTES-moe.md, 2026-12-07. s41d ran the
+// defaults (R1 8, two stages) before PROBE_R1 and PROBE_STAGES were added (commit 31aaf0b's form); the
+// parameterized form builds for R1 4 and 8 with 2-4 stages and has not run on a GPU yet.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -38,15 +42,21 @@ constexpr int W2_ROW = I / 2, W2_SROW = I / 16;
 constexpr size_t W13_B = (size_t)2 * I * W13_ROW, W13S_B = (size_t)2 * I * W13_SROW;
 constexpr size_t W2_B = (size_t)L * W2_ROW, W2S_B = (size_t)L * W2_SROW;
 constexpr size_t EXPERT_B = W13_B + W13S_B + W2_B + W2S_B; /* 2,322,432 */
-constexpr int R1 = 8, G1_PER_E = I / R1;                 /* G1: 8 gate + 8 up rows */
+#ifndef PROBE_R1
+#define PROBE_R1 8 /* gate rows (and as many up rows) per G1 item */
+#endif
+#ifndef PROBE_STAGES
+#define PROBE_STAGES 2 /* items a block has in flight */
+#endif
+constexpr int R1 = PROBE_R1, G1_PER_E = I / R1, NSTG = PROBE_STAGES;
 constexpr int R2 = 64, G2_PER_E = L / R2;                /* G2: 64 W2 rows */
 constexpr int RC = 256, NC = L / RC;                     /* C: 256 output rows */
 constexpr int N_G1 = NE * G1_PER_E, N_G2 = NE * G2_PER_E, N_ITEMS = N_G1 + N_G2 + NC;
-constexpr int STAGE = 2 * R1 * W13_ROW + 2 * R1 * W13_SROW; /* 32,256 bytes */
+constexpr int STAGE = 2 * R1 * W13_ROW + 2 * R1 * W13_SROW; /* 32,256 bytes at R1 8 */
 constexpr int G2_BYTES = R2 * (W2_ROW + W2_SROW);           /* 13,824 */
 constexpr int RB_TARGET = NE * (RC / R2);                   /* G2 items per combine row block */
 constexpr int THREADS = 128, NSET = 8;
-static_assert(G2_BYTES <= STAGE && STAGE % 16 == 0, "stage layout");
+static_assert(G2_BYTES <= STAGE && STAGE % 16 == 0 && I % R1 == 0 && NSTG >= 2 && NSTG <= 8, "stage layout");
 
 struct Ctl {
     unsigned claim;
@@ -125,8 +135,8 @@ __device__ void issue(const Args &A, int it, uint8_t *st, uint64_t *bar, uint64_
 
 template <bool WORK>
 __global__ void __launch_bounds__(THREADS, 3) persist_kernel(const Args A) {
-    __shared__ uint64_t bar[2];
-    __shared__ int item[2];
+    __shared__ uint64_t bar[NSTG];
+    __shared__ int item[NSTG];
     const int tid = threadIdx.x;
     uint8_t *const stage = reinterpret_cast<uint8_t *>(dyn);
     uint64_t pol;
@@ -139,17 +149,15 @@ __global__ void __launch_bounds__(THREADS, 3) persist_kernel(const Args A) {
         if (it < N_ITEMS && (decode(it, e, t) != 2 || A.w2_early)) issue(A, it, stage + s * STAGE, &bar[s], pol);
     };
     if (tid == 0) {
-        k3_mbar_init(&bar[0]);
-        k3_mbar_init(&bar[1]);
+        for (int s = 0; s < NSTG; s++) k3_mbar_init(&bar[s]);
         k3_mbar_init_fence();
-        claim(0);
-        claim(1);
+        for (int s = 0; s < NSTG; s++) claim(s);
     }
     __syncthreads();
     uint32_t phases = 0u; /* bit s: the parity stage s waits for next */
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const uint32_t sc = 0x3f803f80u + (uint32_t)tid;
-    for (int s = 0;; s ^= 1) {
+    for (int s = 0;; s = s + 1 == NSTG ? 0 : s + 1) {
         const int it = item[s];
         if (it >= N_ITEMS) break; /* block-uniform: read after a barrier */
         int e, t;
@@ -206,7 +214,7 @@ __global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed) {
 template <bool WORK>
 static int run(int bps, int deps, int w2_early, int memset_only, const uint8_t *w, float *a, float *pair, float *out,
                Ctl *ctl, cudaStream_t st, float *us) {
-    const int smem = 2 * STAGE;
+    const int smem = NSTG * STAGE;
     CK(cudaFuncSetAttribute(persist_kernel<WORK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int dev = 0, sms = 0, fit = 0;
     CK(cudaGetDevice(&dev));
@@ -253,8 +261,10 @@ int main(int argc, char **argv) {
     const int bps = argc > 1 ? atoi(argv[1]) : 0;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("moe_persistent_probe: %s, %d SMs; %d items (G1 %d, G2 %d, C %d), %.1f MB per call, %d sets\n",
-           prop.name, prop.multiProcessorCount, N_ITEMS, N_G1, N_G2, NC, NE * EXPERT_B / 1e6, NSET);
+    printf("moe_persistent_probe: %s, %d SMs; %d items (G1 %d of %d KB, G2 %d, C %d), %d in flight per block, "
+           "%.1f MB per call, %d sets\n",
+           prop.name, prop.multiProcessorCount, N_ITEMS, N_G1, STAGE / 1024, N_G2, NC, NSTG, NE * EXPERT_B / 1e6,
+           NSET);
     uint8_t *w;
     float *a, *pair, *out;
     Ctl *ctl;
