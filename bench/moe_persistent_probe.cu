@@ -34,7 +34,7 @@
 
 #include "probe_check.h"
 #include "../src/cuda/common/bulk_copy.cuh" /* the library's mbarrier and bulk-copy helpers */
-#include "../src/cuda/moe/nvfp4_decode.cuh" /* the library's decode, not a copy */
+#include "probe_fp4_work.cuh"                /* the library's decode and the per-word work */
 
 constexpr int L = 3584, I = 384, NE = 16;
 constexpr int W13_ROW = L / 2, W13_SROW = L / 16; /* bytes per W13 row and per its scale row */
@@ -74,27 +74,6 @@ struct Args {
 
 extern __shared__ __align__(128) uint4 dyn[];
 
-__device__ __forceinline__ void word_work(uint32_t w, uint32_t sc, float (&acc)[4]) {
-    uint32_t a[4];
-    k3_nv_decode_word(w, a);
-#pragma unroll
-    for (int i = 0; i < 4; i++) a[i] = k3_mul_bf16x2(a[i], sc);
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(0x3f803f80u), "r"(0x3f803f80u));
-}
-template <bool WORK>
-__device__ __forceinline__ void use16(uint4 v, uint32_t sc, float (&acc)[4]) {
-    if (WORK) {
-        word_work(v.x, sc, acc);
-        word_work(v.y, sc, acc);
-        word_work(v.z, sc, acc);
-        word_work(v.w, sc, acc);
-    } else {
-        acc[0] += __uint_as_float((v.x ^ v.y ^ v.z ^ v.w) & 0x3f800000u);
-    }
-}
 __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "../src/cuda/common/bulk_copy.cuh"    /* the library's mbarrier wait */
-#include "../src/cuda/moe/nvfp4_decode.cuh" /* the library's decode, not a copy */
+#include "probe_fp4_work.cuh"                /* the library's decode and the per-word work */
 #define CK(x)                                                                                                        \
     do {                                                                                                             \
         cudaError_t e_ = (x);                                                                                        \
@@ -38,29 +38,6 @@ constexpr int SPAN = 16 * ROWB;       /* one row set of a unit: 28,672 bytes */
 constexpr int UNIT = 2 * SPAN;        /* gate + up */
 static int PIN_SMEM = 52 * 1024; /* every variant asks for at least this: 4 blocks per SM (argv[1]: another size) */
 extern __shared__ __align__(128) uint4 dyn[];
-
-/* The library's per-word work: decode 8 E2M1 codes to 4 BF16x2 registers, scale them, one MMA. */
-__device__ __forceinline__ void word_work(uint32_t w, uint32_t sc, uint32_t b0, uint32_t b1, float (&acc)[4]) {
-    uint32_t a[4];
-    k3_nv_decode_word(w, a);
-#pragma unroll
-    for (int i = 0; i < 4; i++) a[i] = k3_mul_bf16x2(a[i], sc);
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <bool WORK>
-__device__ __forceinline__ void use16(uint4 v, uint32_t sc, float (&acc)[4]) {
-    if (WORK) {
-        word_work(v.x, sc, 0x3f803f80u, 0x3f803f80u, acc);
-        word_work(v.y, sc, 0x3f803f80u, 0x3f803f80u, acc);
-        word_work(v.z, sc, 0x3f803f80u, 0x3f803f80u, acc);
-        word_work(v.w, sc, 0x3f803f80u, 0x3f803f80u, acc);
-    } else {
-        acc[0] += __uint_as_float((v.x ^ v.y ^ v.z ^ v.w) & 0x3f800000u);
-    }
-}
 
 /* ring: the library's structure. Warp w takes chunks w, w + 4, ... of its unit; a chunk is 1 KB of the gate span
  * and 1 KB of the up span at the same offset; lane l copies 16 B at 16 l and 512 + 16 l of each. */
