@@ -12,6 +12,9 @@
 
 #define K3_BENCH_TIMEOUT_S 30.0
 #define K3_BENCH_COLD_MIN_BYTES 180e6 /* >= 3 x the H200's 60 MB L2 */
+/* The H200's measured HBM read ceiling, bytes/s (docs/benchmarks.md): every benchmark's "% of the ceiling" and
+ * read floor, on any GPU. */
+#define K3_BENCH_READ_CEILING 4.37e12
 
 /* Queues one call using weight copy `copy` on `stream`; a failure's message goes to err. */
 typedef k3_status (*k3_bench_call_fn)(void *user, int32_t copy, void *stream, char *err, size_t err_size);

@@ -11,8 +11,6 @@
 #include "cli.h"
 #include "plan/latent_tuning.h"
 
-#define BB_CEILING 4.37e12 /* the H200's HBM read ceiling (docs/benchmarks.md) */
-
 static void block_bench_help(void) {
     printf("usage: k3 bench block [--config tp8|ep16] [--m LIST] [--reps R] [--schedule S] [--json]\n"
            "       k3 bench block --tp N | --ep N [--config tp8|ep16] [--m LIST] [--reps R] [--json]\n\n"
@@ -495,7 +493,7 @@ int k3_bench_block_measure(bb_measure *bm) {
 #endif
         p.sum_us = p.us[1] + p.us[2] + p.us[3] + p.us[4] + p.us[5];
         p.main_us = p.us[1] + p.us[2] + p.us[3] + p.us[4];
-        p.floor_us = p.bytes / BB_CEILING * 1e6;
+        p.floor_us = p.bytes / K3_BENCH_READ_CEILING * 1e6;
         if (bm->on_point) bm->on_point(bm->user, bm, &p, j);
     }
     ok = 1;

@@ -15,7 +15,7 @@ double k3b_bytes(int64_t n, int64_t k, int64_t m) { return 2.0 * ((double)n * (d
 
 double k3b_percent_of_ceiling(int64_t n, int64_t k, int64_t m, double us) {
     if (!(us > 0)) return 0;
-    return 100.0 * k3b_bytes(n, k, m) / (us * 1e-6) / K3B_CEILING_BYTES_PER_S;
+    return 100.0 * k3b_bytes(n, k, m) / (us * 1e-6) / K3_BENCH_READ_CEILING;
 }
 
 int k3b_parse_sweep_arg(int argc, char **argv, int *i, k3b_sweep_args *a) {

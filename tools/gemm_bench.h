@@ -14,7 +14,6 @@
 
 #include "k3.h"
 
-#define K3B_CEILING_BYTES_PER_S 4.37e12 /* measured H200 HBM read ceiling (docs/benchmarks.md) */
 #define K3B_REL_L2_MAX 2e-3             /* BF16 GEMM correctness bar */
 #define K3B_MIN_CALLS 8                 /* calls per graph, so the replay's own launch cost is amortized */
 #define K3B_MAX_M 32

@@ -10,7 +10,6 @@
 #include "cli.h"
 
 #define MB_H 7168         /* router input width (the K3 hidden size) */
-#define MB_CEILING 4.37e12 /* HBM read ceiling of the H200 (docs/benchmarks.md) */
 #define MB_MAX_M 4096     /* prefill sizes: throughput only */
 #define MB_MAX_LIST 16
 #define MB_MAX_WS_OFFSET (64 << 20) /* --ws-offset: placement studies */
@@ -433,7 +432,7 @@ static int bench_config(const char *name, int32_t E, int32_t k, int64_t I, const
             fprintf(stderr, "k3 bench moe: m=%lld baseline: %s\n", (long long)b.m, err);
             goto done;
         }
-        const double pct = 100.0 * bytes / (t_moe * 1e-6) / MB_CEILING;
+        const double pct = 100.0 * bytes / (t_moe * 1e-6) / K3_BENCH_READ_CEILING;
         const double tflops = 2.0 * (double)(b.m * k) * 3.0 * (double)I * (double)L / (t_moe * 1e-6) / 1e12;
         const double need = E >= 896 ? 60.0 : 70.0;
         const int bar_bw = b.m < 4 || b.m > MB_DECODE_MAX_M || pct >= need, bar_sp = !base || t_base / t_moe >= 2.5;
