@@ -16,7 +16,8 @@
 // only after every G1 item has been claimed by a running block, and G1 items wait for nothing (likewise C after
 // G2); a block's current item is always its oldest claim.
 // The per-word work (WORK) is the library's: E2M1 decode (k3_nv_decode_word), the BF16x2 scale multiply and one
-// m16n8k16 MMA per 32-bit word, as in bench/moe_ws_probe.cu. Outputs are not checked: a timing skeleton.
+// m16n8k16 MMA per 32-bit word, as in bench/moe_ws_probe.cu; here it runs on the scale bytes too, about 11 % more
+// work than the library does for the same weights. Outputs are not checked: a timing skeleton.
 // The counters are zeroed by a memset node before every launch (the caller's workspace is not zeroed).
 // Method: 8 sets of the 16 experts' bytes (297 MB, each call reads a cold set), one graph of 8 (memset, launch)
 // pairs, 3 warm-up and 15 timed replays, median per call.
