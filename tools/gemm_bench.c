@@ -59,19 +59,17 @@ k3_ctx *k3b_open_cuda(const char *cmd) {
 _Static_assert(K3_GEMM_CONFIG_COUNT + K3B_LT_ALGOS <= K3B_MAX_CAND,
                "K3B_MAX_CAND (tools/gemm_bench.h) must hold every registry configuration and the cuBLASLt candidates");
 
-int k3b_candidates(int64_t n, int64_t k, int64_t m, int with_cublaslt, k3b_candidate *out, int cap) {
+int k3b_candidates(int64_t n, int64_t k, int64_t m, int with_cublaslt, k3b_candidate out[K3B_MAX_CAND]) {
     int32_t count = 0;
     const k3_gemm_config *all = k3_gemm_configs(&count);
     int c = 0;
     for (int32_t i = 0; i < count; i++) {
         if (!k3_gemm_config_supports(&all[i], n, k, m, k, NULL)) continue;
-        if (c >= cap) return -1;
         out[c].kernel = all[i].kernel;
         snprintf(out[c].config, sizeof out[c].config, "%s", all[i].name);
         c++;
     }
     for (int a = 0; with_cublaslt && a < K3B_LT_ALGOS; a++) {
-        if (c >= cap) return -1;
         out[c].kernel = K3_KERNEL_FALLBACK;
         snprintf(out[c].config, sizeof out[c].config, "h%d", a);
         c++;

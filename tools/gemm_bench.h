@@ -57,14 +57,14 @@ typedef struct k3b_candidate {
 
 #define K3B_LT_ALGOS 4 /* the cuBLASLt heuristic's top algorithms timed (K3_LT_KEEP_ALGOS) */
 
-/* Room for every candidate of a point: every registry configuration plus h0..h3 (gemm_bench.c checks at compile
- * time that the registry fits). */
+/* Room for every candidate of a point: every registry configuration plus h0..h3. gemm_bench.c checks at compile
+ * time that the registry fits, so no candidate is ever dropped (a tuner that lost the cuBLASLt candidates would
+ * write a table of defaults). */
 #define K3B_MAX_CAND 128
 
 /* The candidates for (n, k, m) with dense x: every registry configuration that supports it, then (when
- * with_cublaslt) h0..h3. Returns the count, or -1 when they do not all fit in cap (none is dropped silently: a
- * tuner that lost the cuBLASLt candidates would write a table of defaults). */
-int k3b_candidates(int64_t n, int64_t k, int64_t m, int with_cublaslt, k3b_candidate *out, int cap);
+ * with_cublaslt) h0..h3. Returns the count (<= K3B_MAX_CAND). */
+int k3b_candidates(int64_t n, int64_t k, int64_t m, int with_cublaslt, k3b_candidate out[K3B_MAX_CAND]);
 /* A plan description forcing candidate c for shape (n, k). */
 void k3b_candidate_desc(const k3b_candidate *c, int64_t n, int64_t k, k3_linear_desc *d);
 
