@@ -14,13 +14,18 @@
 // one, the next ones' weights are on their way (bulk copies into the other stages). With W2 early, a G2 item's
 // weights are asked for when it is claimed, before its wait. Deadlock-free by the order: a block takes a G2 item
 // only after every G1 item has been claimed by a running block, and G1 items wait for nothing (likewise C after
-// G2); a block's current item is always its oldest claim.
+// G2); a block's current item is always its oldest claim. The fixed-stride variant (block b takes items b, b + grid,
+// ...) is deadlock-free too: every item waits only on items of lower index, and each block takes its items in
+// increasing order.
 // The per-word work (WORK) is the library's: E2M1 decode (k3_nv_decode_word), the BF16x2 scale multiply and one
 // m16n8k16 MMA per 32-bit word, as in bench/moe_ws_probe.cu; here it runs on the scale bytes too, about 11 % more
 // work than the library does for the same weights. Outputs are not checked: a timing skeleton.
 // The counters are zeroed by a memset node before every launch (the caller's workspace is not zeroed).
 // Method: 8 sets of the 16 experts' bytes (297 MB, each call reads a cold set), one graph of 8 (memset, launch)
 // pairs, 3 warm-up and 15 timed replays, median per call.
+// Then reference streams, to tell this form's rate from what the GPU reads at these sizes with no items at all: a
+// plain 16-byte-load kernel and a per-block contiguous bulk-copy ring (ldg_kernel, ring_kernel), each with and
+// without the per-word work, at this call's 37.2 MB and at TP8 M 4's and M 16's expert bytes (141.7, 511.2 MB).
 // Build: nvcc [-DPROBE_R1=4 -DPROBE_STAGES=4] -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a
 //            -o moe_persistent_probe bench/moe_persistent_probe.cu
 // Run:   ./moe_persistent_probe [blocks per SM, default: as many as fit]
@@ -71,6 +76,7 @@ struct Args {
     float *out;       /* [L] */
     Ctl *ctl;
     int deps, w2_early;
+    int stat; /* items by a fixed stride (block b: b, b + grid, ...) instead of the claim counter */
 };
 
 extern __shared__ __align__(128) uint4 dyn[];
@@ -122,8 +128,9 @@ __global__ void __launch_bounds__(THREADS, 3) persist_kernel(const Args A) {
     uint64_t pol;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     /* claim: thread 0 takes the next item for stage s and (unless it is a G2 item whose copies wait) asks for it */
+    unsigned taken = 0u; /* thread 0: items this block has taken (stat) */
     auto claim = [&](int s) {
-        const int it = (int)atomicAdd(&A.ctl->claim, 1u);
+        const int it = A.stat ? (int)(blockIdx.x + taken++ * gridDim.x) : (int)atomicAdd(&A.ctl->claim, 1u);
         item[s] = it;
         int e, t;
         if (it < N_ITEMS && (decode(it, e, t) != 2 || A.w2_early)) issue(A, it, stage + s * STAGE, &bar[s], pol);
@@ -183,6 +190,111 @@ __global__ void __launch_bounds__(THREADS, 3) persist_kernel(const Args A) {
     if (acc[0] + acc[1] + acc[2] + acc[3] == 12345.f) A.out[0] = acc[1];
 }
 
+/* Reference streams of the same bytes, to tell the probe's form from what the device does at this size:
+ * ldg_kernel reads the call's set with 16-byte loads (4 in flight per thread, grid-strided);
+ * ring_kernel gives each block one contiguous slice and streams it through a RING_STG-stage ring of STAGE-byte bulk
+ * copies (thread 0 issues, every thread reads; RING_STG x blocks per SM x STAGE within the SM's shared memory), with
+ * no claims, no waits and the same per-word work switch. */
+template <bool WORK>
+__global__ void __launch_bounds__(256) ldg_kernel(const uint4 *w, size_t n16, float *out) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t sc = 0x3f803f80u + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        const uint4 v0 = __ldcs(w + i), v1 = __ldcs(w + i + stride), v2 = __ldcs(w + i + 2 * stride),
+                    v3 = __ldcs(w + i + 3 * stride);
+        use16<WORK>(v0, sc, acc), use16<WORK>(v1, sc, acc), use16<WORK>(v2, sc, acc), use16<WORK>(v3, sc, acc);
+    }
+    for (; i < n16; i += stride) use16<WORK>(__ldcs(w + i), sc, acc);
+    if (acc[0] + acc[1] + acc[2] + acc[3] == 12345.f) out[0] = acc[1];
+}
+template <bool WORK, int RING_STG>
+__global__ void __launch_bounds__(THREADS, 3) ring_kernel(const uint8_t *w, size_t bytes, float *out) {
+    __shared__ uint64_t bar[RING_STG];
+    uint8_t *const stage = reinterpret_cast<uint8_t *>(dyn);
+    const int tid = threadIdx.x;
+    const size_t per = (bytes / gridDim.x + 15) & ~(size_t)15, b0 = per * blockIdx.x;
+    const size_t b1 = b0 + per < bytes ? b0 + per : bytes;
+    const int n = b0 < b1 ? (int)((b1 - b0 + STAGE - 1) / STAGE) : 0;
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    auto ask = [&](int c) {
+        const size_t o = b0 + (size_t)c * STAGE;
+        const uint32_t len = (uint32_t)(b1 - o < (size_t)STAGE ? b1 - o : (size_t)STAGE);
+        k3_bulk_copy_g2s(stage + (c % RING_STG) * STAGE, w + o, len, &bar[c % RING_STG], pol);
+    };
+    if (tid == 0) {
+        for (int s = 0; s < RING_STG; s++) k3_mbar_init(&bar[s]);
+        k3_mbar_init_fence();
+        for (int c = 0; c < RING_STG && c < n; c++) ask(c);
+    }
+    __syncthreads();
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t sc = 0x3f803f80u + (uint32_t)tid;
+    for (int c = 0; c < n; c++) {
+        const int s = c % RING_STG;
+        k3_mbar_wait(&bar[s], (uint32_t)(c / RING_STG) & 1u);
+        const size_t o = b0 + (size_t)c * STAGE;
+        const int len = (int)(b1 - o < (size_t)STAGE ? b1 - o : (size_t)STAGE);
+        for (int off = tid * 16; off < len; off += THREADS * 16)
+            use16<WORK>(*reinterpret_cast<const uint4 *>(stage + s * STAGE + off), sc, acc);
+        __syncthreads();
+        if (tid == 0 && c + RING_STG < n) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            ask(c + RING_STG);
+        }
+    }
+    if (acc[0] + acc[1] + acc[2] + acc[3] == 12345.f) out[0] = acc[1];
+}
+
+/* Times one of the reference streams like run(): kind 0 ldg (blocks per SM bps, 256 threads), 1 ring. */
+template <bool WORK, int RING_STG = 2>
+static int run_ref(int kind, int bps, const uint8_t *w, size_t bytes, float *out, cudaStream_t st) {
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int smem = RING_STG * STAGE;
+    if (kind == 1)
+        CK(cudaFuncSetAttribute(ring_kernel<WORK, RING_STG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int k = 0; k < NSET; k++) {
+        const uint8_t *wk = w + (size_t)k * bytes;
+        if (kind == 0)
+            ldg_kernel<WORK><<<sms * bps, 256, 0, st>>>(reinterpret_cast<const uint4 *>(wk), bytes / 16, out);
+        else
+            ring_kernel<WORK, RING_STG><<<sms * bps, THREADS, smem, st>>>(wk, bytes, out);
+        CK(cudaGetLastError());
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> t;
+    for (int r = 0; r < 18; r++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0.f;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 3) t.push_back(ms * 1000.f / NSET);
+    }
+    std::sort(t.begin(), t.end());
+    const float med = t[t.size() / 2];
+    printf("  %6.1f MB %-4s %d stg %-8s blocks %d x %d per SM %8.2f us per call (min %.2f, max %.2f) %5.2f TB/s\n",
+           bytes / 1e6, kind ? "ring" : "ldg", kind ? RING_STG : 0, WORK ? "work" : "no work", sms, bps, med,
+           t.front(), t.back(), bytes / (med * 1e6));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return 0;
+}
+
 __global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t x = (uint32_t)i * 2654435761u ^ seed;
@@ -192,7 +304,7 @@ __global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed) {
 }
 
 template <bool WORK>
-static int run(int bps, int deps, int w2_early, int memset_only, const uint8_t *w, float *a, float *pair, float *out,
+static int run(int bps, int deps, int w2_early, int stat, int memset_only, const uint8_t *w, float *a, float *pair, float *out,
                Ctl *ctl, cudaStream_t st, float *us) {
     const int smem = NSTG * STAGE;
     CK(cudaFuncSetAttribute(persist_kernel<WORK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -207,7 +319,7 @@ static int run(int bps, int deps, int w2_early, int memset_only, const uint8_t *
     for (int k = 0; k < NSET; k++) {
         CK(cudaMemsetAsync(ctl + k, 0, sizeof(Ctl), st));
         if (memset_only) continue;
-        Args A{w + (size_t)k * NE * EXPERT_B, a, pair, out, ctl + k, deps, w2_early};
+        Args A{w + (size_t)k * NE * EXPERT_B, a, pair, out, ctl + k, deps, w2_early, stat};
         persist_kernel<WORK><<<sms * bps, THREADS, smem, st>>>(A);
         CK(cudaGetLastError());
     }
@@ -260,20 +372,40 @@ int main(int argc, char **argv) {
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     float us = 0.f;
-    struct V { const char *name; int work, deps, w2_early; } vs[] = {
-        {"design (work, deps, W2 early)", 1, 1, 1},
-        {"W2 asked for after the wait", 1, 1, 0},
-        {"no waits (the stream's bound)", 1, 0, 1},
-        {"no per-word work", 0, 1, 1},
+    struct V { const char *name; int work, deps, w2_early, stat; } vs[] = {
+        {"design (work, deps, W2 early)", 1, 1, 1, 0},
+        {"W2 asked for after the wait", 1, 1, 0, 0},
+        {"no waits (the stream's bound)", 1, 0, 1, 0},
+        {"no per-word work", 0, 1, 1, 0},
+        {"no waits, no per-word work", 0, 0, 1, 0},
+        {"fixed stride: design", 1, 1, 1, 1},
+        {"fixed stride: no waits, no per-word work", 0, 0, 1, 1},
     };
     for (int round = 0; round < 2; round++)
         for (const V &v : vs) {
             printf("%s:\n", v.name);
-            const int rc = v.work ? run<true>(bps, v.deps, v.w2_early, 0, w, a, pair, out, ctl, st, &us)
-                                  : run<false>(bps, v.deps, v.w2_early, 0, w, a, pair, out, ctl, st, &us);
+            const int rc = v.work ? run<true>(bps, v.deps, v.w2_early, v.stat, 0, w, a, pair, out, ctl, st, &us)
+                                  : run<false>(bps, v.deps, v.w2_early, v.stat, 0, w, a, pair, out, ctl, st, &us);
             if (rc) return rc;
         }
-    if (run<true>(bps, 1, 1, 1, w, a, pair, out, ctl, st, &us)) return 1;
+    if (run<true>(bps, 1, 1, 0, 1, w, a, pair, out, ctl, st, &us)) return 1;
+    /* the reference streams at this call's bytes and at TP8 M 4's and M 16's (141.7 and 511.2 MB), cold sets */
+    CK(cudaFree(w));
+    const size_t ref_bytes[] = {NE * EXPERT_B, 141700000, 511200000};
+    CK(cudaMalloc(&w, (size_t)NSET * ref_bytes[2]));
+    fill_kernel<<<1024, 256>>>(reinterpret_cast<uint32_t *>(w), (size_t)NSET * ref_bytes[2] / 4, 20261208u);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    printf("reference streams (no claims, no waits):\n");
+    for (size_t rb : ref_bytes) {
+        const size_t b16 = rb / 16 * 16;
+        for (int b : {4, 8})
+            if (run_ref<false>(0, b, w, b16, out, st) || run_ref<true>(0, b, w, b16, out, st)) return 1;
+        if (run_ref<false, 4>(1, 1, w, b16, out, st) || run_ref<true, 4>(1, 1, w, b16, out, st)) return 1;
+        if (run_ref<false, 6>(1, 1, w, b16, out, st) || run_ref<true, 6>(1, 1, w, b16, out, st)) return 1;
+        for (int b : {2, 3})
+            if (run_ref<false, 2>(1, b, w, b16, out, st) || run_ref<true, 2>(1, b, w, b16, out, st)) return 1;
+    }
     printf("floor: %.1f MB at 4.37 TB/s = %.2f us\n", NE * EXPERT_B / 1e6, NE * EXPERT_B / 4.37e6);
     CK(cudaStreamDestroy(st));
     CK(cudaFree(w));
