@@ -248,32 +248,13 @@ __global__ void __launch_bounds__(THREADS, 3) ring_kernel(const uint8_t *w, size
     if (acc[0] + acc[1] + acc[2] + acc[3] == 12345.f) out[0] = acc[1];
 }
 
-/* Times one of the reference streams like run(): kind 0 ldg (blocks per SM bps, 256 threads), 1 ring. */
-template <bool WORK, int RING_STG = 2>
-static int run_ref(int kind, int bps, const uint8_t *w, size_t bytes, float *out, cudaStream_t st) {
-    int dev = 0, sms = 0;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const int smem = RING_STG * STAGE;
-    if (kind == 1)
-        CK(cudaFuncSetAttribute(ring_kernel<WORK, RING_STG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaGraph_t g;
+/* Replays the captured graph g (NSET calls) 3 + 15 times; t gets the 15 timed replays' us per call, sorted. */
+static int replay_times(cudaGraph_t g, cudaStream_t st, std::vector<float> &t) {
     cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int k = 0; k < NSET; k++) {
-        const uint8_t *wk = w + (size_t)k * bytes;
-        if (kind == 0)
-            ldg_kernel<WORK><<<sms * bps, 256, 0, st>>>(reinterpret_cast<const uint4 *>(wk), bytes / 16, out);
-        else
-            ring_kernel<WORK, RING_STG><<<sms * bps, THREADS, smem, st>>>(wk, bytes, out);
-        CK(cudaGetLastError());
-    }
-    CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    std::vector<float> t;
     for (int r = 0; r < 18; r++) {
         CK(cudaEventRecord(e0, st));
         CK(cudaGraphLaunch(ge, st));
@@ -284,14 +265,39 @@ static int run_ref(int kind, int bps, const uint8_t *w, size_t bytes, float *out
         if (r >= 3) t.push_back(ms * 1000.f / NSET);
     }
     std::sort(t.begin(), t.end());
-    const float med = t[t.size() / 2];
-    printf("  %6.1f MB %-4s %d stg %-8s blocks %d x %d per SM %8.2f us per call (min %.2f, max %.2f) %5.2f TB/s\n",
-           bytes / 1e6, kind ? "ring" : "ldg", kind ? RING_STG : 0, WORK ? "work" : "no work", sms, bps, med,
-           t.front(), t.back(), bytes / (med * 1e6));
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
+    return 0;
+}
+
+/* Times one of the reference streams like run(): kind 0 ldg (blocks per SM bps, 256 threads), 1 ring. */
+template <bool WORK, int RING_STG = 2>
+static int run_ref(int kind, int bps, const uint8_t *w, size_t bytes, float *out, cudaStream_t st) {
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int smem = RING_STG * STAGE;
+    if (kind == 1)
+        CK(cudaFuncSetAttribute(ring_kernel<WORK, RING_STG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int k = 0; k < NSET; k++) {
+        const uint8_t *wk = w + (size_t)k * bytes;
+        if (kind == 0)
+            ldg_kernel<WORK><<<sms * bps, 256, 0, st>>>(reinterpret_cast<const uint4 *>(wk), bytes / 16, out);
+        else
+            ring_kernel<WORK, RING_STG><<<sms * bps, THREADS, smem, st>>>(wk, bytes, out);
+        CK(cudaGetLastError());
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    std::vector<float> t;
+    if (replay_times(g, st, t)) return 1;
+    const float med = t[t.size() / 2];
+    printf("  %6.1f MB %-4s %d stg %-8s blocks %d x %d per SM %8.2f us per call (min %.2f, max %.2f) %5.2f TB/s\n",
+           bytes / 1e6, kind ? "ring" : "ldg", kind ? RING_STG : 0, WORK ? "work" : "no work", sms, bps, med,
+           t.front(), t.back(), bytes / (med * 1e6));
     return 0;
 }
 
@@ -314,7 +320,6 @@ static int run(int bps, int deps, int w2_early, int stat, int memset_only, const
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, persist_kernel<WORK>, THREADS, smem));
     if (bps <= 0 || bps > fit) bps = fit;
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     for (int k = 0; k < NSET; k++) {
         CK(cudaMemsetAsync(ctl + k, 0, sizeof(Ctl), st));
@@ -324,28 +329,11 @@ static int run(int bps, int deps, int w2_early, int stat, int memset_only, const
         CK(cudaGetLastError());
     }
     CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     std::vector<float> t;
-    for (int r = 0; r < 18; r++) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0.f;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 3) t.push_back(ms * 1000.f / NSET);
-    }
-    std::sort(t.begin(), t.end());
+    if (replay_times(g, st, t)) return 1;
     *us = t[t.size() / 2];
     printf("  %-34s blocks %d x %d per SM   %7.2f us per call (min %.2f, max %.2f)\n",
            memset_only ? "memsets alone" : "", sms, bps, *us, t.front(), t.back());
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
     return 0;
 }
 
