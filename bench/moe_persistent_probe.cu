@@ -310,8 +310,8 @@ __global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed) {
 }
 
 template <bool WORK>
-static int run(int bps, int deps, int w2_early, int stat, int memset_only, const uint8_t *w, float *a, float *pair, float *out,
-               Ctl *ctl, cudaStream_t st, float *us) {
+static int run(int bps, int deps, int w2_early, int stat, int memset_only, const uint8_t *w, float *a, float *pair,
+               float *out, Ctl *ctl, cudaStream_t st, float *us) {
     const int smem = NSTG * STAGE;
     CK(cudaFuncSetAttribute(persist_kernel<WORK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int dev = 0, sms = 0, fit = 0;
