@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "probe_check.h"
@@ -338,7 +339,10 @@ static int run(int bps, int deps, int w2_early, int stat, int memset_only, const
 }
 
 int main(int argc, char **argv) {
+    /* argv[1]: blocks per SM (0: the occupancy's); argv[2]: "items" or "ref" runs only that half */
     const int bps = argc > 1 ? atoi(argv[1]) : 0;
+    const char *only = argc > 2 ? argv[2] : "";
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a run killed by a timeout keeps what it printed */
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("moe_persistent_probe: %s, %d SMs; %d items (G1 %d of %d KB, G2 %d, C %d), %d in flight per block, "
@@ -369,14 +373,14 @@ int main(int argc, char **argv) {
         {"fixed stride: design", 1, 1, 1, 1},
         {"fixed stride: no waits, no per-word work", 0, 0, 1, 1},
     };
-    for (int round = 0; round < 2; round++)
+    for (int round = 0; round < 2 && strcmp(only, "ref") != 0; round++)
         for (const V &v : vs) {
             printf("%s:\n", v.name);
             const int rc = v.work ? run<true>(bps, v.deps, v.w2_early, v.stat, 0, w, a, pair, out, ctl, st, &us)
                                   : run<false>(bps, v.deps, v.w2_early, v.stat, 0, w, a, pair, out, ctl, st, &us);
             if (rc) return rc;
         }
-    if (run<true>(bps, 1, 1, 0, 1, w, a, pair, out, ctl, st, &us)) return 1;
+    if (strcmp(only, "ref") != 0 && run<true>(bps, 1, 1, 0, 1, w, a, pair, out, ctl, st, &us)) return 1;
     /* the reference streams at this call's bytes and at TP8 M 4's and M 16's (141.7 and 511.2 MB), cold sets */
     CK(cudaFree(w));
     const size_t ref_bytes[] = {NE * EXPERT_B, 141700000, 511200000};
@@ -386,6 +390,7 @@ int main(int argc, char **argv) {
     CK(cudaDeviceSynchronize());
     printf("reference streams (no claims, no waits):\n");
     for (size_t rb : ref_bytes) {
+        if (strcmp(only, "items") == 0) break;
         const size_t b16 = rb / 16 * 16;
         for (int b : {4, 8})
             if (run_ref<false>(0, b, w, b16, out, st) || run_ref<true>(0, b, w, b16, out, st)) return 1;

@@ -35,8 +35,11 @@ static void router_case(const rcase *c) {
             memcpy(gate + i * 2, &b, 2);
         }
     }
-    if (c->ties) /* expert 2j + 1 gets expert 2j's row: equal logits, the lower id must win */
-        for (int32_t e = 1; e < E; e += 2) memcpy(gate + (size_t)e * H * gsz, gate + (size_t)(e - 1) * H * gsz, (size_t)H * gsz);
+    /* ties 1: expert 2j + 1 gets expert 2j's row (equal logits, the lower id must win); ties 2: every expert gets
+     * expert 0's row (every key equal) */
+    for (int32_t e = 1; c->ties && e < E; e++)
+        if (c->ties == 2 || e % 2 == 1)
+            memcpy(gate + (size_t)e * H * gsz, gate + (size_t)(c->ties == 2 ? 0 : e - 1) * H * gsz, (size_t)H * gsz);
     if (c->nan_row >= 0) { /* one NaN element: that expert's logit is NaN for every token */
         const float nanv = NAN;
         if (c->gdt == K3_DTYPE_F32) memcpy(gate + ((size_t)c->nan_row * H + 3) * 4, &nanv, 4);
@@ -155,8 +158,16 @@ static const rcase k_router_cases[] = {
     {{"sigmoid", {1024, 16, 512}, 3, 0, 118, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, 7, 1.0f},
     {{"sigmoid", {32, 16, 520}, 7, 0, 119, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, 31, 1.0f},
     {{"sigmoid", {300, 17, 512}, 2, 0, 120, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, -1, 1.0f},
+    /* the threshold selection's candidate ranking: by one warp (ties 1 at E 896: ~40 candidates) and by as many
+     * threads as candidates (ties 2: every key equal, 481 candidates); its largest top_k (32 over 32 warps) and its
+     * least warps (k 8 over 8: E 225) */
+    {{"sigmoid", {896, 16, 7168}, 5, 0, 126, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 0, 1, -1, 1.0f},
+    {{"sigmoid", {896, 16, 2048}, 3, 0, 127, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 0, 2, -1, 1.0f},
+    {{"sigmoid", {1024, 32, 512}, 4, 0, 128, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_F32, 1, 1, 0, 9, 2.5f},
+    {{"sigmoid", {225, 8, 512}, 4, 0, 129, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 0, 1, 0, 224, 1.0f},
     /* the selection's method boundaries (src/cuda/router/select.cu): sigmoid keys over <= 1024 experts with top_k
-     * <= 16 merge; softmax over 257..1024 sorts by warps of 128; otherwise (1025 experts) the arg-max rounds */
+     * <= 32 over at least top_k warps of keys take the threshold, with top_k <= 16 otherwise merge (E 56, k 8: two
+     * warps); softmax over 257..1024 sorts by warps of 128; otherwise (1025 experts) the arg-max rounds */
     {{"sigmoid", {257, 8, 256}, 2, 0, 111, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_F32, 1, 1, 1, 3, 1.0f},
     {{"softmax", {1024, 8, 512}, 3, 0, 112, K3T_OP_ROUTER}, K3_ROUTER_SOFTMAX, K3_DTYPE_BF16, 1, 0, 1, 100, 1.0f},
     {{"sigmoid", {1025, 4, 256}, 2, 0, 113, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 0, 1, 0, -1, 1.0f},

@@ -4,8 +4,10 @@
  * One block per token, launched with PDL (it reads the logits after its wait, through L2): keys as on the CPU
  * (sigmoid from core/router_math.h, + bias, NaN -> -inf; or softmax probabilities with the CPU's sequential sum),
  * then the top_k with ties to the lower id, by exact methods that all give the sequence the CPU's stable insertion
- * selection produces: for sigmoid keys with E <= 1024 and top_k <= 16, warp sorts of 32 keys merged in pairs;
- * otherwise, for 257..1024 experts, warp sorts of 128 keys ranked by counting, or top_k rounds of a block arg-max.
+ * selection produces: for sigmoid keys with E <= 1024, top_k <= 32 and at least top_k warps of keys, a threshold
+ * from the warps' best keys and a ranking of the few keys past it; for other sigmoid cases with top_k <= 16, warp
+ * sorts of 32 keys merged in pairs; otherwise, for 257..1024 experts, warp sorts of 128 keys ranked by counting, or
+ * top_k rounds of a block arg-max.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -24,6 +26,9 @@ constexpr int SEL_SORT_MAX = SEL_THREADS / 32 * 128; /* experts the sorting sele
  * steps costs more than a few rounds over few keys (measured faster at E 56, slower at E 896, sizes in between not
  * measured: bench/NOTES-moe.md). */
 constexpr int SEL_SORT_MIN = 257;
+/* The threshold selection (sigmoid keys): one key per thread; up to 32 winners, ranked by one warp's lanes. */
+constexpr int TSEL_MAX_EXPERTS = 1024;
+constexpr int TSEL_MAX_K = 32;
 /* The merging selection (sigmoid keys): one key per thread, 32 keys per warp, lists of the 16 best merged in pairs. */
 constexpr int MSEL_MAX_EXPERTS = 1024;
 constexpr int MSEL_MAX_K = 16;
@@ -265,6 +270,95 @@ __global__ void __launch_bounds__(MSEL_MAX_EXPERTS)
     }
 }
 
+/* The threshold selection for sigmoid keys, E <= 1024, top_k <= 32 and at least top_k warps of keys; one block per
+ * token, one expert per thread (blockDim = 32 x the warps of keys). Why it is exact: the k-th best of the warps' best
+ * keys, th, is reached by k distinct keys, so the k-th best key overall is >= th and every winner is a candidate
+ * (key >= th); and every key better than a candidate is a candidate too, so a candidate's count of better
+ * candidates is its rank among all keys (keys are unique: ids differ; padding packs to 0, below th). Its cost is a
+ * warp reduction, two barriers and a ranking of the few candidates (~20-40 at E 896, k 16 for random keys; equal
+ * keys can make them hundreds, ranked by as many threads), where the merge needs a sort and five merge levels.
+ * The weights' sum runs in the CPU's order on lane 0's register chain, the divisions in parallel. */
+__global__ void __launch_bounds__(TSEL_MAX_EXPERTS)
+    k3_router_select_threshold_kernel(const float *logits, const float *__restrict__ bias, int32_t ne, int32_t k,
+                                      int32_t renorm, float scaling, int32_t *__restrict__ ids,
+                                      float *__restrict__ wts) {
+    __shared__ uint64_t warp_best[TSEL_MAX_EXPERTS / 32];
+    __shared__ uint64_t cand[TSEL_MAX_EXPERTS];
+    __shared__ float cand_sg[TSEL_MAX_EXPERTS];
+    __shared__ int32_t win_id[TSEL_MAX_K];
+    __shared__ float win_sg[TSEL_MAX_K];
+    __shared__ uint64_t s_th;
+    __shared__ int s_count;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = (int)(blockDim.x / 32);
+    const int64_t t = blockIdx.x;
+    const float b = bias && tid < ne ? bias[tid] : 0.0f; /* a weight: not written by the previous kernel */
+    if (tid == 0) s_count = 0;
+    k3_pdl_wait(); /* the logits come from the previous kernel: read after the wait, through L2 */
+    k3_pdl_launch();
+    uint64_t v = 0ull;
+    float sg = 0.0f;
+    if (tid < ne) {
+        const float l = __ldcg(logits + t * ne + tid), sgm = k3_rm_sigmoid(l);
+        const float key = __fadd_rn(sgm, b);
+        sg = isnan(l) ? 0.0f : sgm;
+        v = sel_pack(isnan(key) ? -INFINITY : key, tid);
+    }
+    /* the warp's best: the largest high word, and among equal high words the lowest lane, which holds the lowest id
+     * and so the largest low word */
+    const uint32_t hi = (uint32_t)(v >> 32);
+    const uint32_t hmax = __reduce_max_sync(0xffffffffu, hi);
+    if (lane == __ffs(__ballot_sync(0xffffffffu, hi == hmax)) - 1) warp_best[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        const uint64_t mine = lane < nw ? warp_best[lane] : 0ull;
+        int better = 0;
+        for (int o = 0; o < nw; o++) better += warp_best[o] > mine; /* every lane reads the same entry */
+        if (lane < nw && better == k - 1) s_th = mine;
+    }
+    __syncthreads();
+    const bool is_cand = tid < ne && v >= s_th;
+    const uint32_t ballot = __ballot_sync(0xffffffffu, is_cand);
+    int base = 0;
+    if (lane == 0 && ballot != 0u) base = atomicAdd(&s_count, __popc(ballot)); /* any order: ranks decide */
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (is_cand) {
+        const int p = base + __popc(ballot & ((1u << lane) - 1u));
+        cand[p] = v;
+        cand_sg[p] = sg;
+    }
+    __syncthreads();
+    const int nc = s_count; /* >= k: the k best warps' best keys */
+    if (nc <= 32) {
+        if (warp != 0) return;
+        if (lane < nc) {
+            const uint64_t c = cand[lane];
+            int rank = 0;
+            for (int o = 0; o < nc; o++) rank += cand[o] > c;
+            if (rank < k) win_id[rank] = sel_id(c), win_sg[rank] = cand_sg[lane];
+        }
+        __syncwarp();
+    } else {
+        if (tid < nc) { /* nc <= ne <= blockDim.x */
+            const uint64_t c = cand[tid];
+            int rank = 0;
+            for (int o = 0; o < nc; o++) rank += cand[o] > c;
+            if (rank < k) win_id[rank] = sel_id(c), win_sg[rank] = cand_sg[tid];
+        }
+        __syncthreads();
+        if (warp != 0) return;
+    }
+    const bool mine = lane < k;
+    const int id = mine ? win_id[lane] : 0;
+    const float w = mine ? win_sg[lane] : 0.0f;
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, w, j));
+    if (mine) {
+        const float out = renorm ? __fmul_rn(__fdiv_rn(w, __fadd_rn(sum, 1e-20f)), scaling) : __fmul_rn(w, scaling);
+        ids[t * k + lane] = id;
+        wts[t * k + lane] = out;
+    }
+}
+
 } // namespace
 
 /* The selection from the logits in ws. With PDL: behind the logits kernel on the same stream it waits for it, then
@@ -275,7 +369,12 @@ static k3_status router_select(k3_ctx *ctx, const k3_router_desc *d, int64_t m, 
     const int32_t ne = d->num_experts;
     const float *b = d->kind == K3_ROUTER_SIGMOID_NOAUX_TC ? bias : NULL;
     cudaError_t e;
-    if (d->kind != K3_ROUTER_SOFTMAX && ne <= MSEL_MAX_EXPERTS && d->top_k <= MSEL_MAX_K) {
+    const unsigned key_warps = (unsigned)((ne + 31) / 32);
+    if (d->kind != K3_ROUTER_SOFTMAX && ne <= TSEL_MAX_EXPERTS && d->top_k <= TSEL_MAX_K &&
+        key_warps >= (unsigned)d->top_k) {
+        e = k3_launch_pdl(k3_router_select_threshold_kernel, dim3((unsigned)m), dim3(key_warps * 32), 0, s, logits, b,
+                          ne, d->top_k, (int32_t)d->renormalize, d->scaling_factor, topk_ids, topk_weights);
+    } else if (d->kind != K3_ROUTER_SOFTMAX && ne <= MSEL_MAX_EXPERTS && d->top_k <= MSEL_MAX_K) {
         unsigned lists = 1;
         while (lists * 32 < (unsigned)ne) lists *= 2;
         e = k3_launch_pdl(k3_router_select_merge_kernel, dim3((unsigned)m), dim3(lists * 32), 0, s, logits, b, ne,
