@@ -154,7 +154,9 @@ static const rcase k_router_cases[] = {
     {{"sigmoid", {900, 16, 1000}, 1, 0, 123, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, 1, 1.0f},
     {{"sigmoid", {2400, 8, 512}, 1, 0, 124, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, -1, 1.0f},
     {{"sigmoid", {64, 8, 65536}, 1, 0, 125, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, -1, 1.0f},
-    /* the merging selection's sizes: 32 full lists (1024), one list (32), k 16 against 17 (the other selection) */
+    /* E 1024 (now the threshold selection, 32 full warps); the merging selection's sizes: its most lists (E 480, k 16:
+     * 15 warps of keys, fewer than k), one list (32); k 16 against 17 (the other selection) */
+    {{"sigmoid", {480, 16, 512}, 3, 0, 130, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, 479, 1.0f},
     {{"sigmoid", {1024, 16, 512}, 3, 0, 118, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, 7, 1.0f},
     {{"sigmoid", {32, 16, 520}, 7, 0, 119, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 0, 31, 1.0f},
     {{"sigmoid", {300, 17, 512}, 2, 0, 120, K3T_OP_ROUTER}, K3_ROUTER_SIGMOID_NOAUX_TC, K3_DTYPE_BF16, 1, 1, 1, -1, 1.0f},
