@@ -47,6 +47,26 @@ __device__ __forceinline__ uint64_t sel_pack(float v, int id) {
 }
 __device__ __forceinline__ int sel_id(uint64_t p) { return (int)(0xffffffffu - (uint32_t)p); }
 
+/* Lanes 0..k-1 of one warp hold the winners in rank order (id, sigmoid): the weights' sum runs in the CPU's order on
+ * lane 0's register chain, the divisions in parallel; every lane of the warp calls it. */
+__device__ __forceinline__ void sel_write_winners(int lane, int32_t k, int id, float w, int32_t renorm, float scaling,
+                                                  int64_t t, int32_t *__restrict__ ids, float *__restrict__ wts) {
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, w, j));
+    if (lane < k) {
+        const float out = renorm ? __fmul_rn(__fdiv_rn(w, __fadd_rn(sum, 1e-20f)), scaling) : __fmul_rn(w, scaling);
+        ids[t * k + lane] = id;
+        wts[t * k + lane] = out;
+    }
+}
+
+/* A threshold candidate's rank: its count of better candidates (keys are unique). */
+__device__ __forceinline__ int sel_rank(const uint64_t *cand, int nc, uint64_t c) {
+    int rank = 0;
+    for (int o = 0; o < nc; o++) rank += cand[o] > c; /* every thread reads the same entry */
+    return rank;
+}
+
 /* Sorts the warp's 128 packed keys (4 per lane, element 4 lane + r) into descending order: a bitonic network, the
  * pairs 1 and 2 apart inside a lane, the others between lanes by shuffles. */
 __device__ __forceinline__ void sel_warp_sort128(uint64_t (&a)[4], int lane) {
@@ -150,8 +170,7 @@ __global__ void __launch_bounds__(SEL_THREADS)
         __syncthreads();
         if (tid < NW * k && cand[tid] != 0ull) {
             const uint64_t c = cand[tid];
-            int rank = 0;
-            for (int o = 0; o < NW * k; o++) rank += cand[o] > c; /* every thread reads the same entry */
+            const int rank = sel_rank(cand, NW * k, c);
             if (rank < k) sel[rank] = sel_id(c), sel_v[rank] = keys[sel_id(c)];
         }
         __syncthreads();
@@ -211,8 +230,7 @@ __global__ void __launch_bounds__(SEL_THREADS)
 /* The sigmoid selection for E <= 1024 and top_k <= 16, one block per token, one expert per thread (blockDim = 32 x
  * a power of two): each warp sorts its 32 packed keys, then the warps' lists of their 16 best are merged in pairs
  * (a bitonic merge of one list against the other reversed) until one list is left; its first top_k are the CPU's
- * sequence (keys are unique: ids differ; padding packs to 0, below every key). The weights' sum runs in the CPU's
- * order on lane 0's register chain, the divisions in parallel. */
+ * sequence (keys are unique: ids differ; padding packs to 0, below every key). */
 __global__ void __launch_bounds__(MSEL_MAX_EXPERTS)
     k3_router_select_merge_kernel(const float *logits, const float *__restrict__ bias, int32_t ne, int32_t k,
                                   int32_t renorm, float scaling, int32_t *__restrict__ ids, float *__restrict__ wts) {
@@ -257,16 +275,8 @@ __global__ void __launch_bounds__(MSEL_MAX_EXPERTS)
         __syncthreads();
     }
     if (warp == 0) {
-        const bool mine = lane < k;
-        const int id = mine ? sel_id(lists[cur][0][lane]) : 0;
-        const float w = mine ? sg[id] : 0.0f;
-        float sum = 0.0f;
-        for (int j = 0; j < k; j++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, w, j));
-        if (mine) {
-            const float out = renorm ? __fmul_rn(__fdiv_rn(w, __fadd_rn(sum, 1e-20f)), scaling) : __fmul_rn(w, scaling);
-            ids[t * k + lane] = id;
-            wts[t * k + lane] = out;
-        }
+        const int id = lane < k ? sel_id(lists[cur][0][lane]) : 0;
+        sel_write_winners(lane, k, id, lane < k ? sg[id] : 0.0f, renorm, scaling, t, ids, wts);
     }
 }
 
@@ -276,8 +286,7 @@ __global__ void __launch_bounds__(MSEL_MAX_EXPERTS)
  * (key >= th); and every key better than a candidate is a candidate too, so a candidate's count of better
  * candidates is its rank among all keys (keys are unique: ids differ; padding packs to 0, below th). Its cost is a
  * warp reduction, two barriers and a ranking of the few candidates (~20-40 at E 896, k 16 for random keys; equal
- * keys can make them hundreds, ranked by as many threads), where the merge needs a sort and five merge levels.
- * The weights' sum runs in the CPU's order on lane 0's register chain, the divisions in parallel. */
+ * keys can make them hundreds, ranked by as many threads), where the merge needs a sort and five merge levels. */
 __global__ void __launch_bounds__(TSEL_MAX_EXPERTS)
     k3_router_select_threshold_kernel(const float *logits, const float *__restrict__ bias, int32_t ne, int32_t k,
                                       int32_t renorm, float scaling, int32_t *__restrict__ ids,
@@ -332,31 +341,21 @@ __global__ void __launch_bounds__(TSEL_MAX_EXPERTS)
         if (warp != 0) return;
         if (lane < nc) {
             const uint64_t c = cand[lane];
-            int rank = 0;
-            for (int o = 0; o < nc; o++) rank += cand[o] > c;
+            const int rank = sel_rank(cand, nc, c);
             if (rank < k) win_id[rank] = sel_id(c), win_sg[rank] = cand_sg[lane];
         }
         __syncwarp();
     } else {
         if (tid < nc) { /* nc <= ne <= blockDim.x */
             const uint64_t c = cand[tid];
-            int rank = 0;
-            for (int o = 0; o < nc; o++) rank += cand[o] > c;
+            const int rank = sel_rank(cand, nc, c);
             if (rank < k) win_id[rank] = sel_id(c), win_sg[rank] = cand_sg[tid];
         }
         __syncthreads();
         if (warp != 0) return;
     }
-    const bool mine = lane < k;
-    const int id = mine ? win_id[lane] : 0;
-    const float w = mine ? win_sg[lane] : 0.0f;
-    float sum = 0.0f;
-    for (int j = 0; j < k; j++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, w, j));
-    if (mine) {
-        const float out = renorm ? __fmul_rn(__fdiv_rn(w, __fadd_rn(sum, 1e-20f)), scaling) : __fmul_rn(w, scaling);
-        ids[t * k + lane] = id;
-        wts[t * k + lane] = out;
-    }
+    sel_write_winners(lane, k, lane < k ? win_id[lane] : 0, lane < k ? win_sg[lane] : 0.0f, renorm, scaling, t, ids,
+                      wts);
 }
 
 } // namespace
