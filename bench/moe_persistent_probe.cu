@@ -120,6 +120,17 @@ __device__ void issue(const Args &A, int it, uint8_t *st, uint64_t *bar, uint64_
     }
 }
 
+/* n bytes of a stage through the per-word work, NT threads: every lane of a warp takes the same number of steps
+ * (the work's MMA needs the whole warp), lanes past n with zeros. */
+template <bool WORK, int NT>
+__device__ __forceinline__ void use_bytes(const uint8_t *p, int n, int tid, uint32_t sc, float (&acc)[4]) {
+    const int lane0 = tid & ~31;
+    for (int off = lane0 * 16; off < n; off += NT * 16) {
+        const int o = off + (tid - lane0) * 16;
+        use16<WORK>(o < n ? *reinterpret_cast<const uint4 *>(p + o) : make_uint4(0u, 0u, 0u, 0u), sc, acc);
+    }
+}
+
 template <bool WORK>
 __global__ void __launch_bounds__(THREADS, 3) persist_kernel(const Args A) {
     __shared__ uint64_t bar[NSTG];
@@ -174,8 +185,7 @@ __global__ void __launch_bounds__(THREADS, 3) persist_kernel(const Args A) {
         if (kind != 3) {
             const int n = kind == 1 ? STAGE : G2_BYTES;
             const uint8_t *st = stage + s * STAGE;
-            for (int off = tid * 16; off < n; off += THREADS * 16)
-                use16<WORK>(*reinterpret_cast<const uint4 *>(st + off), sc, acc);
+            use_bytes<WORK, THREADS>(st, n, tid, sc, acc);
         }
         if (kind == 1 && tid < R1) A.a[e * I + t * R1 + tid] = acc[0] + acc[2];
         if (kind == 2 && tid < R2) A.pair[(size_t)e * L + t * R2 + tid] = acc[0] + acc[1] + acc[3];
@@ -187,6 +197,90 @@ __global__ void __launch_bounds__(THREADS, 3) persist_kernel(const Args A) {
             claim(s);
         }
         __syncthreads(); /* item[s] */
+    }
+    if (acc[0] + acc[1] + acc[2] + acc[3] == 12345.f) A.out[0] = acc[1];
+}
+
+/* The same items, claims and waits with no shared-memory stages: the block's LT threads read an item's bytes with
+ * 16-byte loads into registers (LPT per thread), the next item's while the current one is waited for and worked
+ * on, as the plain-load reference reads. Claims run two items ahead (one in registers, one named); deadlock-free as
+ * above, since a block's current item is still the lowest of its claims. */
+constexpr int LT = 256, LPT = (STAGE / 16 + LT - 1) / LT;
+__device__ __forceinline__ void item_load(const Args &A, int it, int tid, uint4 (&r)[LPT]) {
+    int e = 0, t = 0;
+    const int kind = it < N_ITEMS ? decode(it, e, t) : 3;
+    const uint8_t *eb = A.w + (size_t)e * EXPERT_B;
+#pragma unroll
+    for (int j = 0; j < LPT; j++) {
+        const int off = (tid + j * LT) * 16;
+        const uint8_t *src = nullptr;
+        if (kind == 1) {
+            constexpr int RB = R1 * W13_ROW, SB = R1 * W13_SROW;
+            if (off < RB) src = eb + (size_t)t * RB + off;
+            else if (off < 2 * RB) src = eb + (size_t)(I + t * R1) * W13_ROW + (off - RB);
+            else if (off < 2 * RB + SB) src = eb + W13_B + (size_t)t * SB + (off - 2 * RB);
+            else if (off < STAGE) src = eb + W13_B + (size_t)(I + t * R1) * W13_SROW + (off - 2 * RB - SB);
+        } else if (kind == 2) {
+            constexpr int RB = R2 * W2_ROW, SB = R2 * W2_SROW;
+            if (off < RB) src = eb + W13_B + W13S_B + (size_t)t * RB + off;
+            else if (off < G2_BYTES) src = eb + W13_B + W13S_B + W2_B + (size_t)t * SB + (off - RB);
+        }
+        r[j] = src ? __ldcs(reinterpret_cast<const uint4 *>(src)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+template <bool WORK>
+__global__ void __launch_bounds__(LT, 2) persist_ldg_kernel(const Args A) {
+    __shared__ int item[3];
+    const int tid = threadIdx.x;
+    unsigned taken = 0u;
+    auto next_id = [&]() {
+        return A.stat ? (int)(blockIdx.x + taken++ * gridDim.x) : (int)atomicAdd(&A.ctl->claim, 1u);
+    };
+    if (tid == 0) item[0] = next_id(), item[1] = next_id();
+    __syncthreads();
+    int cur = item[0], nxt = item[1];
+    uint4 rc[LPT], rn[LPT];
+    item_load(A, cur, tid, rc);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t sc = 0x3f803f80u + (uint32_t)tid;
+    for (int k = 0; cur < N_ITEMS; k++) {
+        if (tid == 0) item[(k + 2) % 3] = next_id();
+        item_load(A, nxt, tid, rn);
+        int e, t;
+        const int kind = decode(cur, e, t);
+        if (kind == 2) {
+            if (tid == 0 && A.deps)
+                while (ld_acquire(&A.ctl->ready[e]) < (unsigned)G1_PER_E) __nanosleep(64);
+            __syncthreads();
+            acc[1] += __ldcg(A.a + e * I + (tid * 3) % I);
+        } else if (kind == 3) {
+            if (tid == 0 && A.deps)
+                while (ld_acquire(&A.ctl->rb[t]) < (unsigned)RB_TARGET) __nanosleep(64);
+            __syncthreads();
+            for (int c = tid; c < RC; c += LT) {
+                float v = 0.f;
+#pragma unroll
+                for (int x = 0; x < NE; x++) v += __ldcg(A.pair + (size_t)x * L + t * RC + c);
+                A.out[t * RC + c] = v;
+            }
+        }
+        if (kind != 3) {
+            const int n = kind == 1 ? STAGE : G2_BYTES;
+#pragma unroll
+            for (int j = 0; j < LPT; j++)
+                if (((tid & ~31) + j * LT) * 16 < n) use16<WORK>(rc[j], sc, acc); /* warp-uniform */
+        }
+        if (kind == 1 && tid < R1) A.a[e * I + t * R1 + tid] = acc[0] + acc[2];
+        if (kind == 2 && tid < R2) A.pair[(size_t)e * L + t * R2 + tid] = acc[0] + acc[1] + acc[3];
+        __syncthreads(); /* the item's outputs written; item[(k + 2) % 3] visible */
+        if (tid == 0) {
+            if (kind == 1) { __threadfence(); atomicAdd(&A.ctl->ready[e], 1u); }
+            if (kind == 2) { __threadfence(); atomicAdd(&A.ctl->rb[(t * R2) / RC], 1u); }
+        }
+        cur = nxt;
+        nxt = item[(k + 2) % 3];
+#pragma unroll
+        for (int j = 0; j < LPT; j++) rc[j] = rn[j];
     }
     if (acc[0] + acc[1] + acc[2] + acc[3] == 12345.f) A.out[0] = acc[1];
 }
@@ -208,6 +302,25 @@ __global__ void __launch_bounds__(256) ldg_kernel(const uint4 *w, size_t n16, fl
         use16<WORK>(v0, sc, acc), use16<WORK>(v1, sc, acc), use16<WORK>(v2, sc, acc), use16<WORK>(v3, sc, acc);
     }
     for (; i < n16; i += stride) use16<WORK>(__ldcs(w + i), sc, acc);
+    if (acc[0] + acc[1] + acc[2] + acc[3] == 12345.f) out[0] = acc[1];
+}
+
+/* slice_kernel: each block one contiguous slice, read with 16-byte loads (4 in flight per thread), warp-uniform. */
+template <bool WORK>
+__global__ void __launch_bounds__(256) slice_kernel(const uint4 *w, size_t n16, float *out) {
+    const size_t per = (n16 + gridDim.x - 1) / gridDim.x, b0 = per * blockIdx.x;
+    const size_t b1 = b0 + per < n16 ? b0 + per : n16;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t sc = 0x3f803f80u + threadIdx.x;
+    const int lane = threadIdx.x & 31;
+    size_t wb = b0 + (threadIdx.x & ~31u); /* the warp's first piece: the loop conditions are the warp's */
+    for (; wb + 3 * 256 + 32 <= b1; wb += 4 * 256) {
+        const size_t i = wb + lane;
+        const uint4 v0 = __ldcs(w + i), v1 = __ldcs(w + i + 256), v2 = __ldcs(w + i + 512), v3 = __ldcs(w + i + 768);
+        use16<WORK>(v0, sc, acc), use16<WORK>(v1, sc, acc), use16<WORK>(v2, sc, acc), use16<WORK>(v3, sc, acc);
+    }
+    for (; wb < b1; wb += 256)
+        use16<WORK>(wb + lane < b1 ? __ldcs(w + wb + lane) : make_uint4(0u, 0u, 0u, 0u), sc, acc);
     if (acc[0] + acc[1] + acc[2] + acc[3] == 12345.f) out[0] = acc[1];
 }
 template <bool WORK, int RING_STG>
@@ -238,8 +351,7 @@ __global__ void __launch_bounds__(THREADS, 3) ring_kernel(const uint8_t *w, size
         k3_mbar_wait(&bar[s], (uint32_t)(c / RING_STG) & 1u);
         const size_t o = b0 + (size_t)c * STAGE;
         const int len = (int)(b1 - o < (size_t)STAGE ? b1 - o : (size_t)STAGE);
-        for (int off = tid * 16; off < len; off += THREADS * 16)
-            use16<WORK>(*reinterpret_cast<const uint4 *>(stage + s * STAGE + off), sc, acc);
+        use_bytes<WORK, THREADS>(stage + s * STAGE, len, tid, sc, acc);
         __syncthreads();
         if (tid == 0 && c + RING_STG < n) {
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -288,6 +400,8 @@ static int run_ref(int kind, int bps, const uint8_t *w, size_t bytes, float *out
         const uint8_t *wk = w + (size_t)k * bytes;
         if (kind == 0)
             ldg_kernel<WORK><<<sms * bps, 256, 0, st>>>(reinterpret_cast<const uint4 *>(wk), bytes / 16, out);
+        else if (kind == 2)
+            slice_kernel<WORK><<<sms * bps, 256, 0, st>>>(reinterpret_cast<const uint4 *>(wk), bytes / 16, out);
         else
             ring_kernel<WORK, RING_STG><<<sms * bps, THREADS, smem, st>>>(wk, bytes, out);
         CK(cudaGetLastError());
@@ -297,7 +411,7 @@ static int run_ref(int kind, int bps, const uint8_t *w, size_t bytes, float *out
     if (replay_times(g, st, t)) return 1;
     const float med = t[t.size() / 2];
     printf("  %6.1f MB %-4s %d stg %-8s blocks %d x %d per SM %8.2f us per call (min %.2f, max %.2f) %5.2f TB/s\n",
-           bytes / 1e6, kind ? "ring" : "ldg", kind ? RING_STG : 0, WORK ? "work" : "no work", sms, bps, med,
+           bytes / 1e6, kind == 1 ? "ring" : kind == 2 ? "slice" : "ldg", kind == 1 ? RING_STG : 0, WORK ? "work" : "no work", sms, bps, med,
            t.front(), t.back(), bytes / (med * 1e6));
     return 0;
 }
@@ -312,13 +426,14 @@ __global__ void fill_kernel(uint32_t *p, size_t n, uint32_t seed) {
 
 template <bool WORK>
 static int run(int bps, int deps, int w2_early, int stat, int memset_only, const uint8_t *w, float *a, float *pair,
-               float *out, Ctl *ctl, cudaStream_t st, float *us) {
-    const int smem = NSTG * STAGE;
-    CK(cudaFuncSetAttribute(persist_kernel<WORK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+               float *out, Ctl *ctl, cudaStream_t st, float *us, int regs = 0) {
+    const int smem = regs ? 0 : NSTG * STAGE, nt = regs ? LT : THREADS;
+    CK(cudaFuncSetAttribute(persist_kernel<WORK>, cudaFuncAttributeMaxDynamicSharedMemorySize, NSTG * STAGE));
     int dev = 0, sms = 0, fit = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, persist_kernel<WORK>, THREADS, smem));
+    if (regs) CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, persist_ldg_kernel<WORK>, nt, 0));
+    else CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, persist_kernel<WORK>, nt, smem));
     if (bps <= 0 || bps > fit) bps = fit;
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -326,7 +441,8 @@ static int run(int bps, int deps, int w2_early, int stat, int memset_only, const
         CK(cudaMemsetAsync(ctl + k, 0, sizeof(Ctl), st));
         if (memset_only) continue;
         Args A{w + (size_t)k * NE * EXPERT_B, a, pair, out, ctl + k, deps, w2_early, stat};
-        persist_kernel<WORK><<<sms * bps, THREADS, smem, st>>>(A);
+        if (regs) persist_ldg_kernel<WORK><<<sms * bps, nt, 0, st>>>(A);
+        else persist_kernel<WORK><<<sms * bps, nt, smem, st>>>(A);
         CK(cudaGetLastError());
     }
     CK(cudaStreamEndCapture(st, &g));
@@ -339,7 +455,8 @@ static int run(int bps, int deps, int w2_early, int stat, int memset_only, const
 }
 
 int main(int argc, char **argv) {
-    /* argv[1]: blocks per SM (0: the occupancy's); argv[2]: "items" or "ref" runs only that half */
+    /* argv[1]: blocks per SM (0: the occupancy's); argv[2]: "items" or "ref" runs only that half, "ldg" only the
+     * reference's plain loads, "regs" the register-load items beside the stage items and the references */
     const int bps = argc > 1 ? atoi(argv[1]) : 0;
     const char *only = argc > 2 ? argv[2] : "";
     setvbuf(stdout, NULL, _IOLBF, 0); /* a run killed by a timeout keeps what it printed */
@@ -373,14 +490,36 @@ int main(int argc, char **argv) {
         {"fixed stride: design", 1, 1, 1, 1},
         {"fixed stride: no waits, no per-word work", 0, 0, 1, 1},
     };
-    for (int round = 0; round < 2 && strcmp(only, "ref") != 0; round++)
+    if (strcmp(only, "regs") == 0) { /* the register-load items against the bulk-stage items and plain loads */
+        for (int round = 0; round < 2; round++) {
+            for (const V &v : vs) {
+                printf("registers, %s:\n", v.name);
+                const int rc = v.work ? run<true>(bps, v.deps, v.w2_early, v.stat, 0, w, a, pair, out, ctl, st, &us, 1)
+                                      : run<false>(bps, v.deps, v.w2_early, v.stat, 0, w, a, pair, out, ctl, st, &us, 1);
+                if (rc) return rc;
+            }
+            printf("stages, %s:\n", vs[0].name);
+            if (run<true>(bps, 1, 1, 0, 0, w, a, pair, out, ctl, st, &us)) return 1;
+            printf("stages, %s:\n", vs[4].name);
+            if (run<false>(bps, 0, 1, 0, 0, w, a, pair, out, ctl, st, &us)) return 1;
+            const size_t b16 = NE * EXPERT_B / 16 * 16;
+            for (int b : {4, 8})
+                if (run_ref<false>(0, b, w, b16, out, st) || run_ref<true>(0, b, w, b16, out, st) ||
+                    run_ref<false>(2, b, w, b16, out, st) || run_ref<true>(2, b, w, b16, out, st))
+                    return 1;
+            if (run_ref<false, 4>(1, 1, w, b16, out, st) || run_ref<true, 4>(1, 1, w, b16, out, st)) return 1;
+        }
+        return 0;
+    }
+    const bool items = strcmp(only, "ref") != 0 && strcmp(only, "ldg") != 0;
+    for (int round = 0; round < 2 && items; round++)
         for (const V &v : vs) {
             printf("%s:\n", v.name);
             const int rc = v.work ? run<true>(bps, v.deps, v.w2_early, v.stat, 0, w, a, pair, out, ctl, st, &us)
                                   : run<false>(bps, v.deps, v.w2_early, v.stat, 0, w, a, pair, out, ctl, st, &us);
             if (rc) return rc;
         }
-    if (strcmp(only, "ref") != 0 && run<true>(bps, 1, 1, 0, 1, w, a, pair, out, ctl, st, &us)) return 1;
+    if (items && run<true>(bps, 1, 1, 0, 1, w, a, pair, out, ctl, st, &us)) return 1;
     /* the reference streams at this call's bytes and at TP8 M 4's and M 16's (141.7 and 511.2 MB), cold sets */
     if (strcmp(only, "items") != 0) {
         CK(cudaFree(w));
@@ -394,6 +533,7 @@ int main(int argc, char **argv) {
             const size_t b16 = rb / 16 * 16;
             for (int b : {4, 8})
                 if (run_ref<false>(0, b, w, b16, out, st) || run_ref<true>(0, b, w, b16, out, st)) return 1;
+            if (strcmp(only, "ldg") == 0) continue; /* the plain loads only */
             if (run_ref<false, 4>(1, 1, w, b16, out, st) || run_ref<true, 4>(1, 1, w, b16, out, st)) return 1;
             if (run_ref<false, 6>(1, 1, w, b16, out, st) || run_ref<true, 6>(1, 1, w, b16, out, st)) return 1;
             for (int b : {2, 3})
