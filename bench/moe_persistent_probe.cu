@@ -28,7 +28,9 @@
 // without the per-word work, at this call's 37.2 MB and at TP8 M 4's and M 16's expert bytes (141.7, 511.2 MB).
 // Build: nvcc [-DPROBE_R1=4 -DPROBE_STAGES=4] -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a
 //            -o moe_persistent_probe bench/moe_persistent_probe.cu
-// Run:   ./moe_persistent_probe [blocks per SM, default: as many as fit]
+// Run:   ./moe_persistent_probe [blocks per SM, default: as many as fit] [items | ref | ldg | regs]
+//        (one half; ldg: the plain-load references only; regs: items read into registers by 256 threads, beside
+//        the stage items and the plain-load, per-block slice and ring references at this call's bytes)
 // Measured (s41d, an H100): bench/RESULTS.md; what it means: bench/NOTES-moe.md, 2026-12-07. s41d ran the
 // defaults (R1 8, two stages) before PROBE_R1 and PROBE_STAGES were added (commit 31aaf0b's form); the
 // parameterized form builds for R1 4 and 8 with 2-4 stages and has not run on a GPU yet.
@@ -323,6 +325,31 @@ __global__ void __launch_bounds__(256) slice_kernel(const uint4 *w, size_t n16, 
         use16<WORK>(wb + lane < b1 ? __ldcs(w + wb + lane) : make_uint4(0u, 0u, 0u, 0u), sc, acc);
     if (acc[0] + acc[1] + acc[2] + acc[3] == 12345.f) out[0] = acc[1];
 }
+
+/* band_kernel: the library's GEMM1 access pattern with no items: 16-row bands of W13-sized rows (1,792 bytes), a
+ * block's 4 warps on chunks of 64 bytes per row (warp w: chunks w, w + 4, ...), lane (g, q) 16 bytes of rows g and
+ * g + 8 at 16 q in the chunk, two chunks (4 loads) in flight per lane; bands grid-strided. */
+template <bool WORK>
+__global__ void __launch_bounds__(128) band_kernel(const uint8_t *w, size_t bytes, float *out) {
+    constexpr int ROW = W13_ROW, BAND = 16 * ROW, CH = ROW / 64;
+    const size_t nb = bytes / BAND;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t sc = 0x3f803f80u + threadIdx.x;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    for (size_t b = blockIdx.x; b < nb; b += gridDim.x) {
+        const uint8_t *r0 = w + b * BAND + (size_t)g * ROW + q * 16, *r1 = r0 + 8 * ROW;
+        for (int c = warp; c < CH; c += 8) {
+            const bool two = c + 4 < CH;
+            const uint4 v0 = __ldcs(reinterpret_cast<const uint4 *>(r0 + c * 64));
+            const uint4 v1 = __ldcs(reinterpret_cast<const uint4 *>(r1 + c * 64));
+            const uint4 v2 = two ? __ldcs(reinterpret_cast<const uint4 *>(r0 + (c + 4) * 64)) : z;
+            const uint4 v3 = two ? __ldcs(reinterpret_cast<const uint4 *>(r1 + (c + 4) * 64)) : z;
+            use16<WORK>(v0, sc, acc), use16<WORK>(v1, sc, acc), use16<WORK>(v2, sc, acc), use16<WORK>(v3, sc, acc);
+        }
+    }
+    if (acc[0] + acc[1] + acc[2] + acc[3] == 12345.f) out[0] = acc[1];
+}
 template <bool WORK, int RING_STG>
 __global__ void __launch_bounds__(THREADS, 3) ring_kernel(const uint8_t *w, size_t bytes, float *out) {
     __shared__ uint64_t bar[RING_STG];
@@ -402,6 +429,8 @@ static int run_ref(int kind, int bps, const uint8_t *w, size_t bytes, float *out
             ldg_kernel<WORK><<<sms * bps, 256, 0, st>>>(reinterpret_cast<const uint4 *>(wk), bytes / 16, out);
         else if (kind == 2)
             slice_kernel<WORK><<<sms * bps, 256, 0, st>>>(reinterpret_cast<const uint4 *>(wk), bytes / 16, out);
+        else if (kind == 3)
+            band_kernel<WORK><<<sms * bps, 128, 0, st>>>(wk, bytes, out);
         else
             ring_kernel<WORK, RING_STG><<<sms * bps, THREADS, smem, st>>>(wk, bytes, out);
         CK(cudaGetLastError());
@@ -411,7 +440,7 @@ static int run_ref(int kind, int bps, const uint8_t *w, size_t bytes, float *out
     if (replay_times(g, st, t)) return 1;
     const float med = t[t.size() / 2];
     printf("  %6.1f MB %-4s %d stg %-8s blocks %d x %d per SM %8.2f us per call (min %.2f, max %.2f) %5.2f TB/s\n",
-           bytes / 1e6, kind == 1 ? "ring" : kind == 2 ? "slice" : "ldg", kind == 1 ? RING_STG : 0, WORK ? "work" : "no work", sms, bps, med,
+           bytes / 1e6, kind == 1 ? "ring" : kind == 2 ? "slice" : kind == 3 ? "band" : "ldg", kind == 1 ? RING_STG : 0, WORK ? "work" : "no work", sms, bps, med,
            t.front(), t.back(), bytes / (med * 1e6));
     return 0;
 }
@@ -503,10 +532,14 @@ int main(int argc, char **argv) {
             printf("stages, %s:\n", vs[4].name);
             if (run<false>(bps, 0, 1, 0, 0, w, a, pair, out, ctl, st, &us)) return 1;
             const size_t b16 = NE * EXPERT_B / 16 * 16;
+            for (int b : {1, 2}) /* fewer bytes in flight per SM: 16 and 32 KB */
+                if (run_ref<false>(0, b, w, b16, out, st) || run_ref<true>(0, b, w, b16, out, st)) return 1;
             for (int b : {4, 8})
                 if (run_ref<false>(0, b, w, b16, out, st) || run_ref<true>(0, b, w, b16, out, st) ||
                     run_ref<false>(2, b, w, b16, out, st) || run_ref<true>(2, b, w, b16, out, st))
                     return 1;
+            for (int b : {4, 8})
+                if (run_ref<false>(3, b, w, b16, out, st) || run_ref<true>(3, b, w, b16, out, st)) return 1;
             if (run_ref<false, 4>(1, 1, w, b16, out, st) || run_ref<true, 4>(1, 1, w, b16, out, st)) return 1;
         }
         return 0;
