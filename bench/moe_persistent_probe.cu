@@ -329,10 +329,14 @@ __global__ void __launch_bounds__(256) slice_kernel(const uint4 *w, size_t n16, 
 /* band_kernel: the library's GEMM1 access pattern with no items: 16-row bands of W13-sized rows (1,792 bytes), a
  * block's 4 warps on chunks of 64 bytes per row (warp w: chunks w, w + 4, ...), lane (g, q) 16 bytes of rows g and
  * g + 8 at 16 q in the chunk, two chunks (4 loads) in flight per lane; bands grid-strided. */
-template <bool WORK>
+template <bool WORK, bool SCALES = false>
 __global__ void __launch_bounds__(128) band_kernel(const uint8_t *w, size_t bytes, float *out) {
     constexpr int ROW = W13_ROW, BAND = 16 * ROW, CH = ROW / 64;
-    const size_t nb = bytes / BAND;
+    /* SCALES: the first 8/9 of the bytes are the rows, the rest their scale rows (224 bytes each, as NVFP4's one
+     * byte per 16 elements); lane (g, q) also reads the 4-byte word holding its two scale bytes of rows g, g + 8
+     * per chunk, as GEMM1's cp.async ring does */
+    const size_t nb = (SCALES ? bytes / 9 * 8 : bytes) / BAND;
+    const uint8_t *sreg = w + nb * BAND;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const uint32_t sc = 0x3f803f80u + threadIdx.x;
@@ -346,6 +350,15 @@ __global__ void __launch_bounds__(128) band_kernel(const uint8_t *w, size_t byte
             const uint4 v2 = two ? __ldcs(reinterpret_cast<const uint4 *>(r0 + (c + 4) * 64)) : z;
             const uint4 v3 = two ? __ldcs(reinterpret_cast<const uint4 *>(r1 + (c + 4) * 64)) : z;
             use16<WORK>(v0, sc, acc), use16<WORK>(v1, sc, acc), use16<WORK>(v2, sc, acc), use16<WORK>(v3, sc, acc);
+            if (SCALES) {
+                const uint8_t *s0 = sreg + (b * 16 + g) * W13_SROW + 4 * (q / 2), *s1 = s0 + 8 * W13_SROW;
+                uint32_t t = __ldcs(reinterpret_cast<const unsigned *>(s0 + c * 8)) ^
+                             __ldcs(reinterpret_cast<const unsigned *>(s1 + c * 8));
+                if (two)
+                    t ^= __ldcs(reinterpret_cast<const unsigned *>(s0 + (c + 4) * 8)) ^
+                         __ldcs(reinterpret_cast<const unsigned *>(s1 + (c + 4) * 8));
+                acc[3] += __uint_as_float(t & 0x3f800000u);
+            }
         }
     }
     if (acc[0] + acc[1] + acc[2] + acc[3] == 12345.f) out[0] = acc[1];
@@ -412,7 +425,8 @@ static int replay_times(cudaGraph_t g, cudaStream_t st, std::vector<float> &t) {
     return 0;
 }
 
-/* Times one of the reference streams like run(): kind 0 ldg (blocks per SM bps, 256 threads), 1 ring. */
+/* Times one of the reference streams like run(): kind 0 ldg (blocks per SM bps, 256 threads), 1 ring, 2 slice,
+ * 3 band, 4 band with its scale words. */
 template <bool WORK, int RING_STG = 2>
 static int run_ref(int kind, int bps, const uint8_t *w, size_t bytes, float *out, cudaStream_t st) {
     int dev = 0, sms = 0;
@@ -431,6 +445,8 @@ static int run_ref(int kind, int bps, const uint8_t *w, size_t bytes, float *out
             slice_kernel<WORK><<<sms * bps, 256, 0, st>>>(reinterpret_cast<const uint4 *>(wk), bytes / 16, out);
         else if (kind == 3)
             band_kernel<WORK><<<sms * bps, 128, 0, st>>>(wk, bytes, out);
+        else if (kind == 4)
+            band_kernel<WORK, true><<<sms * bps, 128, 0, st>>>(wk, bytes, out);
         else
             ring_kernel<WORK, RING_STG><<<sms * bps, THREADS, smem, st>>>(wk, bytes, out);
         CK(cudaGetLastError());
@@ -440,7 +456,7 @@ static int run_ref(int kind, int bps, const uint8_t *w, size_t bytes, float *out
     if (replay_times(g, st, t)) return 1;
     const float med = t[t.size() / 2];
     printf("  %6.1f MB %-4s %d stg %-8s blocks %d x %d per SM %8.2f us per call (min %.2f, max %.2f) %5.2f TB/s\n",
-           bytes / 1e6, kind == 1 ? "ring" : kind == 2 ? "slice" : kind == 3 ? "band" : "ldg", kind == 1 ? RING_STG : 0, WORK ? "work" : "no work", sms, bps, med,
+           bytes / 1e6, kind == 1 ? "ring" : kind == 2 ? "slice" : kind == 3 ? "band" : kind == 4 ? "bandS" : "ldg", kind == 1 ? RING_STG : 0, WORK ? "work" : "no work", sms, bps, med,
            t.front(), t.back(), bytes / (med * 1e6));
     return 0;
 }
@@ -539,7 +555,9 @@ int main(int argc, char **argv) {
                     run_ref<false>(2, b, w, b16, out, st) || run_ref<true>(2, b, w, b16, out, st))
                     return 1;
             for (int b : {4, 8})
-                if (run_ref<false>(3, b, w, b16, out, st) || run_ref<true>(3, b, w, b16, out, st)) return 1;
+                if (run_ref<false>(3, b, w, b16, out, st) || run_ref<true>(3, b, w, b16, out, st) ||
+                    run_ref<false>(4, b, w, b16, out, st) || run_ref<true>(4, b, w, b16, out, st))
+                    return 1;
             if (run_ref<false, 4>(1, 1, w, b16, out, st) || run_ref<true, 4>(1, 1, w, b16, out, st)) return 1;
         }
         return 0;
