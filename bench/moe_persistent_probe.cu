@@ -122,6 +122,25 @@ __device__ void issue(const Args &A, int it, uint8_t *st, uint64_t *bar, uint64_
     }
 }
 
+/* A C item: after its wait, the 16 experts' fp32 rows of its row block summed (NT threads). */
+template <int NT>
+__device__ __forceinline__ void combine_item(const Args &A, int t, int tid) {
+    if (tid == 0 && A.deps)
+        while (ld_acquire(&A.ctl->rb[t]) < (unsigned)RB_TARGET) __nanosleep(64);
+    __syncthreads();
+    for (int c = tid; c < RC; c += NT) {
+        float v = 0.f;
+#pragma unroll
+        for (int x = 0; x < NE; x++) v += __ldcg(A.pair + (size_t)x * L + t * RC + c);
+        A.out[t * RC + c] = v;
+    }
+}
+/* Thread 0, after the barrier that follows an item's output writes: its counter for the items that wait on it. */
+__device__ __forceinline__ void release_item(const Args &A, int kind, int e, int t) {
+    if (kind == 1) { __threadfence(); atomicAdd(&A.ctl->ready[e], 1u); }
+    if (kind == 2) { __threadfence(); atomicAdd(&A.ctl->rb[(t * R2) / RC], 1u); }
+}
+
 /* n bytes of a stage through the per-word work, NT threads: every lane of a warp takes the same number of steps
  * (the work's MMA needs the whole warp), lanes past n with zeros. */
 template <bool WORK, int NT>
@@ -172,15 +191,7 @@ __global__ void __launch_bounds__(THREADS, 3) persist_kernel(const Args A) {
             __syncthreads();
             acc[1] += __ldcg(A.a + e * I + (tid * 3) % I); /* the expert's activations, after the wait */
         } else if (kind == 3) {
-            if (tid == 0 && A.deps)
-                while (ld_acquire(&A.ctl->rb[t]) < (unsigned)RB_TARGET) __nanosleep(64);
-            __syncthreads();
-            for (int c = tid; c < RC; c += THREADS) {
-                float v = 0.f;
-#pragma unroll
-                for (int x = 0; x < NE; x++) v += __ldcg(A.pair + (size_t)x * L + t * RC + c);
-                A.out[t * RC + c] = v;
-            }
+            combine_item<THREADS>(A, t, tid);
         }
         k3_mbar_wait(&bar[s], (phases >> s) & 1u);
         phases ^= 1u << s;
@@ -193,8 +204,7 @@ __global__ void __launch_bounds__(THREADS, 3) persist_kernel(const Args A) {
         if (kind == 2 && tid < R2) A.pair[(size_t)e * L + t * R2 + tid] = acc[0] + acc[1] + acc[3];
         __syncthreads(); /* stage s read by every thread, the item's outputs written */
         if (tid == 0) {
-            if (kind == 1) { __threadfence(); atomicAdd(&A.ctl->ready[e], 1u); }
-            if (kind == 2) { __threadfence(); atomicAdd(&A.ctl->rb[(t * R2) / RC], 1u); }
+            release_item(A, kind, e, t);
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the reads above before the new copies */
             claim(s);
         }
@@ -256,15 +266,7 @@ __global__ void __launch_bounds__(LT, 2) persist_ldg_kernel(const Args A) {
             __syncthreads();
             acc[1] += __ldcg(A.a + e * I + (tid * 3) % I);
         } else if (kind == 3) {
-            if (tid == 0 && A.deps)
-                while (ld_acquire(&A.ctl->rb[t]) < (unsigned)RB_TARGET) __nanosleep(64);
-            __syncthreads();
-            for (int c = tid; c < RC; c += LT) {
-                float v = 0.f;
-#pragma unroll
-                for (int x = 0; x < NE; x++) v += __ldcg(A.pair + (size_t)x * L + t * RC + c);
-                A.out[t * RC + c] = v;
-            }
+            combine_item<LT>(A, t, tid);
         }
         if (kind != 3) {
             const int n = kind == 1 ? STAGE : G2_BYTES;
@@ -275,10 +277,7 @@ __global__ void __launch_bounds__(LT, 2) persist_ldg_kernel(const Args A) {
         if (kind == 1 && tid < R1) A.a[e * I + t * R1 + tid] = acc[0] + acc[2];
         if (kind == 2 && tid < R2) A.pair[(size_t)e * L + t * R2 + tid] = acc[0] + acc[1] + acc[3];
         __syncthreads(); /* the item's outputs written; item[(k + 2) % 3] visible */
-        if (tid == 0) {
-            if (kind == 1) { __threadfence(); atomicAdd(&A.ctl->ready[e], 1u); }
-            if (kind == 2) { __threadfence(); atomicAdd(&A.ctl->rb[(t * R2) / RC], 1u); }
-        }
+        if (tid == 0) release_item(A, kind, e, t);
         cur = nxt;
         nxt = item[(k + 2) % 3];
 #pragma unroll
